@@ -1,0 +1,226 @@
+"""Model configuration: parse a Steerling `config.json` (flat as published, or with a nested
+`concept` block) into one frozen dataclass, and the presets `cde make-model` writes.
+
+No torch here: the gateway reads the config too (context length, vocabulary, instruct flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE = 64  # diffusion block = attention tile = KV page
+
+
+class ConfigError(ValueError):
+    """The checkpoint's config.json describes something CDE cannot serve."""
+
+
+# Token ids of the Steerling tokenizer (cl100k_base + specials).
+EOS_ID = 100257
+PAD_ID = 100277
+BOS_ID = 100278
+ENDOFCHUNK_ID = 100279
+MASK_ID = 100280
+START_HEADER_ID = 100281
+END_HEADER_ID = 100282
+EOT_ID = 100283
+BASE_VOCAB = 100281
+INSTRUCT_VOCAB = 100284
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int = 32
+    n_head: int = 32
+    n_kv_heads: int = 4
+    n_embd: int = 4096
+    block_size: int = 4096  # context length
+    diff_block_size: int = 64
+    vocab_size: int = BASE_VOCAB
+    intermediate_size: int | None = None  # default mlp_ratio * n_embd
+    mlp_ratio: int = 4
+    norm_eps: float = 1e-5
+    norm_order: str = "post"
+    use_qk_norm: bool = True
+    rope_base: float = 500000.0
+    clip_qkv: float | None = 10.0
+    weight_sharing: bool = True
+    interpretable: bool = True
+    instruct: bool = False
+    # concept heads
+    n_concepts: int = 33732
+    n_unknown_concepts: int = 101196
+    factorize_rank: int = 256
+    topk_known: int = 32
+    topk_known_features: int | None = 32
+    unknown_topk: int = 128
+    concept_block_size: int = 4096
+    pad_multiple: int = 16
+    use_epsilon_correction: bool = True
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size or self.mlp_ratio * self.n_embd
+
+    @property
+    def known_padded(self) -> int:
+        return _round_up(self.n_concepts, self.pad_multiple)
+
+    @property
+    def unknown_padded(self) -> int:
+        return _round_up(self.n_unknown_concepts, self.pad_multiple)
+
+    @property
+    def known_topk_features(self) -> int:
+        return self.topk_known_features or self.topk_known
+
+    @property
+    def eot_id(self) -> int | None:
+        return EOT_ID if self.instruct else None
+
+    @property
+    def max_blocks(self) -> int:
+        return -(-self.block_size // PAGE)
+
+    # ---- (de)serialisation ---------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict) -> ModelConfig:
+        data = {k: v for k, v in raw.items() if k not in _IGNORED}
+        nested = data.pop("concept", None)
+        if isinstance(nested, dict):
+            for key, value in nested.items():
+                mapped = _NESTED_ALIASES.get(key, key)
+                if mapped in _IGNORED:
+                    continue
+                data.setdefault(mapped, value)
+        for key, allowed in _FIXED.items():
+            value = data.pop(key, next(iter(allowed)))
+            if value not in allowed:
+                raise ConfigError(
+                    f"config.json: unsupported architecture value {key}={value!r}"
+                    f" (CDE serves {key} in {sorted(map(str, allowed))})"
+                )
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"config.json: unknown keys {unknown}")
+        if data.get("instruct") and "vocab_size" not in data:
+            data["vocab_size"] = INSTRUCT_VOCAB
+        cfg = cls(**data)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"no config.json at {path}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: invalid JSON ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return cls.from_dict(raw)
+
+    def validate(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_heads:
+            raise ConfigError(f"n_head ({self.n_head}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        if self.diff_block_size != PAGE:
+            raise ConfigError(f"unsupported architecture value diff_block_size={self.diff_block_size} (CDE serves 64)")
+        if self.norm_order not in ("pre", "post"):
+            raise ConfigError(f"unsupported architecture value norm_order={self.norm_order!r}")
+        if self.vocab_size <= MASK_ID:
+            raise ConfigError(f"vocab_size {self.vocab_size} is too small for the Steerling special tokens")
+        if self.instruct and self.vocab_size <= EOT_ID:
+            raise ConfigError(f"instruct model needs vocab_size >= {INSTRUCT_VOCAB}, got {self.vocab_size}")
+
+    def to_published_dict(self) -> dict:
+        """The flat config.json layout of the published checkpoints."""
+        d = dataclasses.asdict(self)
+        d.update(
+            model_type="causal_diffusion",
+            use_rms_norm=True,
+            use_rope=True,
+            rope_full_precision=True,
+            mlp_type="swiglu",
+            use_bias=False,
+            use_unknown=True,
+            factorize_unknown=True,
+            apply_topk_to_unknown=True,
+            topk_on_logits=False,
+            use_attention_known=False,
+            use_attention_unknown=False,
+            concept_dim=self.n_embd,
+            pad_token_id=PAD_ID,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            mask_token_id=MASK_ID,
+            endofchunk_token_id=ENDOFCHUNK_ID,
+        )
+        return d
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+# Keys that describe the layout but that CDE does not need (token ids are fixed by the tokenizer).
+_IGNORED = {
+    "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "model_type_hf",
+    "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id", "endofchunk_token_id",
+    "eot_token_id", "start_header_token_id", "end_header_token_id", "concept_dim",
+    "max_concepts", "store_unknown_weights", "inject_layer", "inject_alpha", "rope_full_precision",
+}
+# Architecture switches whose other values CDE does not implement.
+_FIXED = {
+    "model_type": {"causal_diffusion"},
+    "use_rms_norm": {True},
+    "use_rope": {True},
+    "mlp_type": {"swiglu"},
+    "use_bias": {False},
+    "use_unknown": {True},
+    "factorize_unknown": {True},
+    "apply_topk_to_unknown": {True},
+    "topk_on_logits": {False},
+    "use_attention_known": {False},
+    "use_attention_unknown": {False},
+    "activation": {"gelu", "silu", "relu"},  # unused by SwiGLU
+}
+_NESTED_ALIASES = {"block_size": "concept_block_size", "topk_known": "topk_known"}
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Exact Steerling-8B shape.
+    "8b": ModelConfig(),
+    # Small shapes for CPU: same vocabulary (the tokenizer fixes it), few layers, narrow.
+    "small": ModelConfig(
+        n_layers=4, n_head=8, n_kv_heads=2, n_embd=256, block_size=1024, n_concepts=512,
+        n_unknown_concepts=2048, factorize_rank=32, topk_known=32, topk_known_features=32,
+        unknown_topk=64, concept_block_size=512,
+    ),
+    "tiny": ModelConfig(
+        n_layers=2, n_head=4, n_kv_heads=2, n_embd=64, block_size=1024, n_concepts=96,
+        n_unknown_concepts=256, factorize_rank=16, topk_known=8, topk_known_features=8,
+        unknown_topk=16, concept_block_size=128,
+    ),
+}
+
+
+def preset(name: str, *, instruct: bool = False) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    cfg = PRESETS[name]
+    if instruct:
+        cfg = dataclasses.replace(cfg, instruct=True, vocab_size=INSTRUCT_VOCAB)
+    return cfg

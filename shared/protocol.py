@@ -1,0 +1,87 @@
+"""Typed messages between gateway and worker.
+
+Each message is a dataclass; on the wire it is a msgpack map `{"type": <tag>, ...fields}` (never
+pickle). The engine consumes `GenerateRequest` directly and produces `BlockResult`s, so the same
+types serve the offline engine, `cde generate` and the ZeroMQ worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class SteeringSpec:
+    concepts: list[int]
+    strength: float = 8.0
+    normalize: bool = True
+    inject_layer: int = 8
+    schedule: str = "hard_cutoff"  # "fixed" | "hard_cutoff"
+    cutoff_tokens: int = 32
+    relu_logit_mask: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class AttributionSpec:
+    top_k: int = 10
+    per_token: bool = False
+    chunking: str = "block"  # "block" | "endofchunk"
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    entropy_sampling: bool = False
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    tokens_per_step: int = 1
+    confidence_threshold: float | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    steering: SteeringSpec | None = None
+    attribution: AttributionSpec | None = None
+    stream_denoise: bool = False
+
+
+@dataclass
+class BlockResult:
+    """One completed 64-token block of one request (or its end)."""
+
+    request_id: str
+    token_ids: list[int]  # new tokens of this block in position order
+    finished: bool = False
+    finish_reason: str | None = None  # "length" | "stop" | "abort" | "error"
+    stop_str: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    attribution: list[dict] | None = None  # per committed token, when asked
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec}
+
+
+def request_from_dict(d: dict) -> GenerateRequest:
+    d = dict(d)
+    for key, cls in _NESTED.items():
+        if d.get(key) is not None:
+            d[key] = cls(**d[key])
+    if d.get("steering") is not None:
+        d["steering"].relu_logit_mask = {int(k): float(v) for k, v in d["steering"].relu_logit_mask.items()}
+    return GenerateRequest(**d)
+
+
+def to_dict(msg) -> dict:
+    return dataclasses.asdict(msg)

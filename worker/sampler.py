@@ -1,0 +1,132 @@
+"""Token selection and sampling, batched over every request that takes a step.
+
+One call handles all step items at once with tensor operations (no Python loop over rows or
+logits), so the same code runs on CPU and GPU. Per request it follows the reference step:
+subtract the ReLU steering mask, apply the repetition penalty, ban EOS/mask/pad, take
+confidence = max softmax probability over the still-masked positions, unmask the most confident
+position(s), and sample their tokens (greedy, temperature + top-k + top-p, or the reference's
+entropy-adaptive rule).
+
+Randomness is counter-based: the Gumbel noise of a draw is a hash of (seed, step, position,
+token id). A seeded request therefore samples the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row parameters of the S step items (tensors on the logits' device)."""
+
+    eligible: torch.Tensor  # [S, 64] bool: masked positions that may be unmasked now
+    n_select: torch.Tensor  # [S] int: tokens_per_step (k) for the row
+    threshold: torch.Tensor  # [S] float: confidence threshold, or 2.0 (never) when unset
+    temperature: torch.Tensor  # [S] float (0 = greedy)
+    top_p: torch.Tensor  # [S] float
+    top_k: torch.Tensor  # [S] int (0 = off)
+    entropy: torch.Tensor  # [S] bool: reference entropy-adaptive sampling
+    seed: torch.Tensor  # [S] int64
+    step: torch.Tensor  # [S] int64: the request's step counter (noise stream position)
+    banned: torch.Tensor  # [n] int64 token ids never generated
+    max_select: int  # host-side bound on selected positions per row (static shape)
+    any_sampling: bool  # host-side: some row samples (skip the sort otherwise)
+    rep_penalty: torch.Tensor | None = None  # [S] float, None when every row has 1.0
+    seen: torch.Tensor | None = None  # [S, V] bool: tokens already in the sequence
+    relu_mask: torch.Tensor | None = None  # [S, V] float, None when no row has one
+
+
+def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """logits [S, 64, V] -> float32 logits after ReLU mask, repetition penalty and bans."""
+    x = logits.float()
+    if sb.relu_mask is not None:
+        x = x - sb.relu_mask[:, None, :]
+    if sb.rep_penalty is not None and sb.seen is not None:
+        p = sb.rep_penalty[:, None, None]
+        penalized = torch.where(x > 0, x / p, x * p)
+        x = torch.where(sb.seen[:, None, :], penalized, x)
+    x = x.index_fill(-1, sb.banned, NEG_INF)
+    return x
+
+
+def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first."""
+    # max softmax prob = exp(max - logsumexp): no [S, 64, V] probability tensor needed.
+    conf = torch.exp(adjusted.amax(-1) - torch.logsumexp(adjusted, -1))
+    conf = conf.masked_fill(~sb.eligible, -1.0)
+    k = min(sb.max_select, conf.shape[1])
+    top_conf, positions = conf.topk(k, dim=-1)
+    n_eligible = sb.eligible.sum(-1)
+    above = (top_conf > sb.threshold[:, None]).sum(-1)
+    wanted = torch.where(sb.threshold <= 1.0, above.clamp(min=1), sb.n_select)
+    count = torch.minimum(wanted, n_eligible)
+    valid = torch.arange(k, device=conf.device)[None, :] < count[:, None]
+    return positions, valid
+
+
+def entropy_temperature(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The reference's entropy-adaptive temperature per row: 0.3 + 0.4 * H / log(k_eff)."""
+    probs = torch.softmax(logits, -1)
+    sorted_probs = probs.sort(-1, descending=True).values
+    cum = sorted_probs.cumsum(-1)
+    k_eff = ((cum <= top_p[:, None]).sum(-1) + 1).clamp(min=2)
+    ent = -(probs * torch.log(probs + 1e-10)).sum(-1)
+    return 0.3 + 0.4 * torch.clamp(ent / torch.log(k_eff.to(ent.dtype)), max=1.0)
+
+
+def filtered_log_probs(logits: torch.Tensor, temperature, top_p, top_k) -> torch.Tensor:
+    """log of the distribution the reference samples from: softmax(logits / T), then top-k
+    (CDE extension) and nucleus filtering (keep while cumulative - p <= top_p, first always)."""
+    probs = torch.softmax(logits / temperature[:, None], -1)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    keep = (sorted_probs.cumsum(-1) - sorted_probs) <= top_p[:, None]
+    keep &= (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    keep[:, 0] = True
+    kept = torch.zeros_like(probs).scatter(-1, order, torch.where(keep, sorted_probs, 0.0))
+    return torch.log(kept / kept.sum(-1, keepdim=True))
+
+
+def counter_uniform(seed: torch.Tensor, stream: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform(0,1) noise [R, V] from a 32-bit integer hash of (seed, stream, token id)."""
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None, :]
+    h = (seed[:, None] * 0x9E3779B1 + stream[:, None] * 0x85EBCA77 + ids * 0xC2B2AE3D) & _M32
+    for mul in (0x7FEB352D, 0x846CA68B):
+        h = h ^ (h >> 16)
+        h = (h * mul) & _M32
+    h = h ^ (h >> 16)
+    return ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
+
+
+def sample_rows(rows: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
+    """rows [S, K, V] adjusted logits at the selected positions -> tokens [S, K]."""
+    s, k, v = rows.shape
+    greedy = rows.argmax(-1)
+    if not sb.any_sampling:
+        return greedy
+    flat = rows.reshape(s * k, v)
+    rep = lambda t: t[:, None].expand(s, k).reshape(-1)  # noqa: E731 - per-row broadcast
+    top_p, top_k, ent = rep(sb.top_p), rep(sb.top_k), rep(sb.entropy)
+    temp = torch.where(ent, entropy_temperature(flat, top_p), rep(sb.temperature).clamp(min=1e-6))
+    logp = filtered_log_probs(flat, temp, top_p, top_k)
+    stream = rep(sb.step) * 64 + positions.reshape(-1)
+    gumbel = -torch.log(-torch.log(counter_uniform(rep(sb.seed), stream, v)))
+    sampled = (logp.double() + gumbel).argmax(-1).reshape(s, k)
+    is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
+    return torch.where(is_greedy[:, None], greedy, sampled)
+
+
+def select_and_sample(logits: torch.Tensor, sb: SamplingBatch):
+    """logits [S, 64, V] -> (positions [S, K], tokens [S, K], valid [S, K])."""
+    adjusted = adjust_logits(logits, sb)
+    positions, valid = select_positions(adjusted, sb)
+    rows = adjusted.gather(1, positions[:, :, None].expand(-1, -1, adjusted.shape[-1]))
+    tokens = sample_rows(rows, sb, positions)
+    return positions, tokens, valid
+

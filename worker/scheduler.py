@@ -1,0 +1,175 @@
+"""Per-request scheduler (pure Python, no torch).
+
+Every engine iteration builds one forward pass out of *items*, each a 64-token block of one
+request: prefill blocks of newly admitted prompts, the commit of a block that just finished, and
+one denoising step of every running request's active block. Requests advance independently: one
+that finishes a block commits it in the very pass that takes the first step of its next block,
+while the others keep denoising; new requests join between any two steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shared.config import PAGE
+from shared.protocol import BlockResult, GenerateRequest
+from shared.stops import find_stop
+from worker.kv_pages import PageAllocator
+from worker.sequence import Sequence, Status
+
+
+@dataclass
+class Item:
+    seq: Sequence
+    block: int  # absolute block index
+    tokens: list[int]  # 64 ids
+    page: int  # page the item's K/V are written to
+    pages: list[int]  # pages attended: blocks 0..block of the request
+    step: bool  # a denoising step (logits, selection) vs a prefill/commit write
+
+
+@dataclass
+class Batch:
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[Item]:
+        return [it for it in self.items if it.step]
+
+
+class Scheduler:
+    def __init__(self, num_pages: int, max_running: int, max_items: int, eot_id: int | None, decode):
+        self.pages = PageAllocator(num_pages)
+        self.max_running = max_running
+        self.max_items = max_items
+        self.eot_id = eot_id
+        self.decode = decode  # token ids -> text, for stop strings
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_slots = list(range(max_running - 1, -1, -1))
+
+    # ---- requests in / out --------------------------------------------------------------
+    def add(self, req: GenerateRequest) -> Sequence:
+        seq = Sequence(req, self.eot_id)
+        if seq.n_blocks > self.pages.num_pages:
+            raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        for seq in list(self.waiting):
+            if seq.id == request_id:
+                self.waiting.remove(seq)
+                seq.status = Status.FINISHED
+                return True
+        for seq in self.running:
+            if seq.id == request_id:
+                self._finish(seq, "abort")
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- schedule -------------------------------------------------------------------------
+    def _admit(self) -> list[Sequence]:
+        admitted = []
+        while self.waiting and self._free_slots and self.pages.can_allocate(self.waiting[0].n_blocks):
+            seq = self.waiting.popleft()
+            seq.pages = self.pages.allocate(seq.id, seq.n_blocks)
+            seq.slot = self._free_slots.pop()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def schedule(self) -> tuple[Batch, list[Sequence]]:
+        """Returns the next forward pass and the sequences admitted for it."""
+        admitted = self._admit()
+        batch = Batch()
+        budget = self.max_items
+        # Steps first: a running request is never starved by a long prefill.
+        for seq in self.running:
+            if not seq.prefill_done:
+                continue
+            need = 2 if seq.pending_commit else 1
+            if budget < need and batch.items:
+                break
+            if seq.pending_commit:
+                block, tokens = seq.pending_commit
+                batch.items.append(self._item(seq, block, tokens, step=False))
+                seq.pending_commit = None
+            batch.items.append(self._item(seq, seq.block, seq.tokens, step=True))
+            budget -= need
+        # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
+        for seq in self.running:
+            while not seq.prefill_done and budget > 0:
+                block = seq.prefilled
+                batch.items.append(self._item(seq, block, seq.prompt_block(block), step=False))
+                seq.prefilled += 1
+                budget -= 1
+            if seq.prefill_done and budget > 0 and not any(it.seq is seq for it in batch.items if it.step):
+                batch.items.append(self._item(seq, seq.block, seq.tokens, step=True))
+                budget -= 1
+        return batch, admitted
+
+    @staticmethod
+    def _item(seq: Sequence, block: int, tokens: list[int], step: bool) -> Item:
+        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step)
+
+    # ---- update ---------------------------------------------------------------------------
+    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]]) -> list[BlockResult]:
+        """Apply the (positions, tokens) chosen for each step item, in batch.steps order."""
+        results = []
+        for item, (positions, tokens) in zip(batch.steps, picks):
+            seq = item.seq
+            if seq.status is not Status.RUNNING:
+                continue  # aborted while its step was in flight
+            seq.step += 1
+            ended_by_eot = seq.place(positions, tokens)
+            if ended_by_eot or seq.block_done():
+                results.append(self._complete_block(seq, ended_by_eot))
+        return results
+
+    def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> BlockResult:
+        new = seq.block_output()
+        reason = None
+        if ended_by_eot:
+            new = new[: new.index(self.eot_id)]
+            reason = "stop"
+        stop_ids = set(seq.req.stop_token_ids)
+        cut = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if cut is not None:
+            new, reason = new[:cut], "stop"
+        if seq.req.stop and reason is None:
+            found = find_stop(self.decode(seq.generated + new), seq.req.stop)
+            if found is not None:
+                new = _shortest_prefix_with_stop(self.decode, seq.generated, new, found)
+                reason, seq.stop_str = "stop", found[1]
+        seq.generated.extend(new)
+        if reason is None and (seq.block + 1) * PAGE >= seq.end:
+            reason = "length"
+        result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
+        if reason is None:
+            seq.advance()
+        else:
+            self._finish(seq, reason)
+            result.finished, result.finish_reason, result.stop_str = True, reason, seq.stop_str
+        return result
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        self.running.remove(seq)
+        self.pages.free(seq.id)
+        self._free_slots.append(seq.slot)
+
+
+def _shortest_prefix_with_stop(decode, generated, new, found) -> list[int]:
+    """Keep the block's tokens up to the one that completes the stop string, so the client's
+    detokenizer sees the same stop at the same place."""
+    for n in range(len(new) + 1):
+        if find_stop(decode(generated + new[:n]), [found[1]]) is not None:
+            return new[:n]
+    return new

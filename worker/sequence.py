@@ -1,0 +1,87 @@
+"""Per-request decoding state: where the request is (block, step) and what it has produced.
+
+Absolute block alignment: the first decode block is the block holding the prompt's tail (its
+prompt positions fixed, the rest masked); later blocks start fully masked. Positions at or past
+`prompt_len + max_tokens` stay masked and are never unmasked.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from shared.config import MASK_ID, PAGE
+from shared.protocol import GenerateRequest
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, req: GenerateRequest, eot_id: int | None):
+        self.req = req
+        self.id = req.request_id
+        self.eot_id = eot_id
+        self.prompt_len = len(req.prompt_ids)
+        self.end = self.prompt_len + req.max_tokens  # first position never generated
+        self.n_blocks = -(-self.end // PAGE)
+        self.status = Status.WAITING
+        self.slot = -1  # row of the runner's per-request device state
+        self.pages: list[int] = []
+        self.prefilled = 0  # full prompt blocks already in the cache
+        self.block = self.prompt_len // PAGE  # active block (absolute index)
+        self.tokens = self._block_tokens(self.block)
+        self.pending_commit: tuple[int, list[int]] | None = None  # (block, tokens) to write
+        self.generated: list[int] = []  # tokens of completed blocks, in position order
+        self.step = 0  # forward steps taken while decoding
+        self.committed = 0  # generated tokens unmasked so far
+        self.finish_reason: str | None = None
+        self.stop_str: str | None = None
+
+    @property
+    def n_prompt_blocks(self) -> int:
+        return self.prompt_len // PAGE
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= self.n_prompt_blocks
+
+    def _block_tokens(self, block: int) -> list[int]:
+        start = block * PAGE
+        tail = self.req.prompt_ids[start : self.prompt_len] if start < self.prompt_len else []
+        return list(tail) + [MASK_ID] * (PAGE - len(tail))
+
+    def prompt_block(self, block: int) -> list[int]:
+        return self.req.prompt_ids[block * PAGE : (block + 1) * PAGE]
+
+    def eligible(self) -> list[bool]:
+        """Masked positions of the active block that may still be unmasked."""
+        base = self.block * PAGE
+        return [t == MASK_ID and base + i < self.end for i, t in enumerate(self.tokens)]
+
+    def block_done(self) -> bool:
+        return not any(self.eligible())
+
+    def place(self, positions: list[int], tokens: list[int]) -> bool:
+        """Unmask positions (most confident first). Returns True when EOT ended the request:
+        like the reference, what comes after EOT is discarded, later picks of the step too."""
+        for pos, tok in zip(positions, tokens):
+            self.tokens[pos] = tok
+            self.committed += 1
+            if self.eot_id is not None and tok == self.eot_id:
+                self.tokens[pos + 1 :] = [MASK_ID] * (PAGE - pos - 1)
+                return True
+        return False
+
+    def block_output(self) -> list[int]:
+        """The generated tokens of the active block in position order (masks skipped)."""
+        start = max(self.prompt_len - self.block * PAGE, 0)
+        return [t for t in self.tokens[start:] if t != MASK_ID]
+
+    def advance(self) -> None:
+        """Move to the next block; the finished one is committed in the next forward."""
+        self.pending_commit = (self.block, list(self.tokens))
+        self.block += 1
+        self.tokens = self._block_tokens(self.block)

@@ -1,0 +1,56 @@
+"""Concept steering (reference semantics: `SteerlingGenerator._prepare_steering`,
+`_build_relu_mask`, `_resolve_alpha`).
+
+The direction is the L2-normalised sum of the chosen known-concept embeddings; with `normalize`
+the strength reads in logit units (divided by the direction's peak LM-head alignment). It is
+added after every layer i with i + 1 >= inject_layer, at still-masked positions only; the
+optional ReLU mask subtracts strength * relu(E_c . W_vocab) from the token logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.config import ModelConfig
+from shared.protocol import SteeringSpec
+
+
+@dataclass
+class SteeringState:
+    direction: torch.Tensor  # [D] in the model dtype
+    base_alpha: float
+    inject_layer: int
+    schedule: str
+    cutoff_tokens: int
+    relu_mask: torch.Tensor | None  # [V] float32
+
+
+@torch.inference_mode()
+def prepare_steering(model, cfg: ModelConfig, spec: SteeringSpec) -> SteeringState:
+    dtype = next(model.parameters()).dtype
+    lm = model.transformer.lm_head.weight.float()  # [V, D]
+    emb_table = model.known_head.concept_embedding.weight
+    direction = torch.zeros(cfg.n_embd, dtype=dtype, device=lm.device)
+    base_alpha = 0.0
+    if spec.concepts:
+        vec = emb_table[torch.tensor(spec.concepts, device=lm.device)].float().sum(0)
+        unit = vec / (vec.norm(p=2) + 1e-12)
+        peak = max(float((lm @ unit).max()), 1e-6)
+        base_alpha = spec.strength / peak if spec.normalize else spec.strength
+        direction = unit.to(dtype)
+    relu = None
+    if spec.relu_logit_mask:
+        ids = torch.tensor(list(spec.relu_logit_mask), device=lm.device)
+        strengths = torch.tensor(list(spec.relu_logit_mask.values()), device=lm.device, dtype=torch.float32)
+        align = emb_table[ids].float() @ lm.t()  # [K, V]
+        relu = (strengths[:, None] * align.clamp_min(0.0)).sum(0)
+    return SteeringState(direction, float(base_alpha), spec.inject_layer, spec.schedule, spec.cutoff_tokens, relu)
+
+
+def alpha_now(state: SteeringState, committed: int) -> float:
+    """Injection strength for the next step, given how many tokens the request has committed."""
+    if state.schedule == "hard_cutoff" and committed >= state.cutoff_tokens:
+        return 0.0
+    return state.base_alpha
