@@ -1,0 +1,5 @@
+import sys
+
+from cde.cli import main
+
+sys.exit(main())
