@@ -112,6 +112,8 @@ class ModelConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ConfigError(f"config.json: unknown keys {unknown}")
+        if "n_kv_heads" in data and data["n_kv_heads"] is None:  # reference: None = one KV head per head
+            data["n_kv_heads"] = data.get("n_head", cls.n_head)
         if data.get("instruct") and "vocab_size" not in data:
             data["vocab_size"] = INSTRUCT_VOCAB
         cfg = cls(**data)
@@ -132,6 +134,9 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     def validate(self) -> None:
+        for key in ("n_layers", "n_head", "n_kv_heads", "n_embd", "vocab_size"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
+                raise ConfigError(f"config.json: {key} must be a positive integer, got {getattr(self, key)!r}")
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_heads:
