@@ -27,7 +27,9 @@ class Tokenizer:
             mergeable_ranks=base._mergeable_ranks,
             special_tokens=specials,
         )
-        self.special_ids = frozenset(specials.values())
+        # Skipped when decoding: the Steerling specials, as the reference decoder skips them (the
+        # other cl100k specials such as <|fim_prefix|> decode as their text there too).
+        self.special_ids = frozenset({EOS_ID, *_BASE_SPECIALS.values(), *(_INSTRUCT_SPECIALS.values() if instruct else ())})
         self.eos_id, self.mask_id, self.pad_id = EOS_ID, MASK_ID, PAD_ID
         self.eot_id = EOT_ID if instruct else None
         self.vocab_size = self.enc.n_vocab
