@@ -71,14 +71,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None, device: 
     if missing:
         raise CheckpointError(f"checkpoint is missing tensor(s): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
     dtype = dtype or next(iter(tensors.values())).dtype
-    model = model.to_empty(device=device)
+    # Allocate in the target dtype directly: a bf16 8b model never exists in float32.
+    model = model.to(dtype).to_empty(device=device)
     if cfg.weight_sharing:
         model.transformer.tok_emb.weight = model.transformer.lm_head.weight
     with torch.no_grad():
         state = model.state_dict()
         for name, t in tensors.items():
             state[name].copy_(t)
-    return cfg, model.to(dtype).eval()
+    return cfg, model.eval()
 
 
 def random_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SteerlingModel:
