@@ -10,6 +10,9 @@ import sys
 COMMANDS = {
     "make-model": "make_model",
     "generate": "generate",
+    "serve": "serve",
+    "gateway": "gateway",
+    "worker": "worker",
 }
 
 

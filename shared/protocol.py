@@ -70,6 +70,36 @@ class AbortRequest:
     request_id: str
 
 
+@dataclass
+class Ping:
+    """Gateway -> worker every heartbeat interval; the reply (a Heartbeat) proves liveness and
+    tells a ROUTER-side worker where this gateway is, even after it reconnected."""
+
+    sent_at: float = 0.0
+
+
+@dataclass
+class Heartbeat:
+    """Worker -> gateway: identity, what the model accepts (so the gateway can validate without
+    the checkpoint) and current load."""
+
+    boot_id: str  # new per worker process: a change means in-flight requests were lost
+    model: str
+    block_size: int
+    vocab_size: int
+    instruct: bool
+    n_layers: int
+    n_concepts: int
+    max_running: int
+    running: int = 0
+    waiting: int = 0
+    pages_used: int = 0
+    pages_free: int = 0
+    steps_per_s: float = 0.0
+    forward_passes: int = 0
+    protocol_version: int = PROTOCOL_VERSION
+
+
 _NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec}
 
 

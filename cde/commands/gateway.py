@@ -1,0 +1,45 @@
+"""Run the OpenAI-compatible HTTP gateway in front of already running workers (`cde worker`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def add_http_arguments(p) -> None:
+    """Options shared with `cde serve`."""
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
+    p.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"), help="require `Authorization: Bearer KEY` (env CDE_API_KEY)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
+    p.add_argument("--log-level", default="warning", help="uvicorn and gateway log level")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--worker", action="append", required=True, metavar="ENDPOINT",
+                   help="worker endpoint, e.g. tcp://10.0.0.2:5555 (repeatable)")
+    p.add_argument("--model", help="checkpoint directory, only read for concept labels (optional)")
+    p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
+    add_http_arguments(p)
+
+
+def build_state(args, endpoints, processes=None, model_dir=None):
+    from gateway.concepts import ConceptLabels
+    from gateway.router import Router
+    from gateway.state import ServerState
+
+    router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue)
+    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir))
+
+
+def run(args) -> int:
+    from gateway.app import create_app
+    from gateway.server import serve_http
+
+    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    app = create_app(build_state(args, args.worker, model_dir=args.model), wait_for_workers=args.wait)
+    return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
+                      shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

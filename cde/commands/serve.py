@@ -1,0 +1,97 @@
+"""Serve a model over the OpenAI API: the HTTP gateway plus one worker process per GPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from cde.commands.gateway import add_http_arguments, build_state
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    p.add_argument("--workers", type=int, help="worker processes (default: one per GPU, or 1 on CPU)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
+    add_http_arguments(p)
+
+
+def _gpus(device: str) -> list[str]:
+    if device == "cpu":
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        import torch  # only to count devices; the gateway itself never touches torch
+
+        gpus = [str(i) for i in range(torch.cuda.device_count())]
+    if device == "cuda" and not gpus:
+        raise SystemExit("cde serve: --device cuda but no GPU is visible")
+    return gpus
+
+
+def _spawn(args, model: str, n: int, gpus: list[str], sockdir: str):
+    endpoints, procs = [], []
+    for i in range(n):
+        endpoint = f"ipc://{sockdir}/worker-{i}"
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        elif "OMP_NUM_THREADS" not in env:
+            # CPU workers share the cores: oversubscribed torch threads slow every step ~10x.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+        cmd = [sys.executable, "-m", "cde", "worker", "--model", model, "--bind", endpoint,
+               "--device", "cuda" if gpus else "cpu", "--dtype", args.dtype,
+               "--max-running", str(args.max_running), "--parent-pid", str(os.getpid())]
+        if args.served_model_name:
+            cmd += ["--served-model-name", args.served_model_name]
+        # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
+        # the gateway has drained its requests.
+        procs.append(subprocess.Popen(cmd, env=env, process_group=0))
+        endpoints.append(endpoint)
+    return endpoints, procs
+
+
+def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run(args) -> int:
+    from gateway.app import create_app
+    from gateway.server import serve_http
+
+    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    if args.model is None:
+        from worker.checkpoint import demo_model_dir
+
+        args.model = str(demo_model_dir())
+    gpus = _gpus(args.device)
+    n = args.workers or max(len(gpus), 1)
+    sockdir = tempfile.mkdtemp(prefix="cde-")
+    endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
+    try:
+        state = build_state(args, endpoints, procs, model_dir=args.model)
+        app = create_app(state, wait_for_workers=args.startup_timeout)
+        where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
+        return serve_http(app, args.host, args.port, banner=f"CDE serving {args.model} ({where}) at {{url}}/v1",
+                          shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+    finally:
+        _stop(procs)
+        shutil.rmtree(sockdir, ignore_errors=True)

@@ -1,0 +1,82 @@
+"""POST /v1/chat/completions (instruct checkpoints: the Llama-3-style template in the tokenizer)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.completions import check_stream_options, usage
+from gateway.errors import invalid
+from gateway.generation import Generation
+from gateway.http_utils import read_body, until_disconnect
+from gateway.params import check_prompt, generate_requests, new_id, stop_list
+from gateway.schemas import ChatCompletionRequest
+from gateway.sse import EventStreamResponse
+from gateway.state import ServerState
+from shared.tokenizer import get_tokenizer
+
+
+async def create_chat_completion(request: Request) -> Response:
+    state: ServerState = request.app.state.cde
+    body = await read_body(request, ChatCompletionRequest)
+    info = state.model_info(body.model)
+    check_stream_options(body)
+    if not info.instruct:
+        raise invalid(f"model `{body.model}` is a base checkpoint without a chat template; use /v1/completions",
+                      "model", "chat_not_supported")
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise invalid("set max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    tok = get_tokenizer(True)
+    prompt = tok.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                              for m in body.messages])
+    if len(prompt) >= info.block_size:
+        raise invalid(f"the messages take {len(prompt)} tokens; this model's context is {info.block_size}",
+                      "messages", "context_length_exceeded")
+    # OpenAI's default is "until done": whatever the context leaves.
+    max_tokens = body.max_completion_tokens or body.max_tokens or info.block_size - len(prompt)
+    check_prompt(prompt, max_tokens, info, "messages")
+    chat_id = new_id("chatcmpl")
+    reqs = generate_requests(body, [prompt], max_tokens, info, state.labels, chat_id)
+    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body))
+    state.metrics.prompt_tokens.inc(len(prompt))
+    created = int(time.time())
+
+    def extras(c: dict, token_ids: list[int], attribution, first: bool) -> dict:
+        if body.return_token_ids:
+            c["token_ids"] = token_ids
+            if first:
+                c["prompt_token_ids"] = prompt
+        if attribution is not None:
+            c["attribution"] = attribution
+        return c
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        head = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": body.model,
+                **({"usage": None} if include_usage else {})}
+
+        async def chunks():
+            for i in range(len(reqs)):
+                delta = {"role": "assistant", "content": ""}
+                yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            started = set()
+            async for d in gen.stream():
+                c = {"index": d.index, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
+                     "finish_reason": d.finish_reason}
+                yield {**head, "choices": [extras(c, d.token_ids, d.attribution, d.index not in started)]}
+                started.add(d.index)
+            if include_usage:
+                yield {**head, "choices": [], "usage": usage(len(prompt), gen.completion_tokens)}
+
+        return EventStreamResponse(chunks())
+
+    async def complete() -> Response:
+        choices = [extras({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                           "logprobs": None, "finish_reason": c.finish_reason}, c.token_ids, c.attribution, True)
+                   for c in await gen.collect()]
+        return JSONResponse({"id": chat_id, "object": "chat.completion", "created": created, "model": body.model,
+                             "choices": choices, "usage": usage(len(prompt), gen.completion_tokens)})
+
+    return await until_disconnect(request, complete())

@@ -1,0 +1,95 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import invalid
+from gateway.generation import Generation
+from gateway.http_utils import read_body, until_disconnect
+from gateway.params import check_prompt, generate_requests, new_id, stop_list
+from gateway.schemas import CompletionRequest
+from gateway.sse import EventStreamResponse
+from gateway.state import ServerState
+from shared.tokenizer import get_tokenizer
+
+
+def _prompts(prompt, tokenizer) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if not prompt:
+        raise invalid("the prompt must not be empty", "prompt")
+    if isinstance(prompt[0], str):
+        return [tokenizer.encode(p) for p in prompt]
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return [list(p) for p in prompt]
+
+
+def check_stream_options(body) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def create_completion(request: Request) -> Response:
+    state: ServerState = request.app.state.cde
+    body = await read_body(request, CompletionRequest)
+    info = state.model_info(body.model)
+    check_stream_options(body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise invalid("best_of must equal n: CDE does not rank candidates (no logprobs)", "best_of")
+    tok = get_tokenizer(info.instruct)
+    prompts = _prompts(body.prompt, tok)
+    for ids in prompts:
+        check_prompt(ids, body.max_tokens, info, "prompt")
+    cmpl_id = new_id("cmpl")
+    reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
+    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body))
+    n_prompt = sum(len(p) for p in prompts)
+    state.metrics.prompt_tokens.inc(n_prompt)
+    prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
+    head = {"id": cmpl_id, "object": "text_completion", "created": int(time.time()), "model": body.model}
+
+    def choice(index: int, text: str, token_ids: list[int], finish_reason, attribution, first: bool) -> dict:
+        c = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if body.return_token_ids:
+            c["token_ids"] = token_ids
+            if first:
+                c["prompt_token_ids"] = prompt_of[index]
+        if attribution is not None:
+            c["attribution"] = attribution
+        return c
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks():
+            extra = {"usage": None} if include_usage else {}
+            if body.echo:
+                for i in range(len(reqs)):
+                    yield {**head, "choices": [choice(i, tok.decode(prompt_of[i]), [], None, None, True)], **extra}
+            started = set()
+            async for d in gen.stream():
+                first = d.index not in started
+                started.add(d.index)
+                yield {**head, "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first)], **extra}
+            if include_usage:
+                yield {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}
+
+        return EventStreamResponse(chunks())
+
+    async def complete() -> Response:
+        results = await gen.collect()
+        choices = [choice(c.index, (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text, c.token_ids,
+                          c.finish_reason, c.attribution, True) for c in results]
+        return JSONResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
+
+    return await until_disconnect(request, complete())

@@ -1,0 +1,74 @@
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+log = logging.getLogger("cde.gateway")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class GenerationError(Exception):
+    """A request failed after it was accepted (its worker died, the engine failed)."""
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def from_validation_error(exc: ValidationError) -> ApiError:
+    err = exc.errors(include_url=False)[0]
+    param = ".".join(str(p) for p in err["loc"]) or None
+    if err["type"] == "extra_forbidden":
+        return invalid(f"Unrecognized request argument supplied: {param}", param, "unsupported_parameter")
+    if err["type"] == "missing":
+        return invalid(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
+    message = err["msg"].removeprefix("Value error, ")
+    return invalid(f"Invalid value for '{param}': {message}" if param else message, param)
+
+
+def parse_json_body(raw: bytes, content_type: str) -> object:
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise invalid(f"Unsupported content type {content_type or '(none)'!r}; send application/json",
+                      None, "unsupported_content_type")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from exc
+
+
+async def api_error_handler(request: Request, exc: ApiError) -> JSONResponse:
+    return exc.response()
+
+
+async def http_error_handler(request: Request, exc: HTTPException) -> JSONResponse:
+    return ApiError(exc.status_code, exc.detail or "error", None, None, dict(exc.headers or {})).response()
+
+
+async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path)
+    return ApiError(500, "internal server error").response()

@@ -1,0 +1,113 @@
+"""The choices of one API request in flight: block results in, client text deltas out (streamed
+interleaved by choice index, or collected), with latency and token metrics on the way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gateway.detokenizer import ChoiceText
+from gateway.errors import GenerationError
+from gateway.metrics import Metrics
+from gateway.router import Router
+from gateway.worker_link import RequestHandle
+from shared.protocol import GenerateRequest
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    attribution: list[dict] | None = None
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    attribution: list[dict] | None = None
+
+
+class Generation:
+    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], tokenizer, stops: list[str]):
+        self.metrics = metrics
+        self.started = time.monotonic()
+        self.completion_tokens = 0
+        self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
+        self._handles: list[RequestHandle] = []
+        try:
+            for req in reqs:
+                self._handles.append(router.submit(req))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Abort whatever is still generating (client gone, error, shutdown); idempotent."""
+        for handle in self._handles:
+            handle.abort()
+
+    async def _choice(self, index: int) -> AsyncIterator[Delta]:
+        handle, text, m = self._handles[index], self._texts[index], self.metrics
+        last = None
+        try:
+            async for res in handle.results():
+                now = time.monotonic()
+                (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
+                last = now
+                if res.finish_reason == "error":
+                    raise GenerationError(res.error or "generation failed")
+                self.completion_tokens += len(res.token_ids)
+                m.generation_tokens.inc(len(res.token_ids))
+                piece = text.add(res.token_ids, final=res.finished)
+                reason = "stop" if text.stopped else res.finish_reason if res.finished else None
+                yield Delta(index, piece, res.token_ids, reason, res.attribution)
+                if reason is not None:
+                    m.e2e.observe(now - self.started)
+                    m.finished.labels(reason).inc()
+                    return
+        finally:
+            handle.abort()
+
+    async def stream(self) -> AsyncIterator[Delta]:
+        """Deltas of all choices as they come; each choice ends with exactly one finish_reason."""
+        queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                async for delta in self._choice(index):
+                    queue.put_nowait(delta)
+            except Exception as exc:
+                queue.put_nowait(exc)
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(self._handles))]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    remaining -= 1
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.close()
+
+    async def collect(self) -> list[Choice]:
+        choices = [Choice(i) for i in range(len(self._handles))]
+        async for d in self.stream():
+            c = choices[d.index]
+            c.text += d.text
+            c.token_ids += d.token_ids
+            c.finish_reason = d.finish_reason or c.finish_reason
+            if d.attribution is not None:
+                c.attribution = (c.attribution or []) + d.attribution
+        return choices

@@ -1,0 +1,46 @@
+"""Prometheus metrics. Worker gauges are filled from the latest heartbeats at scrape time; the
+latency histograms and token counters are observed by the gateway as blocks arrive.
+One registry per app, so several gateways can live in one process (tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        w = ["worker"]
+        self.worker_up = Gauge("cde_worker_up", "1 while the worker answers heartbeats", w, registry=r)
+        self.running = Gauge("cde_num_requests_running", "Requests being decoded", w, registry=r)
+        self.waiting = Gauge("cde_num_requests_waiting", "Requests queued in the worker", w, registry=r)
+        self.outstanding = Gauge("cde_gateway_outstanding_requests", "Requests the gateway has in flight", w, registry=r)
+        self.pages_used = Gauge("cde_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
+        self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
+        self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
+        self.ttfb = Histogram("cde_time_to_first_block_seconds", "Request arrival to its first block",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_block = Histogram("cde_inter_block_latency_seconds", "Between consecutive blocks of a request",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("cde_e2e_request_latency_seconds", "Request arrival to its last block",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("cde_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("cde_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("cde_requests_finished", "Finished generations", ["finish_reason"], registry=r)
+
+    def render(self, links) -> bytes:
+        for link in links:
+            hb = link.info if link.alive else None
+            self.worker_up.labels(link.name).set(1 if hb else 0)
+            self.outstanding.labels(link.name).set(len(link.inflight))
+            # A dead worker holds nothing any more: report zeros, not its last words.
+            self.running.labels(link.name).set(hb.running if hb else 0)
+            self.waiting.labels(link.name).set(hb.waiting if hb else 0)
+            self.pages_used.labels(link.name).set(hb.pages_used if hb else 0)
+            self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
+            self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
+        return generate_latest(self.registry)

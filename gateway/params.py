@@ -1,0 +1,95 @@
+"""API request -> engine `GenerateRequest`s: the semantic checks that need the model (context
+length, vocabulary, layers, concepts) and the steering presets. The worker re-checks the same
+rules, but answering here gives the client a 400 naming the field instead of a failed stream."""
+
+from __future__ import annotations
+
+import uuid
+
+from gateway.concepts import ConceptLabels
+from gateway.errors import invalid
+from gateway.schemas import SamplingParams, SteeringParams
+from shared.protocol import AttributionSpec, GenerateRequest, Heartbeat, SteeringSpec
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def stop_list(body: SamplingParams) -> list[str]:
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+
+
+def check_prompt(ids: list[int], max_tokens: int, info: Heartbeat, param: str) -> None:
+    if not ids:
+        raise invalid("the prompt must not be empty", param)
+    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", param)
+    if len(ids) + max_tokens > info.block_size:
+        raise invalid(
+            f"This model's maximum context length is {info.block_size} tokens; the prompt has {len(ids)} "
+            f"tokens and max_tokens is {max_tokens}. Shorten the prompt or lower max_tokens.",
+            "max_tokens", "context_length_exceeded",
+        )
+
+
+def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat,
+                      labels: ConceptLabels, prefix: str) -> list[GenerateRequest]:
+    """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
+    bad = next((t for t in body.stop_token_ids or [] if not 0 <= t < info.vocab_size), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", "stop_token_ids")
+    steering = _steering(body.steering, info, labels) if body.steering is not None else None
+    attribution = _attribution(body.attribution)
+    out = []
+    for p, ids in enumerate(prompts):
+        for i in range(body.n):
+            out.append(GenerateRequest(
+                request_id=f"{prefix}-{p}-{i}", prompt_ids=ids, max_tokens=max_tokens,
+                temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
+                entropy_sampling=body.entropy_sampling, repetition_penalty=body.repetition_penalty,
+                # n samples of one seeded request must differ from each other yet be reproducible.
+                seed=None if body.seed is None else (body.seed + i) % (1 << 32),
+                tokens_per_step=body.tokens_per_step, confidence_threshold=body.confidence_threshold,
+                stop=stop_list(body), stop_token_ids=list(body.stop_token_ids or []),
+                steering=steering, attribution=attribution,
+            ))
+    return out
+
+
+def _attribution(value) -> AttributionSpec | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return AttributionSpec()
+    return AttributionSpec(top_k=value.top_k, per_token=value.per_token, chunking=value.chunking)
+
+
+def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dict:
+    # Presets are tuned for the 32-layer 8B; on smaller models the layer is clamped to exist.
+    if name == "suppress":
+        if first_concept is None:
+            raise invalid("the suppress preset needs at least one concept", "steering.concepts")
+        return dict(strength=-7.0, normalize=False, inject_layer=info.n_layers // 2, schedule="fixed",
+                    cutoff_tokens=32, relu_logit_mask={first_concept: 20.0})
+    # "amplify", and the defaults when no preset is named.
+    return dict(strength=8.0, normalize=True, inject_layer=min(8, info.n_layers), schedule="hard_cutoff",
+                cutoff_tokens=32, relu_logit_mask={})
+
+
+def _steering(s: SteeringParams, info: Heartbeat, labels: ConceptLabels) -> SteeringSpec:
+    concepts = [labels.resolve(c, info.n_concepts, "steering.concepts") for c in s.concepts]
+    mask = None
+    if s.relu_logit_mask is not None:
+        mask = {labels.resolve(k, info.n_concepts, "steering.relu_logit_mask"): v for k, v in s.relu_logit_mask.items()}
+    if not concepts and not mask:
+        raise invalid("steering needs at least one concept", "steering.concepts")
+    spec = _preset(s.preset, info, concepts[0] if concepts else None)
+    explicit = {k: v for k, v in s.model_dump(exclude={"concepts", "relu_logit_mask", "preset"}).items() if v is not None}
+    spec.update(explicit)
+    if mask is not None:
+        spec["relu_logit_mask"] = mask
+    if not 0 <= spec["inject_layer"] <= info.n_layers:
+        raise invalid(f"inject_layer must be in [0, {info.n_layers}]", "steering.inject_layer")
+    return SteeringSpec(concepts=concepts, **spec)

@@ -1,0 +1,97 @@
+"""The worker pool: liveness (heartbeats + process exit), and least-outstanding-requests routing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import time
+import uuid
+
+import zmq.asyncio
+
+from gateway.errors import ApiError
+from gateway.worker_link import RequestHandle, WorkerLink
+from shared.protocol import GenerateRequest, Heartbeat
+
+log = logging.getLogger("cde.gateway")
+
+
+class Router:
+    def __init__(self, endpoints: list[str], processes: list[subprocess.Popen] | None = None, *,
+                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0, max_queue: int = 256):
+        self.endpoints = endpoints
+        self.processes = processes or [None] * len(endpoints)
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_queue = max_queue  # requests a worker may hold beyond max_running before we shed load
+        self.links: list[WorkerLink] = []
+        self._ctx: zmq.asyncio.Context | None = None
+        self._monitor: asyncio.Task | None = None
+        self._turn = 0
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        identity = f"gateway-{uuid.uuid4().hex[:12]}".encode()
+        self.links = [WorkerLink(f"worker-{i}", ep, self._ctx, identity, proc)
+                      for i, (ep, proc) in enumerate(zip(self.endpoints, self.processes))]
+        for link in self.links:
+            link.start()
+            link.ping()
+        self._monitor = asyncio.create_task(self._monitor_loop())
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for link in self.links:
+            for handle in list(link.inflight.values()):
+                handle.abort()
+            link.fail_all("server is shutting down")
+        await asyncio.sleep(0.05)  # let the aborts reach the workers
+        for link in self.links:
+            await link.close()
+        self._ctx.term()
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Until every worker has answered; fails fast when one of our worker processes exits."""
+        deadline = time.monotonic() + timeout
+        while not all(link.alive for link in self.links):
+            for link in self.links:
+                if link.exit_code() is not None:
+                    raise RuntimeError(f"{link.name} exited with code {link.exit_code()} during startup")
+            if time.monotonic() > deadline:
+                late = [link.name for link in self.links if not link.alive]
+                raise RuntimeError(f"workers not ready after {timeout:g}s: {', '.join(late)}")
+            await asyncio.sleep(0.05)
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            for link in self.links:
+                link.check(self.heartbeat_timeout)
+                if link.exit_code() is None:
+                    link.ping()
+
+    # ---- routing ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> list[WorkerLink]:
+        return [link for link in self.links if link.alive]
+
+    @property
+    def info(self) -> Heartbeat | None:
+        """What the served model accepts, from any live worker."""
+        alive = self.alive
+        return alive[0].info if alive else None
+
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        alive = self.alive
+        if not alive:
+            raise ApiError(503, "no worker is available", code="no_worker")
+        # Rotate the start so that equally loaded workers take turns.
+        self._turn = (self._turn + 1) % len(alive)
+        order = alive[self._turn:] + alive[: self._turn]
+        link = min(order, key=lambda w: len(w.inflight))
+        if len(link.inflight) >= link.info.max_running + self.max_queue:
+            raise ApiError(429, "server overloaded: the request queue is full, retry later",
+                           code="overloaded", headers={"Retry-After": "1"})
+        return link.submit(req)

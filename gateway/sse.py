@@ -1,0 +1,57 @@
+"""Server-sent events: `data: <json>` per chunk, an error event if generation fails after the
+stream started (the status line is long gone by then), and always `data: [DONE]` at the end."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.responses import StreamingResponse
+
+from gateway.errors import ApiError, GenerationError
+
+log = logging.getLogger("cde.gateway")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+async def events(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield event(chunk)
+    except GenerationError as exc:
+        yield event(ApiError(500, str(exc), code="generation_failed").body())
+    except Exception:
+        log.exception("stream failed")
+        yield event(ApiError(500, "internal server error").body())
+    yield DONE
+
+
+class EventStreamResponse(StreamingResponse):
+    """Stops the generation the moment the client disconnects. Starlette, under ASGI spec 2.4,
+    would only notice at the next write, which can be a whole 64-token block (or a long queue
+    wait) away, holding the worker's KV pages all that time."""
+
+    def __init__(self, chunks: AsyncIterator[dict]):
+        super().__init__(events(chunks), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the client went away mid-write
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()

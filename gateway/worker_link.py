@@ -1,0 +1,149 @@
+"""The gateway's connection to one worker: a DEALER socket, the requests in flight on it, and
+what its last heartbeat said."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import subprocess
+import time
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from shared.protocol import PROTOCOL_VERSION, AbortRequest, BlockResult, GenerateRequest, Heartbeat, Ping
+from shared.wire import WireError, decode, encode
+
+log = logging.getLogger("cde.gateway")
+
+
+class RequestHandle:
+    """One generation in flight: its BlockResults arrive in order, the last one `finished`."""
+
+    def __init__(self, request_id: str, link: WorkerLink):
+        self.request_id = request_id
+        self.link = link
+        self.done = False
+        self._queue: asyncio.Queue[BlockResult] = asyncio.Queue()
+
+    def deliver(self, result: BlockResult) -> None:
+        if result.finished:
+            self._close()
+        self._queue.put_nowait(result)
+
+    async def results(self) -> AsyncIterator[BlockResult]:
+        while True:
+            result = await self._queue.get()
+            yield result
+            if result.finished:
+                return
+
+    def abort(self) -> None:
+        """Stop generating (client went away): frees the worker's pages. No-op once finished.
+        Synchronous, so it is safe in `finally` blocks of cancelled tasks."""
+        if not self.done:
+            self._close()
+            self.link.send(AbortRequest(self.request_id))
+
+    def _close(self) -> None:
+        self.done = True
+        self.link.inflight.pop(self.request_id, None)
+
+
+class WorkerLink:
+    def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context, identity: bytes,
+                 process: subprocess.Popen | None = None):
+        self.name, self.endpoint, self.process = name, endpoint, process
+        self.sock = ctx.socket(zmq.DEALER)
+        # A fixed identity keeps the worker's replies routable across reconnects.
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self.inflight: dict[str, RequestHandle] = {}
+        self.info: Heartbeat | None = None
+        self.alive = False
+        self.last_seen = -math.inf
+        self.down_reason: str | None = "not connected yet"
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._recv_loop())]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.sock.close()
+
+    # ---- traffic ------------------------------------------------------------------------------
+    def send(self, msg) -> None:
+        self._outbox.put_nowait(encode(msg))
+
+    def ping(self) -> None:
+        # A dead remote worker would otherwise collect an ever-growing backlog of pings.
+        if self._outbox.empty():
+            self.send(Ping(time.time()))
+
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        handle = RequestHandle(req.request_id, self)
+        self.inflight[req.request_id] = handle
+        self.send(req)
+        return handle
+
+    def fail_all(self, message: str) -> None:
+        for rid, handle in list(self.inflight.items()):
+            handle.deliver(BlockResult(rid, [], True, "error", error=message))
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self.sock.send(await self._outbox.get())
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frame = await self.sock.recv()
+            try:
+                msg = decode(frame)
+            except WireError as exc:
+                log.warning("%s: dropped bad frame: %s", self.name, exc)
+                continue
+            if isinstance(msg, BlockResult):
+                handle = self.inflight.get(msg.request_id)
+                if handle is not None:
+                    handle.deliver(msg)
+            elif isinstance(msg, Heartbeat):
+                self._on_heartbeat(msg)
+
+    def _on_heartbeat(self, hb: Heartbeat) -> None:
+        if hb.protocol_version != PROTOCOL_VERSION:
+            self.mark_down(f"speaks protocol {hb.protocol_version}, gateway speaks {PROTOCOL_VERSION}")
+            return
+        if self.info is not None and hb.boot_id != self.info.boot_id:
+            self.fail_all(f"{self.name} restarted; the request was lost")
+        self.info = hb
+        self.last_seen = time.monotonic()
+        if not self.alive and self.exit_code() is None:
+            log.info("%s is up (%s, %d running)", self.name, hb.model, hb.running)
+            self.alive, self.down_reason = True, None
+
+    # ---- liveness -----------------------------------------------------------------------------
+    def exit_code(self) -> int | None:
+        return self.process.poll() if self.process is not None else None
+
+    def check(self, timeout: float) -> None:
+        code = self.exit_code()
+        if code is not None:
+            self.mark_down(f"process exited with code {code}")
+        elif self.alive and time.monotonic() - self.last_seen > timeout:
+            self.mark_down(f"no heartbeat for {timeout:g}s")
+
+    def mark_down(self, reason: str) -> None:
+        if self.alive:
+            log.error("%s is down: %s", self.name, reason)
+        self.alive, self.down_reason = False, reason
+        if self.exit_code() is None:  # maybe only stalled: do not let it keep generating
+            for rid in self.inflight:
+                self.send(AbortRequest(rid))
+        self.fail_all(f"{self.name} failed: {reason}")
