@@ -40,9 +40,19 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return ApiError(400, message, param, code)
 
 
+def _is_type_tag(part) -> bool:
+    """pydantic puts the union member it tried into `loc` (`str`, `list[int]`, `SteeringParams`);
+    clients want the field path only."""
+    return isinstance(part, str) and (part in _SCALARS or not part.isidentifier() or part[:1].isupper())
+
+
+_SCALARS = {"str", "int", "float", "bool", "none"}
+
+
 def from_validation_error(exc: ValidationError) -> ApiError:
-    err = exc.errors(include_url=False)[0]
-    param = ".".join(str(p) for p in err["loc"]) or None
+    # Of a union's failed branches, the deepest error is the one that explains the mistake.
+    err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    param = ".".join(str(p) for p in err["loc"] if not _is_type_tag(p)) or None
     if err["type"] == "extra_forbidden":
         return invalid(f"Unrecognized request argument supplied: {param}", param, "unsupported_parameter")
     if err["type"] == "missing":

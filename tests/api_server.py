@@ -1,0 +1,90 @@
+"""Start a real `cde serve` subprocess for API tests, and read what it exposes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+_BANNER = re.compile(r"CDE serving .* at (http://\S+)/v1")
+
+
+class ServerProcess:
+    def __init__(self, model_dir, *args: str, workers: int = 2, timeout: float = 180.0):
+        cmd = [sys.executable, "-m", "cde", "serve", "--model", str(model_dir), "--port", "0",
+               "--workers", str(workers), "--device", "cpu", *args]
+        # One torch thread per worker: CI machines are small and often busy.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        self.url = self._wait_for_banner(timeout)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_for_banner(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        for line in self.proc.stdout:
+            self.output.append(line)
+            m = _BANNER.search(line)
+            if m:
+                return m.group(1)
+            if time.monotonic() > deadline:
+                break
+        self.stop()
+        raise RuntimeError("cde serve did not start:\n" + "".join(self.output))
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def health(self) -> tuple[int, dict]:
+        r = httpx.get(self.url + "/health", timeout=10)
+        return r.status_code, r.json()
+
+    def worker_pids(self) -> list[int]:
+        return [w["pid"] for w in self.health()[1]["workers"]]
+
+    def metrics(self) -> dict[str, float]:
+        """Samples by `name{labels}`, and each name's sum over its labels by plain `name`."""
+        out: dict[str, float] = {}
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+            name = key.split("{", 1)[0]
+            if name != key:
+                out[name] = out.get(name, 0.0) + float(value)
+        return out
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited all the same.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

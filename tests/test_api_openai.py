@@ -1,0 +1,243 @@
+"""The OpenAI API of a real `cde serve` (tiny instruct model, CPU, 2 workers), through the
+official `openai` client."""
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.api_server import ServerProcess
+
+KEY = "test-key"
+FAST = {"extra_body": {"tokens_per_step": 8}}  # 8 tokens per forward pass keeps the suite quick
+
+
+@pytest.fixture(scope="module")
+def server(tiny_instruct_dir):
+    srv = ServerProcess(tiny_instruct_dir, "--api-key", KEY, "--served-model-name", "tiny")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=60)
+
+
+def post(server, path, body, **kw):
+    headers = {"Authorization": f"Bearer {KEY}", **kw.pop("headers", {})}
+    return httpx.post(server.base_url + path, json=body, headers=headers, timeout=60, **kw)
+
+
+# ---- happy paths ---------------------------------------------------------------------------------
+def test_models(client):
+    (m,) = client.models.list().data
+    assert m.id == "tiny" and m.object == "model"
+
+
+def test_completion_shape(client):
+    r = client.completions.create(model="tiny", prompt="Hello", max_tokens=16, temperature=0, **FAST)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == "tiny"
+    (c,) = r.choices
+    assert c.index == 0 and c.finish_reason in ("length", "stop") and c.logprobs is None
+    assert r.usage.prompt_tokens == 1 and r.usage.completion_tokens == 16 and r.usage.total_tokens == 17
+
+
+def test_streamed_equals_non_streamed_at_temperature_zero(client):
+    args = dict(model="tiny", prompt="The quick brown fox", max_tokens=100, temperature=0, **FAST)
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(stream=True, **args))
+    text = "".join(c.choices[0].text for c in chunks)
+    assert text == whole.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert len(chunks) == 2  # prompt tail block + one more block: one event per 64-token block
+
+
+def test_chat_streamed_equals_non_streamed(client):
+    args = dict(model="tiny", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
+                max_tokens=40, temperature=0, **FAST)
+    whole = client.chat.completions.create(**args)
+    assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(stream=True, **args))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == [whole.choices[0].finish_reason]
+
+
+def test_n2_streams_interleave_with_one_finish_each(client):
+    chunks = list(client.completions.create(model="tiny", prompt="a", n=2, max_tokens=100, temperature=0,
+                                            stream=True, **FAST))
+    by_index = {0: [], 1: []}
+    for c in chunks:
+        (choice,) = c.choices
+        by_index[choice.index].append(choice.finish_reason)
+    for reasons in by_index.values():
+        assert reasons[-1] is not None and sum(r is not None for r in reasons) == 1
+
+
+def test_n2_and_prompt_lists(client):
+    r = client.completions.create(model="tiny", prompt=["one", "two"], n=2, max_tokens=8, temperature=0, **FAST)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text == r.choices[1].text  # greedy: both samples of a prompt agree
+    assert r.usage.prompt_tokens == 2 and r.usage.completion_tokens == 32
+
+
+def test_token_prompts_and_return_token_ids(client):
+    r = client.completions.create(model="tiny", prompt=[[40, 41, 42], [7]], max_tokens=8, temperature=0,
+                                  extra_body={"return_token_ids": True, "tokens_per_step": 8})
+    c0, c1 = r.choices
+    assert c0.prompt_token_ids == [40, 41, 42] and c1.prompt_token_ids == [7]
+    assert len(c0.token_ids) == 8
+    assert r.usage.prompt_tokens == 4
+
+
+def test_stop_string_cuts_text(client):
+    args = dict(model="tiny", prompt="x", max_tokens=64, temperature=0, **FAST)
+    full = client.completions.create(**args).choices[0].text
+    stop = full[10:13]
+    assert stop.strip(), f"greedy text too uniform to pick a stop string: {full!r}"
+    r = client.completions.create(stop=[stop, "never-appears"], **args)
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stop=stop, stream=True, **args))
+    assert streamed == r.choices[0].text
+
+
+def test_include_usage_chunk(client):
+    chunks = list(client.completions.create(model="tiny", prompt="hi", max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, **FAST))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 10 and last.usage.prompt_tokens == 1
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_echo(client):
+    r = client.completions.create(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, echo=True, **FAST)
+    assert r.choices[0].text.startswith("Echo me")
+
+
+def test_steering_and_attribution_pass_through(client):
+    base = dict(model="tiny", prompt="steer", max_tokens=8, temperature=0)
+    for steering in ({"concepts": [1, "#2"], "preset": "amplify"}, {"concepts": ["Known: #3"], "preset": "suppress", "strength": -3}):
+        r = client.completions.create(**base, extra_body={"steering": steering, "tokens_per_step": 8})
+        assert r.choices[0].finish_reason in ("length", "stop")
+    r = client.completions.create(**base, extra_body={"attribution": True, "tokens_per_step": 8})
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
+def test_every_sse_event_is_utf8_json(server):
+    body = {"model": "tiny", "prompt": "Unicode: héllo 🎉 日本語 ", "max_tokens": 200, "temperature": 0,
+            "stream": True, "tokens_per_step": 16}
+    with httpx.stream("POST", server.base_url + "/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read()
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    for e in events[:-1]:
+        assert e.startswith(b"data: ")
+        json.loads(e[6:].decode("utf-8"))  # strict: a broken sequence raises
+
+
+# ---- errors --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "temperature": -1}, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, 200000]}, "prompt"),
+    ({"prompt": "hi", "stop": [""]}, "stop"),
+    ({"prompt": "hi", "stop": 5}, "stop"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "suffix": "end"}, "suffix"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "hi", "tokens_per_step": 65}, "tokens_per_step"),
+    ({"prompt": "hi", "stop_token_ids": [999999]}, "stop_token_ids"),
+    ({"prompt": "hi", "steering": {"concepts": [100000]}}, "steering.concepts"),
+    ({"prompt": "hi", "steering": {"concepts": ["no such label"]}}, "steering.concepts"),
+    ({"prompt": "hi", "steering": {"concepts": [1], "schedule": "sometimes"}}, "steering.schedule"),
+    ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": 99}}, "steering.inject_layer"),
+    ({"prompt": "hi", "attribution": {"chunking": "page"}}, "attribution.chunking"),
+    ({}, "prompt"),
+])
+def test_invalid_completion_fields_are_400_with_param(server, body, param):
+    r = post(server, "/completions", {"model": "tiny", **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_chat_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True)
+    assert e.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
+    assert e.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert e.value.body["param"] == "tools"
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
+
+
+def test_wrong_api_key_is_401(server):
+    bad = openai.OpenAI(base_url=server.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.models.list()
+    assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    assert httpx.get(server.base_url + "/models").status_code == 401
+
+
+def test_malformed_json_and_content_type(server):
+    r = post(server, "/completions", None, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = post(server, "/completions", None, content=b"prompt=hi", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content_type"
+    r = post(server, "/completions", [1, 2])
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_server_stays_healthy_after_bad_requests(server, client):
+    assert server.health()[0] == 200
+    assert client.completions.create(model="tiny", prompt="ok", max_tokens=4, **FAST).choices[0].finish_reason
+
+
+# ---- ops endpoints -------------------------------------------------------------------------------
+def test_health_lists_workers(server):
+    status, body = server.health()
+    assert status == 200 and body["status"] == "ok"
+    assert [w["alive"] for w in body["workers"]] == [True, True]
+
+
+def test_metrics(server):
+    m = server.metrics()
+    assert m['cde_worker_up{worker="worker-0"}'] == 1 and m['cde_worker_up{worker="worker-1"}'] == 1
+    for name in ("cde_num_requests_running", "cde_num_requests_waiting", "cde_kv_pages_used", "cde_kv_pages_free",
+                 "cde_steps_per_second", "cde_time_to_first_block_seconds_count", "cde_inter_block_latency_seconds_count",
+                 "cde_e2e_request_latency_seconds_count", "cde_prompt_tokens_total", "cde_generation_tokens_total"):
+        assert name in m, name
+    assert m["cde_generation_tokens_total"] > 0 and m["cde_e2e_request_latency_seconds_count"] > 0
+
+
+def test_openapi(server):
+    doc = httpx.get(server.url + "/openapi.json").json()
+    assert "/v1/completions" in doc["paths"] and "/v1/chat/completions" in doc["paths"]
+    props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"prompt", "steering", "attribution", "tokens_per_step"} <= set(props)

@@ -1,0 +1,51 @@
+"""msgpack framing of the protocol messages."""
+
+import msgpack
+import pytest
+
+from shared.protocol import (
+    AbortRequest, AttributionSpec, BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec,
+)
+from shared.wire import WireError, decode, encode
+
+MESSAGES = [
+    GenerateRequest("r1", [1, 2, 3], max_tokens=40, temperature=0.7, seed=5, stop=["\n"], stop_token_ids=[9],
+                    steering=SteeringSpec([3, 4], strength=-7.0, relu_logit_mask={3: 20.0}),
+                    attribution=AttributionSpec(top_k=5, per_token=True, chunking="endofchunk")),
+    GenerateRequest("r2", [7]),
+    BlockResult("r1", [5, 6], finished=True, finish_reason="stop", stop_str="\n", prompt_tokens=3,
+                attribution=[{"token": 5, "known": [[1, 0.5]]}]),
+    BlockResult("r3", [], True, "error", error="boom"),
+    AbortRequest("r1"),
+    Ping(12.5),
+    Heartbeat("boot", "m", 1024, 100284, True, 2, 96, 16, running=1, waiting=2, pages_used=3, pages_free=4,
+              steps_per_s=9.5, forward_passes=10),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_roundtrip(msg):
+    assert decode(encode(msg)) == msg
+
+
+def test_steering_mask_keys_stay_ints():
+    out = decode(encode(MESSAGES[0]))
+    assert out.steering.relu_logit_mask == {3: 20.0}
+    assert isinstance(out.steering, SteeringSpec) and isinstance(out.attribution, AttributionSpec)
+
+
+@pytest.mark.parametrize("frame", [
+    b"\xc1",  # never-used msgpack byte
+    msgpack.packb([1, 2]),
+    msgpack.packb({"type": "Pickle", "x": 1}),
+    msgpack.packb({"type": "AbortRequest", "request_id": "a", "extra": 1}),
+    msgpack.packb({"type": "AbortRequest"}),
+])
+def test_bad_frames_raise_wire_error(frame):
+    with pytest.raises(WireError):
+        decode(frame)
+
+
+def test_only_protocol_messages_encode():
+    with pytest.raises(WireError):
+        encode({"type": "GenerateRequest"})
