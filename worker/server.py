@@ -1,15 +1,19 @@
-"""The worker process loop: one engine behind a ZeroMQ ROUTER socket.
+"""The worker process: one engine behind a ZeroMQ ROUTER socket.
 
-`receive (drain new requests/aborts without blocking) -> engine.step() -> send BlockResults`,
-blocking on the socket only when the engine is idle. The ROUTER side lets several gateways share
-a worker: every request remembers which peer sent it, and each Ping is answered to its sender.
+Engine thread: `receive (drain new requests/aborts without blocking) -> engine.step() -> send
+BlockResults`, blocking only while idle. An I/O thread owns the sockets and answers Pings from
+a stats snapshot, so liveness does not depend on how long one forward pass takes (a big batch on
+a busy CPU, or a first CUDA-graph capture, can take seconds). The ROUTER side lets several
+gateways share a worker: each request remembers which peer sent it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -23,7 +27,7 @@ from worker.engine import Engine
 
 log = logging.getLogger("cde.worker")
 
-IDLE_POLL_MS = 100  # how often an idle worker checks for shutdown
+IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
 
 
 class WorkerServer:
@@ -36,41 +40,47 @@ class WorkerServer:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.bind(bind)
+        # Engine thread -> I/O thread: [peer, frame] to forward (zmq sockets are single-threaded).
+        outbox = f"inproc://outbox-{self.boot_id}"
+        self._out_pull = self.ctx.socket(zmq.PULL)
+        self._out_pull.bind(outbox)
+        self._out_push = self.ctx.socket(zmq.PUSH)
+        self._out_push.connect(outbox)
+        self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
         self.stopping = False
+        self._io_done = False
+        self._stats = engine.stats()
         self._rate_at = (time.monotonic(), 0)
         self._steps_per_s = 0.0
 
     def request_stop(self, *_):
         self.stopping = True
 
-    # ---- loop ---------------------------------------------------------------------------------
+    # ---- engine thread ------------------------------------------------------------------------
     def serve_forever(self) -> None:
+        io = threading.Thread(target=self._io_loop, name="cde-worker-io", daemon=True)
+        io.start()
         while not self.stopping:
-            busy = self.engine.has_work()
-            if self.sock.poll(0 if busy else IDLE_POLL_MS):
-                self._drain()
+            self._receive(block=not self.engine.has_work())
             if self.engine.has_work():
                 self._step()
             elif self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("parent process exited; stopping")
                 break
         self._fail_all("worker is shutting down")
-        self.sock.close()
+        self._io_done = True
+        io.join()
         self.ctx.term()
 
-    def _drain(self) -> None:
-        while True:
-            try:
-                peer, frame = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except ValueError:  # not a [peer, frame] message
-                continue
-            try:
-                self._handle(peer, decode(frame))
-            except WireError as exc:
-                log.warning("dropped bad frame: %s", exc)
+    def _receive(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
+            while True:
+                self._handle(*item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
 
     def _handle(self, peer: bytes, msg) -> None:
         if isinstance(msg, GenerateRequest):
@@ -83,16 +93,16 @@ class WorkerServer:
         elif isinstance(msg, AbortRequest):
             self.engine.abort(msg.request_id)
             self.owner.pop(msg.request_id, None)
-        elif isinstance(msg, Ping):
-            self._send(peer, self._heartbeat())
+        self._stats = self.engine.stats()
 
     def _step(self) -> None:
         try:
             results = self.engine.step()
-        except Exception:  # a bug or device error must not take the other requests' gateway down
+        except Exception:  # a bug or device error: fail these requests, keep the worker serving
             log.error("engine step failed:\n%s", traceback.format_exc())
             self._fail_all("engine error during generation")
             return
+        self._stats = self.engine.stats()
         for res in results:
             peer = self.owner.get(res.request_id)
             if res.finished:
@@ -105,13 +115,54 @@ class WorkerServer:
             self.engine.abort(rid)
             self._send(peer, BlockResult(rid, [], True, "error", error=message))
         self.owner.clear()
+        self._stats = self.engine.stats()
 
     def _send(self, peer: bytes, msg) -> None:
-        # ROUTER drops messages to peers that went away instead of blocking: what we want.
-        self.sock.send_multipart([peer, encode(msg)])
+        self._out_push.send_multipart([peer, encode(msg)])
+
+    # ---- I/O thread ---------------------------------------------------------------------------
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._out_pull, zmq.POLLIN)
+        while not self._io_done:
+            events = dict(poller.poll(100))
+            if self.sock in events:
+                self._read_requests()
+            if self._out_pull in events:
+                self._forward_results()
+        self._forward_results()  # the shutdown errors
+        for s in (self.sock, self._out_pull, self._out_push):
+            s.close()
+
+    def _read_requests(self) -> None:
+        while True:
+            try:
+                peer, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:  # not a [peer, frame] message
+                continue
+            try:
+                msg = decode(frame)
+            except WireError as exc:
+                log.warning("dropped bad frame: %s", exc)
+                continue
+            if isinstance(msg, Ping):
+                self.sock.send_multipart([peer, encode(self._heartbeat())])
+            else:
+                self.inbox.put((peer, msg))
+
+    def _forward_results(self) -> None:
+        while True:
+            try:
+                # ROUTER drops messages to peers that went away instead of blocking: what we want.
+                self.sock.send_multipart(self._out_pull.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
 
     def _heartbeat(self) -> Heartbeat:
-        stats = self.engine.stats()
+        stats = self._stats
         now = time.monotonic()
         t0, n0 = self._rate_at
         if now - t0 >= 0.5:
