@@ -1,0 +1,58 @@
+"""API request -> GenerateRequest: steering presets, overrides, concept labels, n and seeds."""
+
+import pytest
+
+from gateway.concepts import ConceptLabels
+from gateway.errors import ApiError
+from gateway.params import generate_requests
+from gateway.schemas import CompletionRequest
+from shared.protocol import AttributionSpec, Heartbeat
+
+INFO = Heartbeat("b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100,
+                 max_running=16)
+LABELS = ConceptLabels({"dogs": 7})
+
+
+def build(**fields):
+    body = CompletionRequest(model="m", prompt="x", **fields)
+    return generate_requests(body, [[1, 2]], body.max_tokens, INFO, LABELS, "cmpl-t")
+
+
+def test_amplify_preset():
+    (req,) = build(steering={"concepts": ["dogs", 3], "preset": "amplify"})
+    s = req.steering
+    assert (s.concepts, s.strength, s.normalize, s.inject_layer, s.schedule, s.cutoff_tokens) == \
+        ([7, 3], 8.0, True, 8, "hard_cutoff", 32)
+    assert s.relu_logit_mask == {}
+
+
+def test_suppress_preset_and_explicit_overrides():
+    (req,) = build(steering={"concepts": ["Known: #5"], "preset": "suppress", "strength": -3, "inject_layer": 4})
+    s = req.steering
+    assert (s.strength, s.normalize, s.inject_layer, s.schedule) == (-3.0, False, 4, "fixed")
+    assert s.relu_logit_mask == {5: 20.0}
+
+
+def test_explicit_relu_mask_by_label():
+    (req,) = build(steering={"concepts": [1], "relu_logit_mask": {"dogs": 2.5, "#9": 1}})
+    assert req.steering.relu_logit_mask == {7: 2.5, 9: 1.0}
+
+
+@pytest.mark.parametrize("steering, param", [
+    ({"concepts": []}, "steering.concepts"),
+    ({"concepts": ["cats"]}, "steering.concepts"),
+    ({"concepts": [100]}, "steering.concepts"),
+    ({"concepts": [1], "inject_layer": 33}, "steering.inject_layer"),
+    ({"relu_logit_mask": {"1": 1.0}, "preset": "suppress"}, "steering.concepts"),
+])
+def test_bad_steering(steering, param):
+    with pytest.raises(ApiError) as e:
+        build(steering=steering)
+    assert e.value.param == param
+
+
+def test_n_choices_get_distinct_reproducible_seeds_and_attribution():
+    reqs = build(n=3, seed=10, attribution=True, stop="\n", top_k=-1)
+    assert [r.seed for r in reqs] == [10, 11, 12]
+    assert [r.request_id for r in reqs] == ["cmpl-t-0-0", "cmpl-t-0-1", "cmpl-t-0-2"]
+    assert reqs[0].attribution == AttributionSpec() and reqs[0].stop == ["\n"] and reqs[0].top_k == 0
