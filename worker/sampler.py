@@ -86,7 +86,8 @@ def filtered_log_probs(logits: torch.Tensor, temperature, top_p, top_k) -> torch
     probs = torch.softmax(logits / temperature[:, None], -1)
     sorted_probs, order = probs.sort(-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    keep = (sorted_probs.cumsum(-1) - sorted_probs) <= top_p[:, None]
+    # top_p >= 1 keeps everything: a float32 cumsum can overshoot 1.0 and drop the tail.
+    keep = ((sorted_probs.cumsum(-1) - sorted_probs) <= top_p[:, None]) | (top_p[:, None] >= 1.0)
     keep &= (top_k[:, None] <= 0) | (rank < top_k[:, None])
     keep[:, 0] = True
     kept = torch.zeros_like(probs).scatter(-1, order, torch.where(keep, sorted_probs, 0.0))
