@@ -12,9 +12,7 @@ from starlette.responses import JSONResponse
 
 log = logging.getLogger("cde.gateway")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+_TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
 class ApiError(Exception):

@@ -34,9 +34,9 @@ def wait_idle(server, timeout=15.0) -> dict:
 async def test_50_streams_25_disconnect(server):
     url = server.base_url + "/completions"
     short = {"model": "tiny", "prompt": "x", "max_tokens": 63, "temperature": 0, "tokens_per_step": 16, "stream": True}
-    # The ones we hang up on would run for 15 blocks: if the abort did not reach the worker, their
-    # pages would stay in use long after the short ones finished.
-    long = {**short, "max_tokens": 900}
+    # The ones we hang up on would run for 250 more steps: if the abort did not reach the worker,
+    # their pages would stay in use long after the short ones finished.
+    long = {**short, "max_tokens": 1000, "tokens_per_step": 4}
 
     async def one(client, i):
         async with client.stream("POST", url, json=long if i % 2 else short) as r:
@@ -55,7 +55,7 @@ async def test_50_streams_25_disconnect(server):
         results = await asyncio.gather(*(one(client, i) for i in range(50)))
     assert results.count("done") == 25 and results.count("hung up") == 25
 
-    m = await asyncio.to_thread(wait_idle, server)
+    m = await asyncio.to_thread(wait_idle, server, 10.0)
     assert m["cde_kv_pages_free"] > 0
     t0 = time.monotonic()
     async with httpx.AsyncClient(timeout=60) as client:
@@ -65,8 +65,8 @@ async def test_50_streams_25_disconnect(server):
 
 
 async def test_non_streaming_disconnect_aborts(server):
-    body = {"model": "tiny", "prompt": "x", "max_tokens": 900, "temperature": 0}
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1000, "temperature": 0}  # 1000 steps
     async with httpx.AsyncClient(timeout=1.0) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post(server.base_url + "/completions", json=body)
-    await asyncio.to_thread(wait_idle, server)
+    await asyncio.to_thread(wait_idle, server, 3.0)
