@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.config import PAGE
+from shared.config import MASK_ID, PAGE
 from shared.protocol import BlockResult, GenerateRequest
 from shared.stops import find_stop
 from worker.kv_pages import PageAllocator
@@ -48,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
+        self.block_attribution: dict[str, list[dict]] = {}  # request id -> records of its active block
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest) -> Sequence:
@@ -119,15 +120,19 @@ class Scheduler:
         return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step)
 
     # ---- update ---------------------------------------------------------------------------
-    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]]) -> list[BlockResult]:
-        """Apply the (positions, tokens) chosen for each step item, in batch.steps order."""
+    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]],
+               attribution: list[list[dict] | None] | None = None) -> list[BlockResult]:
+        """Apply the (positions, tokens) chosen for each step item, in batch.steps order, and
+        keep the attribution records of the committed tokens (when the request asked)."""
         results = []
-        for item, (positions, tokens) in zip(batch.steps, picks):
+        for n, (item, (positions, tokens)) in enumerate(zip(batch.steps, picks)):
             seq = item.seq
             if seq.status is not Status.RUNNING:
                 continue  # aborted while its step was in flight
             seq.step += 1
             ended_by_eot = seq.place(positions, tokens)
+            if attribution and attribution[n]:
+                self.block_attribution.setdefault(seq.id, []).extend(attribution[n])
             if ended_by_eot or seq.block_done():
                 results.append(self._complete_block(seq, ended_by_eot))
         return results
@@ -151,6 +156,8 @@ class Scheduler:
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
         result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
+        if seq.req.attribution is not None:
+            result.attribution = self._kept_attribution(seq, len(new))
         if reason is None:
             seq.advance()
         else:
@@ -158,7 +165,17 @@ class Scheduler:
             result.finished, result.finish_reason, result.stop_str = True, reason, seq.stop_str
         return result
 
+    def _kept_attribution(self, seq: Sequence, n_kept: int) -> list[dict]:
+        """The block's records for the tokens the result keeps (the first n_kept generated
+        positions), in position order: whatever EOT or a stop cut off has no record."""
+        base = seq.block * PAGE
+        generated = [base + i for i in range(max(seq.prompt_len - base, 0), PAGE) if seq.tokens[i] != MASK_ID]
+        kept = set(generated[:n_kept])
+        records = self.block_attribution.pop(seq.id, [])
+        return sorted((r for r in records if r["position"] in kept), key=lambda r: r["position"])
+
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self.block_attribution.pop(seq.id, None)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.running.remove(seq)

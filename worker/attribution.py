@@ -1,0 +1,108 @@
+"""Faithful concept attribution on the device (reference: `FaithfulConceptAttributor`,
+`AttributionAccumulator.commit`, `ConceptHead.linear_features_topk_streaming` / `_factorized`).
+
+Given the final hidden states of the positions committed in a step (gathered across every
+request of the batch that asked for attribution), computes in one batched pass per position:
+the known head's top-k concepts, the discovered head's top-k through the rank-r factorisation,
+each concept's contribution `sigmoid(logit_i) * (E_i . W_y)` to the committed token's logit and
+the residual epsilon. The result is one packed float64 tensor, so the runner can bring it to the
+host in the same copy as the chosen tokens.
+
+Top-k selection replays the reference's streaming merge chunk by chunk (same chunk boundaries,
+same candidate order), so ties and near-ties resolve the same way; the discovered head never has
+more than `positions x concept_block_size` logits alive.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shared.config import ModelConfig
+
+LOGIT_CLAMP = 15.0
+
+
+def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block: int, by_sigmoid: bool):
+    """Top-k of `x @ weight[:n].T` per row, `block` concepts at a time. x is the (possibly
+    compressed) hidden state [P, d]; the weight's dtype follows x. Returns indices [P, k] and the
+    logits recomputed for them (clamped), like the reference's second pass."""
+    p, k = x.shape[0], min(k, n)
+    top_v = torch.full((p, k), float("-inf"), device=x.device)
+    top_i = torch.zeros((p, k), dtype=torch.long, device=x.device)
+    for start in range(0, n, block):
+        end = min(start + block, n)
+        logits = F.linear(x, weight[start:end].to(x.dtype)).float().clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
+        scores = torch.sigmoid(logits) if by_sigmoid else logits
+        v, i = scores.topk(min(k, end - start), dim=1)
+        i = i + start
+        if v.shape[1] < k:
+            v = F.pad(v, (0, k - v.shape[1]), value=float("-inf"))
+            i = F.pad(i, (0, k - i.shape[1]))
+        # The reference merges the running top-k with the chunk's by one top-k over both.
+        top_v, sel = torch.cat([top_v, v], 1).topk(k, dim=1)
+        top_i = torch.cat([top_i, i], 1).gather(1, sel)
+    picked = F.embedding(top_i, weight)  # [P, k, d]
+    logits = torch.einsum("bd,bkd->bk", x.float(), picked.float()).clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
+    return top_i, logits
+
+
+def known_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
+    """The known head's features top-k ranked by sigmoid weight, then (when the head keeps more
+    features than it reports) the `topk_known` largest logits among them."""
+    weight = model.known_head.concept_predictor.weight
+    idx, logits = streaming_topk(hidden, weight, cfg.n_concepts, cfg.known_topk_features,
+                                 cfg.concept_block_size, by_sigmoid=True)
+    if cfg.known_topk_features > cfg.topk_known:
+        _, sel = logits.topk(cfg.topk_known, dim=-1)
+        idx, logits = idx.gather(-1, sel), logits.gather(-1, sel)
+    return idx, logits
+
+
+def unknown_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
+    """The discovered head's top-k by logit, entirely in the rank-r space."""
+    head = model.unknown_head
+    compressed = F.linear(hidden, head.predictor_down.weight).float()  # [P, r]
+    return streaming_topk(compressed, head.predictor_up.weight, cfg.n_unknown_concepts, cfg.unknown_topk,
+                          cfg.concept_block_size, by_sigmoid=False)
+
+
+def unknown_alignment(model, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tensor:
+    """E_i . W_y for discovered concepts, with E_i = basis(coef_i): W_y is projected onto the
+    basis once, so no [P, k, D] embedding tensor is built."""
+    head = model.unknown_head
+    w_r = w_y @ head.embedding_basis.weight.float()  # [P, r]
+    return torch.einsum("pkr,pr->pk", F.embedding(idx, head.embedding_coef.weight).float(), w_r)
+
+
+def attribute(model, cfg: ModelConfig, hidden: torch.Tensor, tokens: torch.Tensor, target_logits: torch.Tensor):
+    """hidden [P, D] final-norm states of committed positions, tokens [P], target_logits [P] (the
+    token's logit in the committing pass). Returns packed [P, width(cfg)] float64 (see `unpack`)."""
+    w_y = model.transformer.lm_head.weight[tokens].float()  # [P, D]
+    k_idx, k_logits = known_topk(model, cfg, hidden)
+    k_emb = model.known_head.concept_embedding.weight[k_idx].float()  # [P, k, D]
+    k_w = torch.sigmoid(k_logits)
+    k_c = k_w * torch.einsum("pkd,pd->pk", k_emb, w_y)
+    u_idx, u_logits = unknown_topk(model, cfg, hidden)
+    u_w = torch.sigmoid(u_logits)
+    u_c = u_w * unknown_alignment(model, u_idx, w_y)
+    target = target_logits.float()
+    eps = target - k_c.sum(-1) - u_c.sum(-1)
+    cols = [target[:, None], eps[:, None], k_idx, k_w, k_c, u_idx, u_w, u_c]
+    return torch.cat([c.double() for c in cols], dim=1)
+
+
+def width(cfg: ModelConfig) -> int:
+    return 2 + 3 * min(cfg.topk_known, cfg.known_topk_features) + 3 * min(cfg.unknown_topk, cfg.n_unknown_concepts)
+
+
+def unpack(row: list[float], cfg: ModelConfig) -> dict:
+    """One packed host row -> the wire record's concept fields (plain floats and ints)."""
+    kk = min(cfg.topk_known, cfg.known_topk_features)
+    ku = min(cfg.unknown_topk, cfg.n_unknown_concepts)
+
+    def triples(at: int, k: int) -> list[list]:
+        ids, ws, cs = row[at : at + k], row[at + k : at + 2 * k], row[at + 2 * k : at + 3 * k]
+        return [[int(i), w, c] for i, w, c in zip(ids, ws, cs)]
+
+    return {"target_logit": row[0], "epsilon": row[1], "known": triples(2, kk), "discovered": triples(2 + 3 * kk, ku)}
