@@ -66,9 +66,11 @@ class Generation:
                 self.completion_tokens += len(res.token_ids)
                 m.generation_tokens.inc(len(res.token_ids))
                 piece = text.add(res.token_ids, final=res.finished)
+                yield Delta(index, piece, res.token_ids, None, res.attribution)
                 reason = "stop" if text.stopped else res.finish_reason if res.finished else None
-                yield Delta(index, piece, res.token_ids, reason, res.attribution)
                 if reason is not None:
+                    # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
+                    yield Delta(index, "", [], reason)
                     m.e2e.observe(now - self.started)
                     m.finished.labels(reason).inc()
                     return

@@ -52,7 +52,8 @@ def test_streamed_equals_non_streamed_at_temperature_zero(client):
     assert text == whole.choices[0].text
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
-    assert len(chunks) == 2  # prompt tail block + one more block: one event per 64-token block
+    # One event per 64-token block (the prompt's tail block, one more), then the finish event.
+    assert [bool(c.choices[0].text) for c in chunks] == [True, True, False]
 
 
 def test_chat_streamed_equals_non_streamed(client):
@@ -168,14 +169,15 @@ def test_every_sse_event_is_utf8_json(server):
     ({"prompt": "hi", "steering": {"concepts": [1], "schedule": "sometimes"}}, "steering.schedule"),
     ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": 99}}, "steering.inject_layer"),
     ({"prompt": "hi", "attribution": {"chunking": "page"}}, "attribution.chunking"),
-    ({}, "prompt"),
+    ({"prompt": None}, "prompt"),
 ])
-def test_invalid_completion_fields_are_400_with_param(server, body, param):
-    r = post(server, "/completions", {"model": "tiny", **body})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == param, err
-    assert err["type"] == "invalid_request_error" and err["message"]
+def test_invalid_completion_fields_are_400_with_param(client, body, param):
+    fields = dict(body)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=fields.pop("prompt", None), extra_body=fields)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param, e.value.body
+    assert e.value.body["type"] == "invalid_request_error" and e.value.body["message"]
 
 
 def test_chat_errors(client):
