@@ -13,6 +13,7 @@ from worker.model import SteerlingModel, rope_tables
 from worker.sampler import SamplingBatch, select_and_sample
 from worker.scheduler import Batch, Item
 from worker.sequence import Sequence
+from worker.attribution import attribute, unpack
 from worker.steering import SteeringState, alpha_now, prepare_steering
 
 
@@ -28,6 +29,7 @@ class ModelRunner:
         self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
+        self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
     # ---- per-request state ------------------------------------------------------------------
     @torch.inference_mode()
@@ -60,17 +62,52 @@ class ModelRunner:
         if not steps:
             return []
         step_seqs = [items[i].seq for i in steps]
-        logits = self.model.logits(hidden[steps])
-        sb = self._sampling_batch(step_seqs)
+        eligible = [s.eligible() for s in step_seqs]
+        rows = [i * PAGE + p for i, e in zip(steps, eligible) for p, ok in enumerate(e) if ok]
+        logits = self.model.logits(hidden.reshape(-1, self.cfg.n_embd)[torch.tensor(rows, device=dev)])
+        sb = self._sampling_batch(step_seqs, eligible)
         positions, chosen, valid = select_and_sample(logits, sb)
         if sb.rep_penalty is not None:
             slots = torch.tensor([s.slot for s in step_seqs], device=dev)[:, None].expand_as(chosen)
             self.seen[slots[valid], chosen[valid]] = True
-        host = torch.stack([positions, chosen, valid.long()]).cpu().tolist()  # the one D2H copy
+        picks = torch.stack([positions, chosen, valid.long()])
+        attributed = [n for n, s in enumerate(step_seqs) if s.req.attribution is not None]
+        if not attributed:
+            self.attribution = [None] * len(steps)
+            host = picks.cpu().tolist()  # the one D2H copy
+        else:
+            packed = self._attribute(hidden, steps, attributed, logits, sb.grid, positions, chosen)
+            # One D2H copy for picks and attribution (float64 holds the small ints exactly).
+            flat = torch.cat([picks.flatten().double(), packed.flatten()]).cpu()
+            host = flat[: picks.numel()].long().reshape(picks.shape).tolist()
+            rows = flat[picks.numel():].reshape(len(attributed), positions.shape[1], -1).tolist()
+            self.attribution = self._records(batch, steps, attributed, host, rows)
         return [
             ([p for p, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
+
+    def _attribute(self, hidden, steps, attributed, logits, grid, positions, chosen) -> torch.Tensor:
+        """Attribution of every selection slot of the items that asked, in one batched pass:
+        [A * K, width]. Slots that commit nothing are computed too (static shapes, no sync) and
+        dropped on the host."""
+        a = torch.tensor(attributed, device=self.device)
+        pos, tok = positions[a], chosen[a]  # [A, K]
+        rows = torch.tensor(steps, device=self.device)[a][:, None] * PAGE + pos
+        h = hidden.reshape(-1, self.cfg.n_embd)[rows.reshape(-1)]
+        target = logits[grid[a].gather(1, pos).clamp(min=0).reshape(-1), tok.reshape(-1)]
+        return attribute(self.model, self.cfg, h, tok.reshape(-1), target)
+
+    def _records(self, batch, steps, attributed, host, rows) -> list[list[dict] | None]:
+        """Per step item: the wire records of the tokens it committed (None: not asked)."""
+        out: list[list[dict] | None] = [None] * len(steps)
+        for n, packed_rows in zip(attributed, rows):
+            item = batch.items[steps[n]]
+            out[n] = [
+                {"token_id": tok, "position": item.block * PAGE + pos, "step": item.seq.step, **unpack(row, self.cfg)}
+                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], packed_rows) if ok
+            ]
+        return out
 
     def _attend(self, paged: PagedBatch):
         def attend(layer, q, k, v):
@@ -92,15 +129,20 @@ class ModelRunner:
                     start[i] = state.inject_layer
         return vec, torch.tensor(start, device=self.device)
 
-    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+    def _sampling_batch(self, seqs: list[Sequence], eligible: list[list[bool]]) -> SamplingBatch:
         dev, reqs = self.device, [s.req for s in seqs]
+        grid, row_item, r = [], [], 0
+        for i, e in enumerate(eligible):
+            grid.append([(r := r + 1) - 1 if ok else -1 for ok in e])
+            row_item += [i] * sum(e)
         t = lambda xs, dt=None: torch.tensor(xs, device=dev, dtype=dt)  # noqa: E731
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
         relu = [self.steering[s.slot].relu_mask if s.slot in self.steering else None for s in seqs]
         vocab = self.cfg.vocab_size
         return SamplingBatch(
-            eligible=t([s.eligible() for s in seqs]),
+            grid=t(grid),
+            row_item=t(row_item),
             n_select=t([r.tokens_per_step for r in reqs]),
             threshold=t([2.0 if x is None else x for x in thresholds], torch.float32),
             temperature=t([r.temperature for r in reqs], torch.float32),

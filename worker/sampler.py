@@ -1,7 +1,9 @@
 """Token selection and sampling, batched over every request that takes a step.
 
 One call handles all step items at once with tensor operations (no Python loop over rows or
-logits), so the same code runs on CPU and GPU. Per request it follows the reference step:
+logits), so the same code runs on CPU and GPU. Logits arrive only for the rows that matter: the
+eligible (still-masked, within max_tokens) positions of every step item, flattened to [R, V]; the
+host knows which rows those are, so gathering them costs no device sync. Per request it follows the reference step:
 subtract the ReLU steering mask, apply the repetition penalty, ban EOS/mask/pad, take
 confidence = max softmax probability over the still-masked positions, unmask the most confident
 position(s), and sample their tokens (greedy, temperature + top-k + top-p, or the reference's
@@ -25,7 +27,8 @@ NEG_INF = float("-inf")
 class SamplingBatch:
     """Per-row parameters of the S step items (tensors on the logits' device)."""
 
-    eligible: torch.Tensor  # [S, 64] bool: masked positions that may be unmasked now
+    grid: torch.Tensor  # [S, 64] int64: row of each eligible position in the logits, -1 elsewhere
+    row_item: torch.Tensor  # [R] int64: the step item of each logits row
     n_select: torch.Tensor  # [S] int: tokens_per_step (k) for the row
     threshold: torch.Tensor  # [S] float: confidence threshold, or 2.0 (never) when unset
     temperature: torch.Tensor  # [S] float (0 = greedy)
@@ -43,29 +46,28 @@ class SamplingBatch:
 
 
 def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    """logits [S, 64, V] -> float32 logits after ReLU mask, repetition penalty and bans."""
+    """logits [R, V] -> float32 logits after ReLU mask, repetition penalty and bans (in place
+    when the logits are already float32: they are a fresh tensor nobody else reads)."""
     x = logits.float()
     if sb.relu_mask is not None:
-        x = x - sb.relu_mask[:, None, :]
+        x = x - sb.relu_mask[sb.row_item]
     if sb.rep_penalty is not None and sb.seen is not None:
-        p = sb.rep_penalty[:, None, None]
-        penalized = torch.where(x > 0, x / p, x * p)
-        x = torch.where(sb.seen[:, None, :], penalized, x)
-    x = x.index_fill(-1, sb.banned, NEG_INF)
-    return x
+        p = sb.rep_penalty[sb.row_item][:, None]
+        x = torch.where(sb.seen[sb.row_item], torch.where(x > 0, x / p, x * p), x)
+    return x.index_fill_(-1, sb.banned, NEG_INF)
 
 
-def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first."""
-    # max softmax prob = exp(max - logsumexp): no [S, 64, V] probability tensor needed.
-    conf = torch.exp(adjusted.amax(-1) - torch.logsumexp(adjusted, -1))
-    conf = conf.masked_fill(~sb.eligible, -1.0)
+def select_positions(adjusted: torch.Tensor, sb: SamplingBatch):
+    """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first.
+    Confidence is the reference's max softmax probability."""
+    row_conf = torch.softmax(adjusted, -1).amax(-1)
+    eligible = sb.grid >= 0
+    conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
     k = min(sb.max_select, conf.shape[1])
     top_conf, positions = conf.topk(k, dim=-1)
-    n_eligible = sb.eligible.sum(-1)
     above = (top_conf > sb.threshold[:, None]).sum(-1)
     wanted = torch.where(sb.threshold <= 1.0, above.clamp(min=1), sb.n_select)
-    count = torch.minimum(wanted, n_eligible)
+    count = torch.minimum(wanted, eligible.sum(-1))
     valid = torch.arange(k, device=conf.device)[None, :] < count[:, None]
     return positions, valid
 
@@ -106,11 +108,8 @@ def counter_uniform(seed: torch.Tensor, stream: torch.Tensor, vocab: int) -> tor
 
 
 def sample_rows(rows: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
-    """rows [S, K, V] adjusted logits at the selected positions -> tokens [S, K]."""
+    """rows [S, K, V] adjusted logits at the selected positions -> sampled tokens [S, K]."""
     s, k, v = rows.shape
-    greedy = rows.argmax(-1)
-    if not sb.any_sampling:
-        return greedy
     flat = rows.reshape(s * k, v)
     rep = lambda t: t[:, None].expand(s, k).reshape(-1)  # noqa: E731 - per-row broadcast
     top_p, top_k, ent = rep(sb.top_p), rep(sb.top_k), rep(sb.entropy)
@@ -118,16 +117,17 @@ def sample_rows(rows: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) 
     logp = filtered_log_probs(flat, temp, top_p, top_k)
     stream = rep(sb.step) * 64 + positions.reshape(-1)
     gumbel = -torch.log(-torch.log(counter_uniform(rep(sb.seed), stream, v)))
-    sampled = (logp.double() + gumbel).argmax(-1).reshape(s, k)
-    is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
-    return torch.where(is_greedy[:, None], greedy, sampled)
+    return (logp.double() + gumbel).argmax(-1).reshape(s, k)
 
 
 def select_and_sample(logits: torch.Tensor, sb: SamplingBatch):
-    """logits [S, 64, V] -> (positions [S, K], tokens [S, K], valid [S, K])."""
+    """logits [R, V] of the eligible rows -> (positions [S, K], tokens [S, K], valid [S, K])."""
     adjusted = adjust_logits(logits, sb)
     positions, valid = select_positions(adjusted, sb)
-    rows = adjusted.gather(1, positions[:, :, None].expand(-1, -1, adjusted.shape[-1]))
-    tokens = sample_rows(rows, sb, positions)
+    rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)]  # [S, K, V]
+    tokens = rows.argmax(-1)
+    if sb.any_sampling:
+        sampled = sample_rows(rows, sb, positions)
+        is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
+        tokens = torch.where(is_greedy[:, None], tokens, sampled)
     return positions, tokens, valid
-
