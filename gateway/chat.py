@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.completions import check_stream_options, usage
+from gateway.attribution import renderer
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
@@ -39,7 +40,8 @@ async def create_chat_completion(request: Request) -> Response:
     check_prompt(prompt, max_tokens, info, "messages")
     chat_id = new_id("chatcmpl")
     reqs = generate_requests(body, [prompt], max_tokens, info, state.labels, chat_id)
-    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body))
+    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
+                     renderer(reqs, tok, state.labels, info))
     state.metrics.prompt_tokens.inc(len(prompt))
     created = int(time.time())
 

@@ -7,6 +7,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.attribution import renderer
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
@@ -52,7 +53,8 @@ async def create_completion(request: Request) -> Response:
         check_prompt(ids, body.max_tokens, info, "prompt")
     cmpl_id = new_id("cmpl")
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
-    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body))
+    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
+                     renderer(reqs, tok, state.labels, info))
     n_prompt = sum(len(p) for p in prompts)
     state.metrics.prompt_tokens.inc(n_prompt)
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]

@@ -1,40 +1,33 @@
-"""Concept labels for steering by name: the checkpoint's optional `concept_labels.csv` (or
-`.parquet` when pyarrow is installed), columns `concept_id`, `concept_name`[, `head`].
-Without labels, concepts are named by id: `12`, `#12` or `Known: #12`."""
+"""Concept labels from the checkpoint's optional `concept_labels.parquet` / `.csv`: names for
+steering by label, and the labels attribution output shows. Without the file, concepts are
+named by id: `12`, `#12` or `Known: #12`."""
 
 from __future__ import annotations
 
-import csv
 import re
 from pathlib import Path
 
 from gateway.errors import invalid
+from shared.attribution import ConceptLabels as AttributionLabels
+from shared.attribution import load_concept_labels
 
 _BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d+)$")
 
 
 class ConceptLabels:
-    def __init__(self, names: dict[str, int] | None = None):
-        self.names = names or {}
+    def __init__(self, labels: AttributionLabels | None = None):
+        self.labels = labels or AttributionLabels()
+        # Steering acts on the known head; in the labels file discovered concepts are the ids
+        # past the known ones (or rows whose head is "unknown"), so they are not steering names.
+        self.names = {name: cid for cid, (name, head) in self.labels.names.items() if head != "unknown"}
 
     @classmethod
     def load(cls, model_dir: str | Path | None) -> ConceptLabels:
-        if model_dir is None:
-            return cls()
-        rows: list[dict] = []
-        csv_path, pq_path = Path(model_dir) / "concept_labels.csv", Path(model_dir) / "concept_labels.parquet"
-        if csv_path.is_file():
-            with open(csv_path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
-        elif pq_path.is_file():
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                return cls()
-            rows = pq.read_table(pq_path).to_pylist()
-        # Steering acts on the known head only, so discovered-concept labels are not names here.
-        return cls({str(r["concept_name"]): int(r["concept_id"]) for r in rows
-                    if str(r.get("head", "known")).lower() in ("known", "")})
+        for name in ("concept_labels.parquet", "concept_labels.csv"):
+            path = Path(model_dir or "") / name
+            if model_dir is not None and path.is_file():
+                return cls(load_concept_labels(path))
+        return cls()
 
     def resolve(self, concept: int | str, n_concepts: int, param: str) -> int:
         if isinstance(concept, str):

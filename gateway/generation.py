@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from gateway.detokenizer import ChoiceText
@@ -22,7 +22,7 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
-    attribution: list[dict] | None = None
+    attribution: dict | None = None  # on the finish delta, when the request asked
 
 
 @dataclass
@@ -31,12 +31,14 @@ class Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    attribution: list[dict] | None = None
+    attribution: dict | None = None
 
 
 class Generation:
-    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], tokenizer, stops: list[str]):
+    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], tokenizer, stops: list[str],
+                 render_attribution: Callable[[int, list[dict]], dict | None]):
         self.metrics = metrics
+        self._render = render_attribution
         self.started = time.monotonic()
         self.completion_tokens = 0
         self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
@@ -56,6 +58,7 @@ class Generation:
     async def _choice(self, index: int) -> AsyncIterator[Delta]:
         handle, text, m = self._handles[index], self._texts[index], self.metrics
         last = None
+        records: list[dict] = []
         try:
             async for res in handle.results():
                 now = time.monotonic()
@@ -65,12 +68,13 @@ class Generation:
                     raise GenerationError(res.error or "generation failed")
                 self.completion_tokens += len(res.token_ids)
                 m.generation_tokens.inc(len(res.token_ids))
+                records += res.attribution or []
                 piece = text.add(res.token_ids, final=res.finished)
-                yield Delta(index, piece, res.token_ids, None, res.attribution)
+                yield Delta(index, piece, res.token_ids)
                 reason = "stop" if text.stopped else res.finish_reason if res.finished else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
-                    yield Delta(index, "", [], reason)
+                    yield Delta(index, "", [], reason, self._render(index, records))
                     m.e2e.observe(now - self.started)
                     m.finished.labels(reason).inc()
                     return
@@ -110,6 +114,5 @@ class Generation:
             c.text += d.text
             c.token_ids += d.token_ids
             c.finish_reason = d.finish_reason or c.finish_reason
-            if d.attribution is not None:
-                c.attribution = (c.attribution or []) + d.attribution
+            c.attribution = d.attribution or c.attribution
         return choices

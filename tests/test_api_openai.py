@@ -121,13 +121,25 @@ def test_echo(client):
     assert r.choices[0].text.startswith("Echo me")
 
 
-def test_steering_and_attribution_pass_through(client):
+def test_steering_passes_through(client):
     base = dict(model="tiny", prompt="steer", max_tokens=8, temperature=0)
-    for steering in ({"concepts": [1, "#2"], "preset": "amplify"}, {"concepts": ["Known: #3"], "preset": "suppress", "strength": -3}):
+    plain = client.completions.create(**base, **FAST).choices[0]
+    for steering in ({"concepts": [1, "#2"], "preset": "amplify"}, {"concepts": ["Known: #3"], "preset": "suppress"}):
         r = client.completions.create(**base, extra_body={"steering": steering, "tokens_per_step": 8})
-        assert r.choices[0].finish_reason in ("length", "stop")
-    r = client.completions.create(**base, extra_body={"attribution": True, "tokens_per_step": 8})
-    assert r.choices[0].finish_reason in ("length", "stop")
+        assert r.choices[0].finish_reason == plain.finish_reason
+
+
+def test_attribution(client):
+    args = dict(model="tiny", prompt="attribute", max_tokens=70, temperature=0)
+    extra = {"attribution": {"top_k": 3, "per_token": True}, "tokens_per_step": 8}
+    r = client.completions.create(**args, extra_body=extra)
+    att, tail = r.choices[0].attribution, 64 - r.usage.prompt_tokens  # answer tokens in the prompt's block
+    assert [(c["start"], c["end"]) for c in att["chunks"]] == [(0, tail), (tail, 70)]
+    assert all(len(c["concepts"]) == 3 for c in att["chunks"]) and len(att["tokens"]) == 70
+    assert att["chunks"][0]["concepts"][0]["label"].startswith(("Known: #", "Discovered: #"))
+    chunks = list(client.completions.create(**args, stream=True, extra_body=extra))
+    assert [c.choices[0].attribution for c in chunks if c.choices[0].finish_reason] == [att]
+    assert client.completions.create(**args, **FAST).choices[0].model_extra.get("attribution") is None
 
 
 def test_every_sse_event_is_utf8_json(server):
