@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
+
+from kernels.flex_paged_attention import flex_paged_attention
 
 
 @dataclass
@@ -27,6 +30,16 @@ class PagedBatch:
     page_table: torch.Tensor  # [N, max_pages] int64, padded with 0
     n_pages: torch.Tensor  # [N] int64
     n_pages_host: list[int]  # the same, on the host, for the CPU loop
+    block_mask: BlockMask | None = None  # set on CUDA: FlexAttention over the pages
+
+
+def paged_attention(q, k, v, k_cache, v_cache, meta: PagedBatch) -> torch.Tensor:
+    """q [N, H, 64, Dh], k/v [N, KVH, 64, Dh] of this pass; caches [KVH, P, 64, Dh]."""
+    write_kv(k_cache, k, meta.write_pages)
+    write_kv(v_cache, v, meta.write_pages)
+    if meta.block_mask is not None:
+        return flex_paged_attention(q, k_cache, v_cache, meta.block_mask)
+    return sdpa_paged_attention(q, k_cache, v_cache, meta)
 
 
 def write_kv(cache: torch.Tensor, new: torch.Tensor, write_pages: torch.Tensor) -> None:

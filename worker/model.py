@@ -3,25 +3,18 @@
 Module names mirror the published weight names (`transformer.blocks.{i}.attn.c_attn.weight`, ...)
 so a checkpoint loads with `load_state_dict(strict=True)`. The forward pass takes a batch of
 *items*: each item is one 64-token block of one request at an absolute block index; attention goes
-through a paged-KV callable supplied by the model runner, so this file knows nothing of pages,
-requests or scheduling.
+over the paged KV cache (kernels/) with metadata built by the model runner, so this file knows
+nothing of pages, requests or scheduling.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.paged_attention import PagedBatch, paged_attention
 from shared.config import ModelConfig
-
-
-class PagedAttention(Protocol):
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [N, H, 64, Dh]; k, v: [N, KVH, 64, Dh] of this pass. Writes k, v into the cache
-        pages of the items, then attends each item over its request's pages. Returns [N, H, 64, Dh]."""
 
 
 class RMSNorm(nn.Module):
@@ -65,7 +58,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
-    def forward(self, x, cos, sin, layer: int, attend: PagedAttention):
+    def forward(self, x, cos, sin, cache: tuple[torch.Tensor, torch.Tensor], meta: PagedBatch):
         cfg = self.cfg
         n, t, _ = x.shape
         qkv = self.c_attn(x)
@@ -79,7 +72,7 @@ class Attention(nn.Module):
         if cfg.use_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attend(layer, q, k, v.contiguous())
+        y = paged_attention(q, k, v.contiguous(), cache[0], cache[1], meta)
         return self.c_proj(y.transpose(1, 2).reshape(n, t, cfg.n_embd))
 
 
@@ -103,11 +96,11 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layer, attend):
+    def forward(self, x, cos, sin, cache, meta):
         if self.post_norm:
-            x = x + self.ln_1(self.attn(x, cos, sin, layer, attend))
+            x = x + self.ln_1(self.attn(x, cos, sin, cache, meta))
             return x + self.ln_2(self.mlp(x))
-        x = x + self.attn(self.ln_1(x), cos, sin, layer, attend)
+        x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -156,7 +149,8 @@ class SteerlingModel(nn.Module):
         tokens: torch.Tensor,  # [N, 64] token ids (mask ids at still-masked positions)
         cos: torch.Tensor,  # [N, 1, 64, Dh] fp32 rope tables at the items' absolute positions
         sin: torch.Tensor,
-        attend: PagedAttention,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V) caches [KVH, P, 64, Dh]
+        meta: PagedBatch,
         steer_vec: torch.Tensor,  # [N, D] alpha * direction (zero when a request does not steer)
         steer_from: torch.Tensor,  # [N] int: inject after layer i when i + 1 >= steer_from
         steer_positions: torch.Tensor,  # [N, 64] bool: still-masked positions
@@ -166,7 +160,7 @@ class SteerlingModel(nn.Module):
         x = self.transformer.tok_emb(tokens)
         inject = steer_vec[:, None, :] * steer_positions[:, :, None].to(steer_vec.dtype)
         for i, block in enumerate(self.transformer.blocks):
-            x = block(x, cos, sin, i, attend)
+            x = block(x, cos, sin, caches[i], meta)
             # Always in the graph: the gate is data, so steering on/off never changes the graph.
             gate = (steer_from <= i + 1).to(x.dtype)[:, None, None]
             x = x + gate * inject

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import PagedBatch, sdpa_paged_attention, write_kv
+from kernels.paged_attention import PagedBatch
 from shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from worker.model import SteerlingModel, rope_tables
 from worker.sampler import SamplingBatch, select_and_sample
@@ -23,8 +23,9 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # [layer, k/v, KVH, pages, 64, Dh]
-        self.kv = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, num_pages, PAGE, cfg.head_dim,
-                              dtype=self.dtype, device=self.device)
+        shape = (cfg.n_kv_heads, num_pages, PAGE, cfg.head_dim)
+        self.kv = [tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
+                   for _ in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
         self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
@@ -57,7 +58,7 @@ class ModelRunner:
             n_pages_host=[len(it.pages) for it in items],
         )
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self.model(tokens, cos, sin, self._attend(paged), steer_vec, steer_from, tokens == MASK_ID)
+        hidden = self.model(tokens, cos, sin, self.kv, paged, steer_vec, steer_from, tokens == MASK_ID)
         steps = [i for i, it in enumerate(items) if it.step]
         if not steps:
             return []
@@ -108,14 +109,6 @@ class ModelRunner:
                 for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], packed_rows) if ok
             ]
         return out
-
-    def _attend(self, paged: PagedBatch):
-        def attend(layer, q, k, v):
-            k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
-            write_kv(k_cache, k, paged.write_pages)
-            write_kv(v_cache, v, paged.write_pages)
-            return sdpa_paged_attention(q, k_cache, v_cache, paged)
-        return attend
 
     def _steering_inputs(self, items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
         vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
