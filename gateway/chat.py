@@ -72,7 +72,7 @@ async def create_chat_completion(request: Request) -> Response:
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(len(prompt), gen.completion_tokens)}
 
-        return EventStreamResponse(chunks())
+        return EventStreamResponse(chunks(), on_close=gen.close)
 
     async def complete() -> Response:
         choices = [extras({"index": c.index, "message": {"role": "assistant", "content": c.text},
@@ -81,4 +81,7 @@ async def create_chat_completion(request: Request) -> Response:
         return JSONResponse({"id": chat_id, "object": "chat.completion", "created": created, "model": body.model,
                              "choices": choices, "usage": usage(len(prompt), gen.completion_tokens)})
 
-    return await until_disconnect(request, complete())
+    try:
+        return await until_disconnect(request, complete())
+    finally:
+        gen.close()

@@ -78,7 +78,7 @@ async def create_completion(request: Request) -> Response:
             if body.echo:
                 for i in range(len(reqs)):
                     yield {**head, "choices": [choice(i, tok.decode(prompt_of[i]), [], None, None, True)], **extra}
-            started = set()
+            started = set(range(len(reqs))) if body.echo else set()
             async for d in gen.stream():
                 first = d.index not in started
                 started.add(d.index)
@@ -86,7 +86,7 @@ async def create_completion(request: Request) -> Response:
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}
 
-        return EventStreamResponse(chunks())
+        return EventStreamResponse(chunks(), on_close=gen.close)
 
     async def complete() -> Response:
         results = await gen.collect()
@@ -94,4 +94,7 @@ async def create_completion(request: Request) -> Response:
                           c.finish_reason, c.attribution, True) for c in results]
         return JSONResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
 
-    return await until_disconnect(request, complete())
+    try:
+        return await until_disconnect(request, complete())
+    finally:
+        gen.close()

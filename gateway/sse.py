@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -38,20 +38,24 @@ class EventStreamResponse(StreamingResponse):
     would only notice at the next write, which can be a whole 64-token block (or a long queue
     wait) away, holding the worker's KV pages all that time."""
 
-    def __init__(self, chunks: AsyncIterator[dict]):
+    def __init__(self, chunks: AsyncIterator[dict], on_close: Callable[[], None]):
         super().__init__(events(chunks), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close  # also runs when the client left before the first chunk
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:  # the client went away mid-write
-                    pass
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away mid-write
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
