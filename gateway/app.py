@@ -38,12 +38,20 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "cde",
+            "max_model_len": state.router.info.block_size}
+
+
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.cde
-    name = state.model_name
-    data = [] if name is None else [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "cde",
-                                     "max_model_len": state.router.info.block_size}]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [_model_card(state)] if state.router.info else []})
+
+
+async def model(request: Request) -> Response:
+    state: ServerState = request.app.state.cde
+    state.model_info(request.path_params["model"])
+    return JSONResponse(_model_card(state))
 
 
 async def health(request: Request) -> Response:
@@ -87,6 +95,7 @@ def create_app(state: ServerState, wait_for_workers: float | None = None) -> Sta
             Route("/v1/completions", create_completion, methods=["POST"]),
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),

@@ -34,6 +34,9 @@ def post(server, path, body, **kw):
 def test_models(client):
     (m,) = client.models.list().data
     assert m.id == "tiny" and m.object == "model"
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_completion_shape(client):
