@@ -146,7 +146,8 @@ def test_attribution(client):
 
 
 def test_every_sse_event_is_utf8_json(server):
-    body = {"model": "tiny", "prompt": "Unicode: héllo 🎉 日本語 ", "max_tokens": 200, "temperature": 0,
+    prompt = "Unicode: héllo 🎉 日本語 👩‍👩‍👧"  # the emoji are split across byte-level tokens
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 200, "temperature": 0, "echo": True,
             "stream": True, "tokens_per_step": 16}
     with httpx.stream("POST", server.base_url + "/completions", json=body,
                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
@@ -154,9 +155,9 @@ def test_every_sse_event_is_utf8_json(server):
         raw = r.read()
     events = [e for e in raw.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
-    for e in events[:-1]:
-        assert e.startswith(b"data: ")
-        json.loads(e[6:].decode("utf-8"))  # strict: a broken sequence raises
+    assert all(e.startswith(b"data: ") for e in events)
+    chunks = [json.loads(e[6:].decode("utf-8")) for e in events[:-1]]  # strict: broken UTF-8 raises
+    assert chunks[0]["choices"][0]["text"] == prompt
 
 
 # ---- errors --------------------------------------------------------------------------------------
