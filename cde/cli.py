@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": "serve",
     "gateway": "gateway",
     "worker": "worker",
+    "bench": "bench",
 }
 
 

@@ -18,32 +18,43 @@ from shared.config import PAGE
 KERNEL_OPTIONS = {"BLOCK_M": PAGE, "BLOCK_N": PAGE}
 
 
-def paged_block_mask(page_table: torch.Tensor, n_pages: torch.Tensor, cache_pages: int) -> BlockMask:
-    """page_table [N, W] (page ids, padding ignored past n_pages), n_pages [N]. BlockMask wants
-    the index rows as wide as the key sequence has blocks, so the table is padded to cache_pages."""
-    n, width = page_table.shape
-    dev = page_table.device
-    indices = torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=dev)
-    indices[0, 0, :, :width] = page_table
-    # The mask function states the same visibility for paths that evaluate it densely (eager,
-    # CPU); the CUDA kernel never calls it, since every listed block is a full block.
-    visible = torch.arange(width, device=dev)[None, :] < n_pages[:, None]
-    hits = torch.zeros(n, cache_pages, dtype=torch.int32, device=dev)
-    allowed = hits.scatter_add_(1, page_table.long(), visible.to(torch.int32)) > 0  # padding may repeat a page id
+class PagedBlockMask:
+    """A BlockMask over N query tiles whose tensors are updated in place from the page table,
+    so a captured CUDA graph sees every step's pages without being rebuilt."""
 
-    def page_visible(b, h, q_idx, kv_idx):
-        return allowed[q_idx // PAGE, kv_idx // PAGE]
+    def __init__(self, n: int, cache_pages: int, device):
+        self.n, self.cache_pages = n, cache_pages
+        self.full_num = torch.zeros(1, 1, n, dtype=torch.int32, device=device)
+        # BlockMask wants index rows as wide as the key sequence has blocks.
+        self.full_idx = torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=device)
+        self.allowed = torch.zeros(n, cache_pages, dtype=torch.bool, device=device)
+        allowed = self.allowed
 
-    return BlockMask.from_kv_blocks(
-        torch.zeros(1, 1, n, dtype=torch.int32, device=dev),
-        torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=dev),
-        full_kv_num_blocks=n_pages.to(torch.int32)[None, None],
-        full_kv_indices=indices,
-        BLOCK_SIZE=PAGE,
-        mask_mod=page_visible,
-        seq_lengths=(n * PAGE, cache_pages * PAGE),
-        compute_q_blocks=False,
-    )
+        # The mask function states the same visibility for paths that evaluate it densely (eager,
+        # CPU); the CUDA kernel never calls it, since every listed block is a full block.
+        def page_visible(b, h, q_idx, kv_idx):
+            return allowed[q_idx // PAGE, kv_idx // PAGE]
+
+        self.block_mask = BlockMask.from_kv_blocks(
+            torch.zeros(1, 1, n, dtype=torch.int32, device=device),
+            torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=device),
+            full_kv_num_blocks=self.full_num,
+            full_kv_indices=self.full_idx,
+            BLOCK_SIZE=PAGE,
+            mask_mod=page_visible,
+            seq_lengths=(n * PAGE, cache_pages * PAGE),
+            compute_q_blocks=False,
+        )
+
+    def update(self, page_table: torch.Tensor, n_pages: torch.Tensor) -> None:
+        """page_table [N, W] page ids (entries past n_pages[i] are ignored), n_pages [N]."""
+        width = page_table.shape[1]
+        self.full_num.copy_(n_pages.view(1, 1, -1))
+        self.full_idx[0, 0, :, :width].copy_(page_table)
+        visible = torch.arange(width, device=page_table.device)[None, :] < n_pages[:, None]
+        hits = torch.zeros(self.n, self.cache_pages, dtype=torch.int32, device=page_table.device)
+        hits.scatter_add_(1, page_table.long(), visible.to(torch.int32))  # padding may repeat a page id
+        torch.gt(hits, 0, out=self.allowed)
 
 
 def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask):

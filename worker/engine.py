@@ -26,6 +26,7 @@ class EngineArgs:
     max_running: int = 16
     num_pages: int | None = None  # default: every running request at full context
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
+    cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
 
 
 def resolve_device(device: str) -> str:
@@ -43,7 +44,7 @@ class Engine:
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
-        self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running)
+        self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs)
         self.forward_passes = 0
 
     # ---- requests ---------------------------------------------------------------------------
@@ -89,7 +90,7 @@ class Engine:
             return []
         picks = self.runner.execute(batch)
         self.forward_passes += 1
-        return self.scheduler.update(batch, picks)
+        return self.scheduler.update(batch, picks, self.runner.attribution)
 
     def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
         """Run requests to completion; returns the generated token ids of each."""

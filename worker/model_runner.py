@@ -14,22 +14,28 @@ from worker.sampler import SamplingBatch, select_and_sample
 from worker.scheduler import Batch, Item
 from worker.sequence import Sequence
 from worker.attribution import attribute, unpack
+from worker.cuda_graphs import GraphedForward
 from worker.steering import SteeringState, alpha_now, prepare_steering
 
 
 class ModelRunner:
-    def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int):
+    def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int,
+                 cuda_graphs: bool = True):
         self.model, self.cfg = model, cfg
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # [layer, k/v, KVH, pages, 64, Dh]
-        shape = (cfg.n_kv_heads, num_pages, PAGE, cfg.head_dim)
+        # One page more than the allocator hands out: the scratch page of CUDA-graph padding items.
+        shape = (cfg.n_kv_heads, num_pages + 1, PAGE, cfg.head_dim)
         self.kv = [tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
                    for _ in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
         self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
+        self.graphed = None
+        if self.device.type == "cuda" and cuda_graphs:
+            self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages)
         self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
     # ---- per-request state ------------------------------------------------------------------
@@ -47,18 +53,12 @@ class ModelRunner:
     def execute(self, batch: Batch) -> list[tuple[list[int], list[int]]]:
         items = batch.items
         dev = self.device
-        tokens = torch.tensor([it.tokens for it in items], device=dev)
-        abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
-        cos, sin = self.cos[abs_pos][:, None], self.sin[abs_pos][:, None]
-        max_pages = max(len(it.pages) for it in items)
-        paged = PagedBatch(
-            write_pages=torch.tensor([it.page for it in items], device=dev),
-            page_table=torch.tensor([it.pages + [0] * (max_pages - len(it.pages)) for it in items], device=dev),
-            n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
-            n_pages_host=[len(it.pages) for it in items],
-        )
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self.model(tokens, cos, sin, self.kv, paged, steer_vec, steer_from, tokens == MASK_ID)
+        if self.graphed is not None:
+            hidden = self.graphed([it.tokens for it in items], [it.block for it in items],
+                                  [it.page for it in items], [it.pages for it in items], steer_vec, steer_from)
+        else:
+            hidden = self._forward_eager(items, steer_vec, steer_from)
         steps = [i for i, it in enumerate(items) if it.step]
         if not steps:
             return []
@@ -87,6 +87,20 @@ class ModelRunner:
             ([p for p, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
+
+    def _forward_eager(self, items: list[Item], steer_vec, steer_from) -> torch.Tensor:
+        dev = self.device
+        tokens = torch.tensor([it.tokens for it in items], device=dev)
+        abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
+        max_pages = max(len(it.pages) for it in items)
+        paged = PagedBatch(
+            write_pages=torch.tensor([it.page for it in items], device=dev),
+            page_table=torch.tensor([it.pages + [0] * (max_pages - len(it.pages)) for it in items], device=dev),
+            n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
+            n_pages_host=[len(it.pages) for it in items],
+        )
+        return self.model(tokens, self.cos[abs_pos][:, None], self.sin[abs_pos][:, None], self.kv, paged,
+                          steer_vec, steer_from, tokens == MASK_ID)
 
     def _attribute(self, hidden, steps, attributed, logits, grid, positions, chosen) -> torch.Tensor:
         """Attribution of every selection slot of the items that asked, in one batched pass:

@@ -1,0 +1,157 @@
+"""Offline engine benchmark: latency and throughput per concurrency, no HTTP in the way."""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+
+import torch
+
+from shared.config import PAGE
+from shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
+from worker.checkpoint import make_model
+from worker.engine import Engine, EngineArgs, resolve_device
+
+
+def add_arguments(p) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
+    p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated request counts")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--tokens-per-step", type=int, default=1)
+    p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
+    p.add_argument("--steering", action="store_true", help="half of the requests steer")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--json", help="write the results as JSON here")
+
+
+class _StepClock:
+    """Times every engine step on the host and, on CUDA, its device span with events."""
+
+    def __init__(self, engine: Engine):
+        self.cuda = engine.runner.device.type == "cuda"
+        self.spans: list[tuple] = []
+        self.engine = engine
+        self.inner = inner = engine.runner.execute
+
+        def timed(batch):
+            start = torch.cuda.Event(enable_timing=True) if self.cuda else None
+            end = torch.cuda.Event(enable_timing=True) if self.cuda else None
+            if self.cuda:
+                start.record()
+            t0 = time.perf_counter()
+            out = inner(batch)
+            if self.cuda:
+                end.record()
+            self.spans.append((t0, time.perf_counter(), start, end))
+            return out
+
+        engine.runner.execute = timed
+
+    def restore(self) -> None:
+        self.engine.runner.execute = self.inner
+
+    def device_ms(self) -> list[float]:
+        if not self.cuda:
+            return [(b - a) * 1e3 for a, b, _, _ in self.spans]
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for _, _, s, e in self.spans]
+
+
+def _requests(n: int, args, tag: str) -> list[GenerateRequest]:
+    rng = random.Random(n)
+    reqs = []
+    for i in range(n):
+        reqs.append(GenerateRequest(
+            f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(args.prompt_len)], max_tokens=args.max_tokens,
+            tokens_per_step=args.tokens_per_step,
+            attribution=AttributionSpec() if args.attribution else None,
+            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if args.steering and i % 2 == 0 else None,
+        ))
+    return reqs
+
+
+def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
+    clock = _StepClock(engine)
+    start = time.perf_counter()
+    for r in reqs:
+        engine.add_request(r)
+    blocks: dict[str, list[float]] = {r.request_id: [] for r in reqs}
+    generated = 0
+    while engine.has_work():
+        for res in engine.step():
+            blocks[res.request_id].append(time.perf_counter() - start)
+            generated += len(res.token_ids)
+    wall = time.perf_counter() - start
+    device = clock.device_ms()
+    clock.restore()
+    first = [b[0] for b in blocks.values()]
+    gaps = [y - x for b in blocks.values() for x, y in zip(b, b[1:])]
+    steps = len(device)
+    n_blocks = sum(len(b) for b in blocks.values())
+    return {
+        "concurrency": len(reqs),
+        "time_to_first_block_s": sum(first) / len(first),
+        "inter_block_latency_s": sum(gaps) / len(gaps) if gaps else 0.0,
+        "time_to_last_block_s": sum(b[-1] for b in blocks.values()) / len(blocks),
+        "output_tok_per_s": generated / wall,
+        "ms_per_forward": sum(device) / steps,
+        "forward_passes_per_block": steps * len(reqs) / n_blocks,
+        "gpu_idle_fraction": max(0.0, 1 - sum(device) / 1e3 / wall),
+        "forward_passes": steps,
+        "generated_tokens": generated,
+        "wall_s": wall,
+    }
+
+
+def _compile_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["stats"].values()) if "stats" in counters else 0
+
+
+def run(args) -> int:
+    device = resolve_device(args.device)
+    model_dir = args.model
+    if model_dir is None:
+        model_dir = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        t0 = time.perf_counter()
+        make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device)
+        print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
+                               cuda_graphs=not args.no_cuda_graphs))
+    results = []
+    for c in levels:
+        warm = _requests(c, args, f"warm{c}")
+        for r in warm:
+            r.max_tokens = min(args.max_tokens, 2 * PAGE)
+        _run(engine, warm)  # compiles and captures this level's batch buckets
+        before = _compile_count()
+        res = _run(engine, _requests(c, args, f"run{c}"))
+        res["recompiles_after_warmup"] = _compile_count() - before
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+    return 0
+
+
+def print_table(results: list[dict]) -> None:
+    cols = [("concurrency", "conc", "{:d}"), ("output_tok_per_s", "tok/s", "{:.1f}"),
+            ("ms_per_forward", "ms/fwd", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
+            ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
+            ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
+            ("recompiles_after_warmup", "recomp", "{:d}")]
+    print(" | ".join(h for _, h, _ in cols))
+    for r in results:
+        print(" | ".join(f.format(r[k]) for k, _, f in cols))

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs on the lent H200 (device tool): GPU tests, then the engine benchmark on a random 8b
+# checkpoint, then the official generator on the same GPU. Logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+STAGE=${1:-all}
+if [[ $STAGE == all || $STAGE == tests ]]; then
+  python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+if [[ $STAGE == all || $STAGE == bench ]]; then
+  python3 -m cde bench engine --preset 8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
+    --attribution --json "$OUT/bench_8b.json" 2>&1 | tee "$OUT/bench_8b.log"
+fi

@@ -1,0 +1,119 @@
+"""The CUDA forward pass: regional `torch.compile` of the transformer blocks (compiled once,
+reused by all 32 layers) and one CUDA graph per batch bucket that replays the whole pass
+(embedding, steering, 32 blocks with paged FlexAttention, final norm) from static buffers.
+
+Padding items of a bucket write to a scratch page that no request owns and attend only to it,
+so they can never touch a real request's cache. Steering is plain data in the graph (a zero
+vector and an out-of-range start layer when off): turning it on or off never recompiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.flex_paged_attention import PagedBlockMask
+from kernels.paged_attention import PagedBatch
+from shared.config import MASK_ID, PAGE
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class _Bucket:
+    n: int
+    tokens: torch.Tensor
+    blocks: torch.Tensor
+    write_pages: torch.Tensor
+    page_table: torch.Tensor
+    n_pages: torch.Tensor
+    steer_vec: torch.Tensor
+    steer_from: torch.Tensor
+    mask: PagedBlockMask
+    graph: torch.cuda.CUDAGraph | None = None
+    out: torch.Tensor | None = None
+
+
+class GraphedForward:
+    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int):
+        self.model, self.cfg, self.caches = model, cfg, caches
+        self.cos, self.sin = cos, sin
+        self.scratch = scratch_page
+        self.cache_pages = caches[0][0].shape[1]
+        self.device = cos.device
+        self.dtype = next(model.parameters()).dtype
+        for block in model.transformer.blocks:
+            block.compile()
+        self.pool = torch.cuda.graph_pool_handle()
+        self.buckets: dict[int, _Bucket] = {}
+
+    def _new_bucket(self, n: int) -> _Bucket:
+        dev, cfg = self.device, self.cfg
+        b = _Bucket(
+            n=n,
+            tokens=torch.full((n, PAGE), MASK_ID, dtype=torch.long, device=dev),
+            blocks=torch.zeros(n, dtype=torch.long, device=dev),
+            write_pages=torch.full((n,), self.scratch, dtype=torch.long, device=dev),
+            page_table=torch.full((n, cfg.max_blocks), self.scratch, dtype=torch.long, device=dev),
+            n_pages=torch.ones(n, dtype=torch.long, device=dev),
+            steer_vec=torch.zeros(n, cfg.n_embd, dtype=self.dtype, device=dev),
+            steer_from=torch.full((n,), cfg.n_layers + 1, dtype=torch.long, device=dev),
+            mask=PagedBlockMask(n, self.cache_pages, dev),
+        )
+        b.mask.update(b.page_table, b.n_pages)
+        return b
+
+    def _run(self, b: _Bucket) -> torch.Tensor:
+        pos = b.blocks[:, None] * PAGE + torch.arange(PAGE, device=self.device)
+        meta = PagedBatch(b.write_pages, b.page_table, b.n_pages, [], b.mask.block_mask)
+        return self.model(b.tokens, self.cos[pos][:, None], self.sin[pos][:, None], self.caches, meta,
+                          b.steer_vec, b.steer_from, b.tokens == MASK_ID)
+
+    def _capture(self, b: _Bucket) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile + autotune outside the capture (dummy items only)
+            for _ in range(2):
+                self._run(b)
+        torch.cuda.current_stream().wait_stream(side)
+        b.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(b.graph, pool=self.pool):
+            b.out = self._run(b)
+
+    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> torch.Tensor:
+        """Host lists/tensors of N real items -> hidden [N, 64, D]."""
+        n = len(pages)
+        size = next((s for s in BUCKETS if s >= n), None)
+        b = self.buckets.get(size) if size else None
+        if size is None:
+            b = self._new_bucket(n)  # a prefill burst beyond the largest bucket: run uncaptured
+        elif b is None:
+            b = self.buckets[size] = self._new_bucket(size)
+            self._capture(b)
+        self._fill(b, n, tokens, blocks, write_pages, pages, steer_vec, steer_from)
+        if b.graph is None:
+            return self._run(b)
+        b.graph.replay()
+        return b.out[:n]
+
+    def _fill(self, b: _Bucket, n, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> None:
+        width = b.page_table.shape[1]
+        table = torch.full((b.n, width), self.scratch, dtype=torch.long)
+        counts = torch.ones(b.n, dtype=torch.long)
+        for i, p in enumerate(pages):
+            table[i, : len(p)] = torch.tensor(p)
+            counts[i] = len(p)
+        host = torch.full((b.n, PAGE), MASK_ID, dtype=torch.long)
+        host[:n] = torch.tensor(tokens)
+        pad = b.n - n
+        b.tokens.copy_(host, non_blocking=True)
+        b.blocks.copy_(torch.tensor(list(blocks) + [0] * pad), non_blocking=True)
+        b.write_pages.copy_(torch.tensor(list(write_pages) + [self.scratch] * pad), non_blocking=True)
+        b.page_table.copy_(table, non_blocking=True)
+        b.n_pages.copy_(counts, non_blocking=True)
+        b.steer_vec.zero_()
+        b.steer_vec[:n] = steer_vec
+        b.steer_from.fill_(self.cfg.n_layers + 1)
+        b.steer_from[:n] = steer_from
+        b.mask.update(b.page_table, b.n_pages)
