@@ -4,7 +4,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# steerling declares Python >= 3.13; its code runs on the image's 3.12.
+python3 -m pip install -q --no-index --no-deps --no-compile --ignore-requires-python --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
