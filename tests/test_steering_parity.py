@@ -10,7 +10,7 @@ from worker.engine import Engine, EngineArgs
 
 pytestmark = pytest.mark.reference
 
-N_NEW = 128
+N_NEW = 64
 
 
 def amplify(concepts: list[int], inject_layer: int):
