@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 from shared.config import ENDOFCHUNK_ID, PAGE
@@ -70,7 +71,7 @@ def chunk_spans(records: list[dict], prompt_len: int, chunking: str) -> list[tup
     if chunking == "block":
         cuts = range((prompt_len // PAGE + 1) * PAGE, end, PAGE)
         bounds = [prompt_len, *cuts, end]
-        return list(zip(bounds, bounds[1:]))
+        return list(pairwise(bounds))
     if chunking != "endofchunk":
         raise ValueError(f"unknown chunking {chunking!r} (block or endofchunk)")
     spans, start = [], prompt_len
@@ -107,9 +108,9 @@ def chunk_concepts(records: list[dict], start: int, end: int, labels: ConceptLab
     eps_share = []
     for r in inside:
         mass = _mass(r)
-        for kind in sums:
+        for kind, totals in sums.items():
             for cid, _, c in r[kind]:
-                sums[kind][cid] = sums[kind].get(cid, 0.0) + c / mass
+                totals[cid] = totals.get(cid, 0.0) + c / mass
         eps_share.append(r["epsilon"] / mass)
     n = end - start
     entries = [_entry(cid, kind, total / n, labels, n_known) for kind in sums for cid, total in sorted(sums[kind].items())]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.reference
 
 PROMPT_LEN, N_NEW = 64, 128
 N_KNOWN = preset("tiny").n_concepts
-TOL = dict(rtol=1e-5, atol=1e-7)
+TOL = {"rtol": 1e-5, "atol": 1e-7}
 
 
 @pytest.fixture(scope="module")

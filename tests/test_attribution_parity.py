@@ -14,7 +14,7 @@ from worker.engine import Engine, EngineArgs
 pytestmark = pytest.mark.reference
 
 WORDS = "the quick brown fox jumps over lazy dog while seven red birds sing under a bright summer sky near old river"
-TOL = dict(rtol=1e-4, atol=1e-5)
+TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def text_prompt() -> tuple[str, list[int]]:

@@ -22,18 +22,18 @@ def requests() -> list[GenerateRequest]:
                             relu_logit_mask={7: 20.0})
     attr = AttributionSpec()
     specs = [
-        dict(steering=amplify),
-        dict(steering=fixed, attribution=attr),
-        dict(steering=suppress),
-        dict(steering=suppress, attribution=attr, tokens_per_step=2),
-        dict(attribution=attr),
-        dict(attribution=attr, tokens_per_step=3),
-        dict(),
-        dict(tokens_per_step=2),
-        dict(steering=amplify, temperature=0.8, top_p=0.9, seed=5),
-        dict(attribution=attr, entropy_sampling=True, top_p=0.8, seed=6),
-        dict(steering=fixed),
-        dict(),
+        {"steering": amplify},
+        {"steering": fixed, "attribution": attr},
+        {"steering": suppress},
+        {"steering": suppress, "attribution": attr, "tokens_per_step": 2},
+        {"attribution": attr},
+        {"attribution": attr, "tokens_per_step": 3},
+        {},
+        {"tokens_per_step": 2},
+        {"steering": amplify, "temperature": 0.8, "top_p": 0.9, "seed": 5},
+        {"attribution": attr, "entropy_sampling": True, "top_p": 0.8, "seed": 6},
+        {"steering": fixed},
+        {},
     ]
     lengths = [64, 128, 120, 64, 70, 128, 64, 130, 64, 64, 128, 60]  # 120 and 60 cross a block
     max_tokens = [12, 10, 16, 12, 8, 16, 8, 12, 10, 10, 9, 14]
