@@ -16,5 +16,5 @@ if [[ $STAGE == all || $STAGE == tests ]]; then
 fi
 if [[ $STAGE == all || $STAGE == bench ]]; then
   python3 -m cde bench engine --preset 8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
-    --attribution --json "$OUT/bench_8b.json" 2>&1 | tee "$OUT/bench_8b.log"
+    --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log"
 fi

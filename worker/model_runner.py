@@ -6,6 +6,7 @@ single device-to-host copy per step."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels.paged_attention import PagedBatch
 from shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
@@ -33,8 +34,16 @@ class ModelRunner:
         self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
+        # The vocabulary (100281) is odd; padded to a multiple of 128 rows the LM head runs on
+        # the tensor-core GEMM kernels instead of a slow unaligned fallback.
+        self.lm_head = model.transformer.lm_head.weight
+        if self.device.type == "cuda":
+            self.lm_head = F.pad(self.lm_head, (0, 0, 0, -cfg.vocab_size % 128))
         self.graphed = None
+        self._attribute_fn = attribute
         if self.device.type == "cuda" and cuda_graphs:
+            # The chunked top-k loops fuse into a few kernels instead of hundreds of launches.
+            self._attribute_fn = torch.compile(attribute, dynamic=True)
             self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages)
         self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
@@ -65,7 +74,8 @@ class ModelRunner:
         step_seqs = [items[i].seq for i in steps]
         eligible = [s.eligible() for s in step_seqs]
         rows = [i * PAGE + p for i, e in zip(steps, eligible) for p, ok in enumerate(e) if ok]
-        logits = self.model.logits(hidden.reshape(-1, self.cfg.n_embd)[torch.tensor(rows, device=dev)])
+        h_rows = hidden.reshape(-1, self.cfg.n_embd)[torch.tensor(rows, device=dev)]
+        logits = F.linear(h_rows, self.lm_head)[:, : self.cfg.vocab_size]
         sb = self._sampling_batch(step_seqs, eligible)
         positions, chosen, valid = select_and_sample(logits, sb)
         if sb.rep_penalty is not None:
@@ -111,7 +121,7 @@ class ModelRunner:
         rows = torch.tensor(steps, device=self.device)[a][:, None] * PAGE + pos
         h = hidden.reshape(-1, self.cfg.n_embd)[rows.reshape(-1)]
         target = logits[grid[a].gather(1, pos).clamp(min=0).reshape(-1), tok.reshape(-1)]
-        return attribute(self.model, self.cfg, h, tok.reshape(-1), target)
+        return self._attribute_fn(self.model, self.cfg, h, tok.reshape(-1), target)
 
     def _records(self, batch, steps, attributed, host, rows) -> list[list[dict] | None]:
         """Per step item: the wire records of the tokens it committed (None: not asked)."""

@@ -29,6 +29,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--profile", help="also profile 32 steps of the first level; write the op table here")
 
 
 class _StepClock:
@@ -141,9 +142,30 @@ def run(args) -> int:
         print(json.dumps(res), flush=True)
     print_table(results)
     if args.json:
+        settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": settings, "results": results}, f, indent=2)
+    if args.profile:
+        _profile(engine, _requests(levels[0], args, "prof"), args.profile)
     return 0
+
+
+def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    for r in reqs:
+        engine.add_request(r)
+    for _ in range(8):  # past prefill
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(32):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+    with open(path, "w") as f:
+        f.write(table)
+    print(table)
 
 
 def print_table(results: list[dict]) -> None:
