@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernels.paged_attention import PagedBatch
 from shared.config import PAGE, preset
 from shared.protocol import GenerateRequest, SteeringSpec
 from worker.checkpoint import random_model, save_checkpoint
@@ -47,28 +48,25 @@ def test_watch_sees_unknown_wide_tensors():
 
 
 def test_8b_width_forward_and_logits_on_meta():
-    """Steerling-8B width, 2 layers, on the meta device: forward over a batch of items (prefill
-    blocks and steps of several requests) and the token logits."""
+    """Steerling-8B width, 2 layers, on the meta device: one forward over a batch of items (a
+    prefill block and steps of two requests over their pages) and the token logits."""
     cfg = dataclasses.replace(preset("8b"), n_layers=2)
-    n = 3
+    n, pages = 3, 8
     with torch.device("meta"):
         model = SteerlingModel(cfg).to(torch.bfloat16)
         tokens = torch.zeros(n, PAGE, dtype=torch.long)
-        k_cache = torch.zeros(cfg.n_kv_heads, 8, PAGE, cfg.head_dim, dtype=torch.bfloat16)
+        caches = [tuple(torch.zeros(cfg.n_kv_heads, pages, PAGE, cfg.head_dim, dtype=torch.bfloat16) for _ in "kv")
+                  for _ in range(cfg.n_layers)]
+        meta = PagedBatch(write_pages=torch.zeros(n, dtype=torch.long), page_table=torch.zeros(n, 3, dtype=torch.long),
+                          n_pages=torch.zeros(n, dtype=torch.long), n_pages_host=[1, 2, 3])
         steer = torch.zeros(n, cfg.n_embd, dtype=torch.bfloat16)
         steer_from = torch.zeros(n, dtype=torch.long)
         positions = torch.ones(n, PAGE, dtype=torch.bool)
 
-    def attend(layer, q, k, v):
-        import torch.nn.functional as F
-
-        kk = k_cache[:, :2].reshape(cfg.n_kv_heads, -1, cfg.head_dim)[None].expand(q.shape[0], -1, -1, -1)
-        return F.scaled_dot_product_attention(q, kk, kk, enable_gqa=True)
-
     with ShapeWatch() as w:
         cos, sin = rope_tables(cfg, 4 * PAGE, device="meta")
         cos, sin = cos[:PAGE][None, None].expand(n, 1, -1, -1), sin[:PAGE][None, None].expand(n, 1, -1, -1)
-        hidden = model(tokens, cos, sin, attend, steer, steer_from, positions)
+        hidden = model(tokens, cos, sin, caches, meta, steer, steer_from, positions)
         logits = model.logits(hidden[:2])
     assert hidden.shape == (n, PAGE, 4096) and logits.shape == (2, PAGE, 100281)
     assert len(w.shapes) > 50

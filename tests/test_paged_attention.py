@@ -111,3 +111,22 @@ def test_dense_reference_is_block_causal():
     k3 = k.clone()
     k3[:, :, 127] += 5.0
     assert not torch.allclose(dense_block_causal_reference(q, k3, v)[:, :, 64], out[:, :, 64])
+
+
+def test_paged_attention_writes_then_attends():
+    """The layer entry point: an item's fresh K/V land in its page before it attends, so a
+    prefill block and the next block's step in one pass see each other in block-causal order."""
+    from kernels.paged_attention import paged_attention
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, n, 128, D, generator=g) for n in (H, KVH, KVH))
+    k_cache = torch.full((KVH, P, 64, D), float("nan"))
+    v_cache = torch.full((KVH, P, 64, D), float("nan"))
+    pages = [13, 4]
+    meta = PagedBatch(write_pages=torch.tensor(pages), page_table=torch.tensor([[13, 0], [13, 4]]),
+                      n_pages=torch.tensor([1, 2]), n_pages_host=[1, 2])
+    split = lambda t: torch.stack([t[0, :, :64], t[0, :, 64:]])  # noqa: E731 - [2 items, heads, 64, D]
+    out = paged_attention(split(q), split(k), split(v), k_cache, v_cache, meta)
+    ref = dense_block_causal_reference(q, k, v)
+    assert rel_err(out[0], ref[0, :, :64]) < 1e-5 and rel_err(out[1], ref[0, :, 64:]) < 1e-5
+    assert torch.equal(k_cache[:, 4], k[0, :, 64:]) and torch.equal(v_cache[:, 13], v[0, :, :64])

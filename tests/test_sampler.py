@@ -4,8 +4,9 @@
 import pytest
 import torch
 
-from shared.config import EOS_ID, MASK_ID, PAD_ID
+from shared.config import EOS_ID, MASK_ID, PAD_ID, preset
 from shared.protocol import GenerateRequest
+from worker.checkpoint import random_model, save_checkpoint
 from worker.engine import Engine, EngineArgs
 from worker.sampler import entropy_temperature, filtered_log_probs
 
@@ -118,8 +119,23 @@ def engine(tiny_dir):
     return Engine(EngineArgs(str(tiny_dir), max_running=4))
 
 
-def gen(engine, reqs):
-    return engine.generate(reqs)
+def gen(engine, reqs, max_passes=200):
+    """engine.generate with a bound: a bug that never unmasks (e.g. choosing <|mask|>) fails
+    instead of hanging; leftovers are aborted so the shared engine stays clean."""
+    out = {r.request_id: [] for r in reqs}
+    for r in reqs:
+        engine.add_request(r)
+    try:
+        for _ in range(max_passes):
+            if not engine.has_work():
+                break
+            for res in engine.step():
+                out[res.request_id].extend(res.token_ids)
+        assert not engine.has_work(), f"not finished after {max_passes} passes"
+    finally:
+        for r in reqs:
+            engine.abort(r.request_id)
+    return out
 
 
 PROMPT_A = list(range(1000, 1070))  # 70 tokens: one full block + a tail
@@ -151,9 +167,12 @@ def test_seeded_sampling_is_batch_invariant(engine):
     engine.step()
     engine.add_request(others[2])
     out = {}
-    while engine.has_work():
+    for _ in range(100):
+        if not engine.has_work():
+            break
         for res in engine.step():
             out.setdefault(res.request_id, []).extend(res.token_ids)
+    assert not engine.has_work()
     assert out["crowd"] == alone
     assert len(out["o1"]) == 6 and len(out["o3"]) == 4
 
@@ -175,7 +194,9 @@ def run_checked(engine, reqs, check):
         for r in reqs:
             engine.add_request(r)
         out = {r.request_id: [] for r in reqs}
-        while engine.has_work():
+        for _ in range(200):
+            if not engine.has_work():
+                break
             batch, admitted = engine.scheduler.schedule()
             for seq in admitted:
                 engine.runner.start(seq)
@@ -193,8 +214,11 @@ def run_checked(engine, reqs, check):
                     check(batch.items[i].seq.req, logits, torch.tensor(eligible[n]), picks[n], context[n])
             for res in engine.scheduler.update(batch, picks):
                 out[res.request_id].extend(res.token_ids)
+        assert not engine.has_work(), "not finished after 200 passes"
     finally:
         handle.remove()
+        for r in reqs:
+            engine.abort(r.request_id)
     return out
 
 
@@ -259,34 +283,55 @@ def test_confidence_threshold(engine):
     assert 1 in counts[middle] and max(counts[middle]) > 1
 
 
-def test_banned_ids_never_generated(engine):
-    """Make the model prefer EOS, mask and pad by a wide margin: none is ever generated."""
-    model = engine.runner.model
-    real = model.logits
-    bias = torch.zeros(engine.cfg.vocab_size)
-    bias[list(BANNED)] = 50.0
-    model.logits = lambda h: real(h) + bias.to(h.dtype)
-    try:
-        reqs = [GenerateRequest("g", PROMPT_B, max_tokens=6, tokens_per_step=2),
-                GenerateRequest("s", PROMPT_B, max_tokens=6, temperature=1.5, seed=1, repetition_penalty=2.0),
-                GenerateRequest("t", PROMPT_B, max_tokens=6, confidence_threshold=0.0)]
-        out = gen(engine, reqs)
-        with torch.inference_mode():
-            assert set(real(torch.randn(4, engine.cfg.n_embd)).add(bias).argmax(-1).tolist()) <= set(BANNED)
-    finally:
-        del model.logits
+def crafted_engine(path, lnf0: float, banned_extra: float) -> Engine:
+    """A real checkpoint with a constant feature: every token embedding (tied with the LM head)
+    has 20 in dimension 0, so every final hidden state has a large dimension 0 whose sign is
+    ln_f.weight[0]. All logits then share an offset of that sign (the distribution is the same),
+    and the banned ids' extra weight in dimension 0 makes the model prefer them."""
+    cfg = preset("tiny")
+    model = random_model(cfg, seed=1)
+    with torch.no_grad():
+        w = model.transformer.lm_head.weight
+        w[:, 0] = 20.0
+        w[list(BANNED), 0] += banned_extra
+        model.transformer.ln_f.weight[0] = lnf0
+    save_checkpoint(model, cfg, path)
+    return Engine(EngineArgs(str(path), max_running=4))
+
+
+def test_banned_ids_never_generated(tmp_path):
+    """A model that prefers EOS, mask and pad by a wide margin never generates them."""
+    engine = crafted_engine(tmp_path / "banned", lnf0=1.0, banned_extra=5.0)
+    preferred = []
+
+    def check(req, logits, eligible, pick, context):
+        positions, tokens = pick
+        preferred.extend(int(logits[p].argmax()) in BANNED for p in positions)
+        assert not set(tokens) & set(BANNED)
+
+    reqs = [GenerateRequest("g", PROMPT_B, max_tokens=6, tokens_per_step=2),
+            GenerateRequest("s", PROMPT_B, max_tokens=6, tokens_per_step=2, temperature=1.5, seed=1,
+                            repetition_penalty=2.0),
+            GenerateRequest("t", PROMPT_B, max_tokens=6, confidence_threshold=0.0)]
+    out = run_checked(engine, reqs, check)
+    assert preferred and all(preferred)  # without the ban every pick would have been banned
     for r in reqs:
         assert len(out[r.request_id]) == 6 and not set(out[r.request_id]) & set(BANNED), r.request_id
 
 
-def test_repetition_penalty_formula(engine):
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_repetition_penalty_formula(tiny_dir, tmp_path, sign):
     """Every step's choice is the reference rule: over the tokens already in the sequence,
     positive logits / p and negative logits * p, then bans, confidence and argmax. A request
-    without penalty shares the batch and is untouched."""
+    without penalty shares the batch and is untouched. sign -1: every logit is negative (only
+    the negative branch acts); sign 1: every logit is positive."""
     penalty = 1.8
+    engine = crafted_engine(tmp_path / "pen", lnf0=sign, banned_extra=0.0)
+    signs = set()
 
     def check(req, logits, eligible, pick, context):
         positions, tokens = pick
+        signs.update(torch.sign(logits[eligible]).unique().tolist())
         x = logits.clone()
         if req.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(context)))
@@ -300,4 +345,5 @@ def test_repetition_penalty_formula(engine):
     prompt = PROMPT_B * 5
     out = run_checked(engine, [GenerateRequest("rp", prompt, max_tokens=12, repetition_penalty=penalty),
                                GenerateRequest("np", prompt, max_tokens=12)], check)
+    assert signs == {sign}
     assert out["rp"] != out["np"]  # the penalty changed the output
