@@ -18,3 +18,10 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
   python3 -m cde bench engine --preset 8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
     --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log"
 fi
+if [[ $STAGE == all || $STAGE == compare ]]; then
+  # Steering cost at 16 concurrent (half the requests steer), then the official generator.
+  python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
+  python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
+    --json "$OUT/bench_16_steer.json" 2>&1 | tail -3 | tee "$OUT/bench_16_steer.log"
+  python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log"
+fi

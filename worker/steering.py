@@ -27,24 +27,30 @@ class SteeringState:
     relu_mask: torch.Tensor | None  # [V] float32
 
 
+def _vocab_alignment(lm: torch.Tensor, vectors: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """vectors [K, D] float32 . W_vocab^T in float32 like the reference, without a float32 copy of
+    the whole LM head (1.6 GB at 8B): [K, V]."""
+    return torch.cat([vectors @ lm[i : i + chunk].float().t() for i in range(0, lm.shape[0], chunk)], dim=1)
+
+
 @torch.inference_mode()
 def prepare_steering(model, cfg: ModelConfig, spec: SteeringSpec) -> SteeringState:
     dtype = next(model.parameters()).dtype
-    lm = model.transformer.lm_head.weight.float()  # [V, D]
+    lm = model.transformer.lm_head.weight  # [V, D]
     emb_table = model.known_head.concept_embedding.weight
     direction = torch.zeros(cfg.n_embd, dtype=dtype, device=lm.device)
     base_alpha = 0.0
     if spec.concepts:
         vec = emb_table[torch.tensor(spec.concepts, device=lm.device)].float().sum(0)
         unit = vec / (vec.norm(p=2) + 1e-12)
-        peak = max(float((lm @ unit).max()), 1e-6)
+        peak = max(float(_vocab_alignment(lm, unit[None]).max()), 1e-6)
         base_alpha = spec.strength / peak if spec.normalize else spec.strength
         direction = unit.to(dtype)
     relu = None
     if spec.relu_logit_mask:
         ids = torch.tensor(list(spec.relu_logit_mask), device=lm.device)
         strengths = torch.tensor(list(spec.relu_logit_mask.values()), device=lm.device, dtype=torch.float32)
-        align = emb_table[ids].float() @ lm.t()  # [K, V]
+        align = _vocab_alignment(lm, emb_table[ids].float())  # [K, V]
         relu = (strengths[:, None] * align.clamp_min(0.0)).sum(0)
     return SteeringState(direction, float(base_alpha), spec.inject_layer, spec.schedule, spec.cutoff_tokens, relu)
 

@@ -24,7 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--tokens-per-step", type=int, default=1)
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
-    p.add_argument("--steering", action="store_true", help="half of the requests steer")
+    p.add_argument("--steering", action="store_true",
+                   help="run each level twice in the same engine: no steering, then half of the requests steering")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true")
@@ -65,7 +66,7 @@ class _StepClock:
         return [s.elapsed_time(e) for _, _, s, e in self.spans]
 
 
-def _requests(n: int, args, tag: str) -> list[GenerateRequest]:
+def _requests(n: int, args, tag: str, steer: bool = False) -> list[GenerateRequest]:
     rng = random.Random(n)
     reqs = []
     for i in range(n):
@@ -73,7 +74,7 @@ def _requests(n: int, args, tag: str) -> list[GenerateRequest]:
             f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(args.prompt_len)], max_tokens=args.max_tokens,
             tokens_per_step=args.tokens_per_step,
             attribution=AttributionSpec() if args.attribution else None,
-            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if args.steering and i % 2 == 0 else None,
+            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if steer and i % 2 == 0 else None,
         ))
     return reqs
 
@@ -135,11 +136,13 @@ def run(args) -> int:
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
         _run(engine, warm)  # compiles and captures this level's batch buckets
-        before = _compile_count()
-        res = _run(engine, _requests(c, args, f"run{c}"))
-        res["recompiles_after_warmup"] = _compile_count() - before
-        results.append(res)
-        print(json.dumps(res), flush=True)
+        for steer in ([False, True] if args.steering else [False]):
+            before = _compile_count()
+            res = _run(engine, _requests(c, args, f"run{c}{steer}", steer))
+            res["recompiles_after_warmup"] = _compile_count() - before
+            res["steering_half"] = steer
+            results.append(res)
+            print(json.dumps(res), flush=True)
     print_table(results)
     if args.json:
         settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
@@ -173,7 +176,7 @@ def print_table(results: list[dict]) -> None:
             ("ms_per_forward", "ms/fwd", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
             ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
             ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
-            ("recompiles_after_warmup", "recomp", "{:d}")]
+            ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}")]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:
         print(" | ".join(f.format(r[k]) for k, _, f in cols))
