@@ -1,4 +1,6 @@
-"""`cde` command line: one subcommand per module under `cde/commands/`."""
+"""`cde` command line: one subcommand per module under `cde/commands/`.
+
+Only the chosen command's module is imported, so `cde gateway` and `cde serve` never load torch."""
 
 from __future__ import annotations
 
@@ -6,28 +8,32 @@ import argparse
 import importlib
 import sys
 
-# name -> module in cde.commands; each module has `add_arguments(parser)` and `run(args) -> int`.
+# name -> (module in cde.commands, one-line help); each module has `add_arguments(parser)` and
+# `run(args) -> int`.
 COMMANDS = {
-    "make-model": "make_model",
-    "generate": "generate",
-    "serve": "serve",
-    "gateway": "gateway",
-    "worker": "worker",
-    "bench": "bench",
+    "serve": ("serve", "start the gateway and worker processes (OpenAI-compatible HTTP API)"),
+    "gateway": ("gateway", "run only the HTTP gateway, in front of workers started elsewhere"),
+    "worker": ("worker", "run only one engine worker process, bound to a ZeroMQ endpoint"),
+    "generate": ("generate", "generate from one prompt with the offline engine (no server)"),
+    "make-model": ("make_model", "write a random-weight Steerling checkpoint of a preset shape"),
+    "bench": ("bench", "benchmarks: `bench engine` (offline) and `bench serve` (HTTP load)"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="cde", description="CDE, the Causal Diffusion Engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, mod in COMMANDS.items():
-        module = importlib.import_module(f"cde.commands.{mod}")
-        p = sub.add_parser(name, help=module.__doc__.strip().splitlines()[0], description=module.__doc__)
-        module.add_arguments(p)
-        modules[name] = module
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    module = None
+    for name, (mod, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == chosen:
+            module = importlib.import_module(f"cde.commands.{mod}")
+            p.description = module.__doc__
+            module.add_arguments(p)
     args = parser.parse_args(argv)
-    return modules[args.command].run(args) or 0
+    return module.run(args) or 0
 
 
 if __name__ == "__main__":

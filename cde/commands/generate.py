@@ -5,10 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 
-from shared.protocol import GenerateRequest
-from worker.checkpoint import demo_model_dir
-from worker.engine import Engine, EngineArgs
-
 
 def add_arguments(p) -> None:
     p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
@@ -31,6 +27,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
+    from shared.protocol import GenerateRequest
+    from worker.checkpoint import demo_model_dir
+    from worker.engine import Engine, EngineArgs
+
     engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype, max_running=1))
     tok = engine.tokenizer
     if args.prompt is not None:

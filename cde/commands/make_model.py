@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from shared.config import PRESETS
-from worker.checkpoint import DTYPES, make_model
 
 
 def add_arguments(p) -> None:
@@ -11,12 +10,14 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), required=True)
     p.add_argument("--instruct", action="store_true", help="instruct vocabulary (100284) and chat template")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="float32")
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster for 8b)")
     p.add_argument("--max-shard-gb", type=float, default=4.0)
 
 
 def run(args) -> int:
+    from worker.checkpoint import make_model
+
     out = make_model(args.preset, args.out, seed=args.seed, dtype=args.dtype, instruct=args.instruct,
                      max_shard_bytes=int(args.max_shard_gb * (1 << 30)), device=args.device)
     print(out)
