@@ -4,26 +4,13 @@ discovered head's per-position intermediates stay within positions x concept_blo
 streamed block of logits) and positions x top-k x rank (the selected concepts' rank-r rows)."""
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from shared.config import preset
+from tests.test_memory import ShapeWatch
 from worker import attribution
 from worker.model import SteerlingModel
 
 P = 3  # committed positions in the step (distinct from every model dimension)
-
-
-class ShapeLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.shapes: list[tuple[str, tuple[int, ...]]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append((str(func), tuple(t.shape)))
-        return out
 
 
 def meta_8b():
@@ -37,7 +24,7 @@ def meta_8b():
 
 def test_no_full_width_unknown_tensor():
     cfg, model, hidden, tokens = meta_8b()
-    with ShapeLog() as log:
+    with ShapeWatch() as log:
         packed = attribution.attribute(model, cfg, hidden, tokens, torch.empty(P, device="meta"))
     assert packed.shape == (P, attribution.width(cfg))
     wide = [(f, s) for f, s in log.shapes if any(d >= cfg.n_unknown_concepts for d in s)]
@@ -46,7 +33,7 @@ def test_no_full_width_unknown_tensor():
 
 def test_unknown_head_intermediates_bounded_by_positions_x_block():
     cfg, model, hidden, tokens = meta_8b()
-    with ShapeLog() as log:
+    with ShapeWatch() as log:
         idx, _ = attribution.unknown_topk(model, cfg, hidden)
         attribution.unknown_alignment(model, idx, model.transformer.lm_head.weight[tokens].float())
     assert idx.shape == (P, cfg.unknown_topk)
