@@ -24,6 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--tokens-per-step", type=int, default=1)
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
+    p.add_argument("--compare-attribution", action="store_true",
+                   help="run each level twice in the same engine: without, then with attribution")
     p.add_argument("--steering", action="store_true",
                    help="run each level twice in the same engine: no steering, then half of the requests steering")
     p.add_argument("--device", default="auto")
@@ -66,14 +68,15 @@ class _StepClock:
         return [s.elapsed_time(e) for _, _, s, e in self.spans]
 
 
-def _requests(n: int, args, tag: str, steer: bool = False) -> list[GenerateRequest]:
+def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None) -> list[GenerateRequest]:
+    attribution = args.attribution if attribution is None else attribution
     rng = random.Random(n)
     reqs = []
     for i in range(n):
         reqs.append(GenerateRequest(
             f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(args.prompt_len)], max_tokens=args.max_tokens,
             tokens_per_step=args.tokens_per_step,
-            attribution=AttributionSpec() if args.attribution else None,
+            attribution=AttributionSpec() if attribution else None,
             steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if steer and i % 2 == 0 else None,
         ))
     return reqs
@@ -81,6 +84,8 @@ def _requests(n: int, args, tag: str, steer: bool = False) -> list[GenerateReque
 
 def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
     clock = _StepClock(engine)
+    if clock.cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for r in reqs:
         engine.add_request(r)
@@ -109,6 +114,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "forward_passes": steps,
         "generated_tokens": generated,
         "wall_s": wall,
+        "peak_device_gb": torch.cuda.max_memory_allocated() / 2**30 if clock.cuda else None,
     }
 
 
@@ -136,11 +142,12 @@ def run(args) -> int:
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
         _run(engine, warm)  # compiles and captures this level's batch buckets
-        for steer in ([False, True] if args.steering else [False]):
+        attrs = [False, True] if args.compare_attribution else [args.attribution]
+        for steer, attr in [(s, a) for s in ([False, True] if args.steering else [False]) for a in attrs]:
             before = _compile_count()
-            res = _run(engine, _requests(c, args, f"run{c}{steer}", steer))
+            res = _run(engine, _requests(c, args, f"run{c}{steer}{attr}", steer, attr))
             res["recompiles_after_warmup"] = _compile_count() - before
-            res["steering_half"] = steer
+            res["steering_half"], res["attribution"] = steer, attr
             results.append(res)
             print(json.dumps(res), flush=True)
     print_table(results)
@@ -176,7 +183,8 @@ def print_table(results: list[dict]) -> None:
             ("ms_per_forward", "ms/fwd", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
             ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
             ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
-            ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}")]
+            ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}"),
+            ("attribution", "attr", "{}"), ("peak_device_gb", "peak GB", "{}")]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:
         print(" | ".join(f.format(r[k]) for k, _, f in cols))
