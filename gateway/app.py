@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from gateway.chat import create_chat_completion
 from gateway.completions import create_completion
+from gateway.concept_routes import get_concept, list_concepts
 from gateway.errors import (
     ApiError, GenerationError, api_error_handler, http_error_handler, unhandled_error_handler,
 )
@@ -96,6 +97,8 @@ def create_app(state: ServerState, wait_for_workers: float | None = None) -> Sta
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/v1/concepts", list_concepts, methods=["GET"]),
+            Route("/v1/concepts/{concept_id}", get_concept, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),

@@ -12,9 +12,11 @@ import zmq.asyncio
 
 from gateway.errors import ApiError
 from gateway.worker_link import RequestHandle, WorkerLink
-from shared.protocol import GenerateRequest, Heartbeat
+from shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
 
 log = logging.getLogger("cde.gateway")
+
+QUERY_TIMEOUT_S = 60.0  # a query waits for the engine thread to finish its current step
 
 
 class Router:
@@ -83,15 +85,29 @@ class Router:
         alive = self.alive
         return alive[0].info if alive else None
 
-    def submit(self, req: GenerateRequest) -> RequestHandle:
+    def _least_loaded(self) -> WorkerLink:
         alive = self.alive
         if not alive:
             raise ApiError(503, "no worker is available", code="no_worker")
         # Rotate the start so that equally loaded workers take turns.
         self._turn = (self._turn + 1) % len(alive)
         order = alive[self._turn:] + alive[: self._turn]
-        link = min(order, key=lambda w: len(w.inflight))
+        return min(order, key=lambda w: len(w.inflight))
+
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        link = self._least_loaded()
         if len(link.inflight) >= link.info.max_running + self.max_queue:
             raise ApiError(429, "server overloaded: the request queue is full, retry later",
                            code="overloaded", headers={"Retry-After": "1"})
         return link.submit(req)
+
+    async def concept_top_tokens(self, concept_id: int, k: int) -> ConceptInfo:
+        """Only a worker holds the weights, so it computes what a concept promotes."""
+        link = self._least_loaded()
+        try:
+            info = await link.query_concept(concept_id, k, QUERY_TIMEOUT_S)
+        except TimeoutError:
+            raise ApiError(503, f"{link.name} did not answer the concept query", code="worker_timeout") from None
+        if info.error is not None:
+            raise ApiError(500, info.error, code="concept_query_failed")
+        return info

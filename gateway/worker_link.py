@@ -8,12 +8,15 @@ import logging
 import math
 import subprocess
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
 
-from shared.protocol import PROTOCOL_VERSION, AbortRequest, BlockResult, GenerateRequest, Heartbeat, Ping
+from shared.protocol import (
+    PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+)
 from shared.wire import WireError, decode, encode
 
 log = logging.getLogger("cde.gateway")
@@ -63,6 +66,7 @@ class WorkerLink:
         self.sock.connect(endpoint)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self.inflight: dict[str, RequestHandle] = {}
+        self.queries: dict[str, asyncio.Future[ConceptInfo]] = {}
         self.info: Heartbeat | None = None
         self.alive = False
         self.last_seen = -math.inf
@@ -93,9 +97,26 @@ class WorkerLink:
         self.send(req)
         return handle
 
+    async def query_concept(self, concept_id: int, k: int, timeout: float) -> ConceptInfo:
+        query = ConceptQuery(uuid.uuid4().hex, concept_id, k)
+        reply = asyncio.get_running_loop().create_future()
+        self.queries[query.query_id] = reply
+        self.send(query)
+        try:
+            return await asyncio.wait_for(reply, timeout)
+        finally:
+            self.queries.pop(query.query_id, None)
+
     def fail_all(self, message: str) -> None:
         for rid, handle in list(self.inflight.items()):
             handle.deliver(BlockResult(rid, [], True, "error", error=message))
+        for qid in list(self.queries):
+            self._answer(ConceptInfo(qid, error=message))
+
+    def _answer(self, info: ConceptInfo) -> None:
+        reply = self.queries.get(info.query_id)
+        if reply is not None and not reply.done():  # a late answer after a timeout is dropped
+            reply.set_result(info)
 
     async def _send_loop(self) -> None:
         while True:
@@ -113,6 +134,8 @@ class WorkerLink:
                 handle = self.inflight.get(msg.request_id)
                 if handle is not None:
                     handle.deliver(msg)
+            elif isinstance(msg, ConceptInfo):
+                self._answer(msg)
             elif isinstance(msg, Heartbeat):
                 self._on_heartbeat(msg)
 

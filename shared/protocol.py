@@ -100,6 +100,25 @@ class Heartbeat:
     protocol_version: int = PROTOCOL_VERSION
 
 
+@dataclass
+class ConceptQuery:
+    """Gateway -> worker: the vocabulary tokens a known concept most promotes (needs the weights)."""
+
+    query_id: str
+    concept_id: int
+    k: int = 15
+
+
+@dataclass
+class ConceptInfo:
+    """Worker -> gateway: the answer to a ConceptQuery, best first, or why there is none."""
+
+    query_id: str
+    token_ids: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
 _NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec}
 
 

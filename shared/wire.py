@@ -8,10 +8,11 @@ import dataclasses
 import msgpack
 
 from shared.protocol import (
-    AbortRequest, BlockResult, GenerateRequest, Heartbeat, Ping, request_from_dict,
+    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping, request_from_dict,
 )
 
-MESSAGES = {cls.__name__: cls for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat)}
+MESSAGES = {cls.__name__: cls for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat,
+                                          ConceptQuery, ConceptInfo)}
 
 
 class WireError(ValueError):

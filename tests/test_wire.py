@@ -4,7 +4,8 @@ import msgpack
 import pytest
 
 from shared.protocol import (
-    AbortRequest, AttributionSpec, BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec,
+    AbortRequest, AttributionSpec, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    SteeringSpec,
 )
 from shared.wire import WireError, decode, encode
 
@@ -20,6 +21,9 @@ MESSAGES = [
     Ping(12.5),
     Heartbeat("boot", "m", 1024, 100284, True, 2, 96, 16, running=1, waiting=2, pages_used=3, pages_free=4,
               steps_per_s=9.5, forward_passes=10),
+    ConceptQuery("q1", 7, k=5),
+    ConceptInfo("q1", [11, 12], [0.5, 0.25]),
+    ConceptInfo("q2", error="unknown concept id 999"),
 ]
 
 

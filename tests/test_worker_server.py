@@ -6,7 +6,9 @@ import time
 import pytest
 import zmq
 
-from shared.protocol import AbortRequest, BlockResult, GenerateRequest, Heartbeat, Ping
+from shared.protocol import (
+    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+)
 from shared.wire import decode, encode
 from worker.engine import Engine, EngineArgs
 from worker.server import WorkerServer
@@ -74,6 +76,25 @@ def test_invalid_request_gets_an_error_result(dealer):
     dealer.send(encode(GenerateRequest("bad", [1], max_tokens=5000)))
     (res,) = results_until_finished(dealer, "bad")
     assert res.finish_reason == "error" and "exceeds the context" in res.error
+
+
+def concept_info(sock, query: ConceptQuery) -> ConceptInfo:
+    sock.send(encode(query))
+    while not isinstance(msg := recv(sock), ConceptInfo):
+        pass
+    assert msg.query_id == query.query_id
+    return msg
+
+
+def test_concept_query_answers_top_tokens_best_first(dealer):
+    info = concept_info(dealer, ConceptQuery("q1", 3, k=5))
+    assert info.error is None and len(info.token_ids) == len(info.scores) == 5
+    assert info.scores == sorted(info.scores, reverse=True)
+
+
+def test_unknown_concept_query_gets_an_error(dealer):
+    info = concept_info(dealer, ConceptQuery("q2", 10_000, k=5))
+    assert info.token_ids == [] and "unknown concept id" in info.error
 
 
 def test_abort_frees_pages(dealer):

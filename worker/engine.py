@@ -16,6 +16,7 @@ from shared.tokenizer import get_tokenizer
 from worker.checkpoint import DTYPES, load_checkpoint
 from worker.model_runner import ModelRunner
 from worker.scheduler import Scheduler
+from worker.steering import concept_top_tokens
 
 
 @dataclass
@@ -80,6 +81,14 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def concept_top_tokens(self, concept_id: int, k: int) -> tuple[list[int], list[float]]:
+        """Raise ValueError for an id or k the model cannot answer (the gateway checks the same)."""
+        if not 0 <= concept_id < self.cfg.n_concepts:
+            raise ValueError(f"unknown concept id {concept_id}")
+        if not 1 <= k <= self.cfg.vocab_size:
+            raise ValueError(f"k must be in [1, {self.cfg.vocab_size}]")
+        return concept_top_tokens(self.runner.model, concept_id, k)
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self) -> list[BlockResult]:

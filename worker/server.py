@@ -21,7 +21,9 @@ from pathlib import Path
 
 import zmq
 
-from shared.protocol import AbortRequest, BlockResult, GenerateRequest, Heartbeat, Ping
+from shared.protocol import (
+    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+)
 from shared.wire import WireError, decode, encode
 from worker.engine import Engine
 
@@ -93,7 +95,17 @@ class WorkerServer:
         elif isinstance(msg, AbortRequest):
             self.engine.abort(msg.request_id)
             self.owner.pop(msg.request_id, None)
+        elif isinstance(msg, ConceptQuery):
+            self._send(peer, self._concept_info(msg))
         self._stats = self.engine.stats()
+
+    def _concept_info(self, query: ConceptQuery) -> ConceptInfo:
+        # On the engine thread: it owns the model and the device.
+        try:
+            token_ids, scores = self.engine.concept_top_tokens(query.concept_id, query.k)
+        except ValueError as exc:
+            return ConceptInfo(query.query_id, error=str(exc))
+        return ConceptInfo(query.query_id, token_ids, scores)
 
     def _step(self) -> None:
         try:

@@ -55,6 +55,17 @@ def prepare_steering(model, cfg: ModelConfig, spec: SteeringSpec) -> SteeringSta
     return SteeringState(direction, float(base_alpha), spec.inject_layer, spec.schedule, spec.cutoff_tokens, relu)
 
 
+@torch.inference_mode()
+def concept_top_tokens(model, concept_id: int, k: int) -> tuple[list[int], list[float]]:
+    """The k vocabulary tokens the known concept most promotes, with their alignment scores
+    (reference: `SteerlingGenerator.concept_top_tokens`), computed on the model's device."""
+    lm = model.transformer.lm_head.weight
+    emb = model.known_head.concept_embedding.weight[concept_id].float()
+    unit = emb / (emb.norm() + 1e-12)
+    values, indices = _vocab_alignment(lm, unit[None])[0].topk(k)
+    return indices.tolist(), values.tolist()
+
+
 def alpha_now(state: SteeringState, committed: int) -> float:
     """Injection strength for the next step, given how many tokens the request has committed."""
     if state.schedule == "hard_cutoff" and committed >= state.cutoff_tokens:

@@ -15,6 +15,8 @@ def add_http_arguments(p) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
+    p.add_argument("--concept-labels", metavar="PATH",
+                   help="concept labels parquet/CSV (default: concept_labels.* in the model directory)")
     p.add_argument("--log-level", default="warning", help="uvicorn and gateway log level")
 
 
@@ -32,7 +34,7 @@ def build_state(args, endpoints, processes=None, model_dir=None):
     from gateway.state import ServerState
 
     router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue)
-    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir))
+    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels))
 
 
 def run(args) -> int:
