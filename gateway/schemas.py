@@ -16,8 +16,20 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _unsupported(name: str):
-    return ValueError(f"{name} is not supported by CDE")
+def _reject(*fields: str, when=bool, hint: str = ""):
+    """A validator refusing `fields` whenever `when(value)` holds: an OpenAI field CDE cannot
+    honour is an error, never silently ignored."""
+
+    def check(cls, v, info):
+        if when(v):
+            raise ValueError(f"{info.field_name}{hint} is not supported by CDE")
+        return v
+
+    return field_validator(*fields)(classmethod(check))
+
+
+def _given(v) -> bool:
+    return v is not None
 
 
 class StreamOptions(_Body):
@@ -68,19 +80,8 @@ class SamplingParams(_Body):
     steering: SteeringParams | None = None
     attribution: bool | AttributionParams | None = None
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float, info):
-        if v:
-            raise _unsupported(f"{info.field_name} (use repetition_penalty)")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, v):
-        if v:
-            raise _unsupported("logit_bias")
-        return v
+    _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
+    _no_logit_bias = _reject("logit_bias")
 
     @field_validator("stop")
     @classmethod
@@ -101,19 +102,8 @@ class CompletionRequest(SamplingParams):
     best_of: int | None = Field(None, ge=1)
     logprobs: int | None = None
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise _unsupported("suffix")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v is not None:
-            raise _unsupported("logprobs")
-        return v
+    _no_suffix = _reject("suffix")
+    _no_logprobs = _reject("logprobs", when=_given)
 
 
 class TextPart(_Body):
@@ -141,16 +131,5 @@ class ChatCompletionRequest(SamplingParams):
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v:
-            raise _unsupported("logprobs")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v):
-        if v is not None:
-            raise _unsupported("top_logprobs")
-        return v
+    _no_logprobs = _reject("logprobs")
+    _no_top_logprobs = _reject("top_logprobs", when=_given)
