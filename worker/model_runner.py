@@ -10,12 +10,12 @@ import torch.nn.functional as F
 
 from kernels.paged_attention import PagedBatch
 from shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from worker.attribution import attribute, unpack
+from worker.cuda_graphs import GraphedForward
 from worker.model import SteerlingModel, rope_tables
 from worker.sampler import SamplingBatch, select_and_sample
 from worker.scheduler import Batch, Item
 from worker.sequence import Sequence
-from worker.attribution import attribute, unpack
-from worker.cuda_graphs import GraphedForward
 from worker.steering import SteeringState, alpha_now, prepare_steering
 
 
@@ -25,8 +25,7 @@ class ModelRunner:
         self.model, self.cfg = model, cfg
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # [layer, k/v, KVH, pages, 64, Dh]
-        # One page more than the allocator hands out: the scratch page of CUDA-graph padding items.
+        # Per layer (K, V), each [KVH, pages, 64, Dh]. One page more than the allocator hands out: the scratch page of CUDA-graph padding items.
         shape = (cfg.n_kv_heads, num_pages + 1, PAGE, cfg.head_dim)
         self.kv = [tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
                    for _ in range(cfg.n_layers)]
@@ -72,11 +71,10 @@ class ModelRunner:
         if not steps:
             return []
         step_seqs = [items[i].seq for i in steps]
-        eligible = [s.eligible() for s in step_seqs]
-        rows = [i * PAGE + p for i, e in zip(steps, eligible) for p, ok in enumerate(e) if ok]
+        rows, grid, row_item = self._eligible_rows(steps, step_seqs)
         h_rows = hidden.reshape(-1, self.cfg.n_embd)[torch.tensor(rows, device=dev)]
         logits = F.linear(h_rows, self.lm_head)[:, : self.cfg.vocab_size]
-        sb = self._sampling_batch(step_seqs, eligible)
+        sb = self._sampling_batch(step_seqs, grid, row_item)
         positions, chosen, valid = select_and_sample(logits, sb)
         if sb.rep_penalty is not None:
             slots = torch.tensor([s.slot for s in step_seqs], device=dev)[:, None].expand_as(chosen)
@@ -146,15 +144,28 @@ class ModelRunner:
                     start[i] = state.inject_layer
         return vec, torch.tensor(start, device=self.device)
 
-    def _sampling_batch(self, seqs: list[Sequence], eligible: list[list[bool]]) -> SamplingBatch:
+    @staticmethod
+    def _eligible_rows(steps: list[int], seqs: list[Sequence]):
+        """The positions that get logits: every still-masked position of each step item that may
+        be unmasked. Returns their rows in the flattened hidden states, the [S, 64] grid mapping a
+        position to its logits row (-1: none) and the step item of each row."""
+        rows, grid, row_item = [], [], []
+        for n, (i, seq) in enumerate(zip(steps, seqs)):
+            line = []
+            for p, ok in enumerate(seq.eligible()):
+                line.append(len(rows) if ok else -1)
+                if ok:
+                    rows.append(i * PAGE + p)
+                    row_item.append(n)
+            grid.append(line)
+        return rows, grid, row_item
+
+    def _sampling_batch(self, seqs: list[Sequence], grid, row_item) -> SamplingBatch:
         dev, reqs = self.device, [s.req for s in seqs]
-        grid, row_item, r = [], [], 0
-        for i, e in enumerate(eligible):
-            grid.append([(r := r + 1) - 1 if ok else -1 for ok in e])
-            row_item += [i] * sum(e)
         t = lambda xs, dt=None: torch.tensor(xs, device=dev, dtype=dt)  # noqa: E731
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
+        penalized = any(x != 1.0 for x in rep)
         relu = [self.steering[s.slot].relu_mask if s.slot in self.steering else None for s in seqs]
         vocab = self.cfg.vocab_size
         return SamplingBatch(
@@ -171,8 +182,8 @@ class ModelRunner:
             banned=self.banned,
             max_select=PAGE if any(x is not None for x in thresholds) else max(r.tokens_per_step for r in reqs),
             any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
-            rep_penalty=t(rep, torch.float32) if any(x != 1.0 for x in rep) else None,
-            seen=self.seen[[s.slot for s in seqs]] if any(x != 1.0 for x in rep) else None,
+            rep_penalty=t(rep, torch.float32) if penalized else None,
+            seen=self.seen[[s.slot for s in seqs]] if penalized else None,
             relu_mask=(torch.stack([m if m is not None else torch.zeros(vocab, device=dev) for m in relu])
                        if any(m is not None for m in relu) else None),
         )

@@ -105,12 +105,14 @@ class Scheduler:
             budget -= need
         # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
         for seq in self.running:
+            if seq.prefill_done:
+                continue  # stepped above, or left for the next pass when the budget ran out
             while not seq.prefill_done and budget > 0:
                 block = seq.prefilled
                 batch.items.append(self._item(seq, block, seq.prompt_block(block), step=False))
                 seq.prefilled += 1
                 budget -= 1
-            if seq.prefill_done and budget > 0 and not any(it.seq is seq for it in batch.items if it.step):
+            if seq.prefill_done and budget > 0:
                 batch.items.append(self._item(seq, seq.block, seq.tokens, step=True))
                 budget -= 1
         return batch, admitted
