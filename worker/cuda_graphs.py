@@ -88,10 +88,11 @@ class GraphedForward:
         """Host lists/tensors of N real items -> hidden [N, 64, D]."""
         n = len(pages)
         size = next((s for s in BUCKETS if s >= n), None)
-        b = self.buckets.get(size) if size else None
         if size is None:
             b = self._new_bucket(n)  # a prefill burst beyond the largest bucket: run uncaptured
-        elif b is None:
+        elif size in self.buckets:
+            b = self.buckets[size]
+        else:
             b = self.buckets[size] = self._new_bucket(size)
             self._capture(b)
         self._fill(b, n, tokens, blocks, write_pages, pages, steer_vec, steer_from)
@@ -101,20 +102,13 @@ class GraphedForward:
         return b.out[:n]
 
     def _fill(self, b: _Bucket, n, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> None:
-        width = b.page_table.shape[1]
-        table = torch.full((b.n, width), self.scratch, dtype=torch.long)
-        counts = torch.ones(b.n, dtype=torch.long)
-        for i, p in enumerate(pages):
-            table[i, : len(p)] = torch.tensor(p)
-            counts[i] = len(p)
-        host = torch.full((b.n, PAGE), MASK_ID, dtype=torch.long)
-        host[:n] = torch.tensor(tokens)
-        pad = b.n - n
-        b.tokens.copy_(host, non_blocking=True)
-        b.blocks.copy_(torch.tensor(list(blocks) + [0] * pad), non_blocking=True)
-        b.write_pages.copy_(torch.tensor(list(write_pages) + [self.scratch] * pad), non_blocking=True)
-        b.page_table.copy_(table, non_blocking=True)
-        b.n_pages.copy_(counts, non_blocking=True)
+        """Copy N real items into the bucket's static buffers; the rest become padding items."""
+        pad, width, scratch = b.n - n, b.page_table.shape[1], self.scratch
+        b.tokens.copy_(torch.tensor(list(tokens) + [[MASK_ID] * PAGE] * pad))
+        b.blocks.copy_(torch.tensor(list(blocks) + [0] * pad))
+        b.write_pages.copy_(torch.tensor(list(write_pages) + [scratch] * pad))
+        b.page_table.copy_(torch.tensor([p + [scratch] * (width - len(p)) for p in pages] + [[scratch] * width] * pad))
+        b.n_pages.copy_(torch.tensor([len(p) for p in pages] + [1] * pad))
         b.steer_vec.zero_()
         b.steer_vec[:n] = steer_vec
         b.steer_from.fill_(self.cfg.n_layers + 1)
