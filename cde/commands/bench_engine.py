@@ -138,7 +138,9 @@ def run(args) -> int:
                                cuda_graphs=not args.no_cuda_graphs))
     results = []
     for c in levels:
-        warm = _requests(c, args, f"warm{c}")
+        # Warm every variant the level will run, so compilation stays out of the measurement.
+        warm = _requests(c, args, f"warm{c}", steer=args.steering,
+                         attribution=args.attribution or args.compare_attribution)
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
         _run(engine, warm)  # compiles and captures this level's batch buckets
