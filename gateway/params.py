@@ -9,7 +9,7 @@ import uuid
 from gateway.concepts import ConceptLabels
 from gateway.errors import invalid
 from gateway.schemas import SamplingParams, SteeringParams
-from shared.protocol import AttributionSpec, GenerateRequest, Heartbeat, SteeringSpec
+from shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
 
 
 def new_id(prefix: str) -> str:
@@ -53,9 +53,17 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
                 seed=None if body.seed is None else (body.seed + i) % (1 << 32),
                 tokens_per_step=body.tokens_per_step, confidence_threshold=body.confidence_threshold,
                 stop=stop_list(body), stop_token_ids=list(body.stop_token_ids or []),
-                steering=steering, attribution=attribution,
+                steering=steering, attribution=attribution, flashblock=_flashblock(body.flashblock),
             ))
     return out
+
+
+def _flashblock(value) -> FlashBlockSpec | bool | None:
+    if value is None or value is False:
+        return value
+    if value is True:
+        return FlashBlockSpec()
+    return FlashBlockSpec(tau=value.tau, max_reuse=value.max_reuse)
 
 
 def _attribution(value) -> AttributionSpec | None:

@@ -32,6 +32,16 @@ class AttributionSpec:
 
 
 @dataclass
+class FlashBlockSpec:
+    """Reuse of the active block's attention to the cached pages across denoising steps
+    (FlashBlock). The cached part is recomputed at a block's first step, after a step that
+    unmasked at least `tau` tokens, and after `max_reuse` reuses in a row."""
+
+    tau: int = 2
+    max_reuse: int = 16
+
+
+@dataclass
 class GenerateRequest:
     request_id: str
     prompt_ids: list[int]
@@ -49,6 +59,8 @@ class GenerateRequest:
     steering: SteeringSpec | None = None
     attribution: AttributionSpec | None = None
     stream_denoise: bool = False
+    # None: the worker's default; False: exact attention; a spec: FlashBlock reuse.
+    flashblock: FlashBlockSpec | bool | None = None
 
 
 @dataclass
@@ -119,13 +131,13 @@ class ConceptInfo:
     error: str | None = None
 
 
-_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec}
+_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec, "flashblock": FlashBlockSpec}
 
 
 def request_from_dict(d: dict) -> GenerateRequest:
     d = dict(d)
     for key, cls in _NESTED.items():
-        if d.get(key) is not None:
+        if isinstance(d.get(key), dict):
             d[key] = cls(**d[key])
     if d.get("steering") is not None:
         d["steering"].relu_logit_mask = {int(k): float(v) for k, v in d["steering"].relu_logit_mask.items()}

@@ -3,7 +3,9 @@ reused by all 32 layers) and one CUDA graph per batch bucket that replays the wh
 (embedding, steering, 32 blocks with paged FlexAttention, final norm) from static buffers.
 
 Padding items of a bucket write to a scratch page that no request owns and attend only to it,
-so they can never touch a real request's cache. Steering is plain data in the graph (a zero
+so they can never touch a real request's cache. A pass in which some item splits its attention
+(FlashBlock) replays a second graph family with the split and FlashBlock's cache rows; padding
+items and exact items read and write the scratch row there. Steering is plain data in the graph (a zero
 vector and an out-of-range start layer when off): turning it on or off never recompiles.
 """
 
@@ -13,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.flashblock import FlashBlockBatch, external_pages
 from kernels.flex_paged_attention import PagedBlockMask
 from kernels.paged_attention import PagedBatch
-from shared.config import MASK_ID, PAGE
+from shared.config import ATTN_EXACT, MASK_ID, PAGE
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -31,13 +34,16 @@ class _Bucket:
     steer_vec: torch.Tensor
     steer_from: torch.Tensor
     mask: PagedBlockMask
+    split: FlashBlockBatch | None = None
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
 
 
 class GraphedForward:
-    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int):
+    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int, scratch_slot: int):
         self.model, self.cfg, self.caches = model, cfg, caches
+        self.split_caches: list[tuple] | None = None
+        self.scratch_slot = scratch_slot
         self.cos, self.sin = cos, sin
         self.scratch = scratch_page
         self.cache_pages = caches[0][0].shape[1]
@@ -49,9 +55,9 @@ class GraphedForward:
         for block in model.transformer.blocks:
             block.compile()
         self.pool = torch.cuda.graph_pool_handle()
-        self.buckets: dict[int, _Bucket] = {}
+        self.buckets: dict[tuple[int, bool], _Bucket] = {}
 
-    def _new_bucket(self, n: int) -> _Bucket:
+    def _new_bucket(self, n: int, split: bool) -> _Bucket:
         dev, cfg = self.device, self.cfg
         b = _Bucket(
             n=n,
@@ -64,13 +70,18 @@ class GraphedForward:
             steer_from=torch.full((n,), cfg.n_layers + 1, dtype=torch.long, device=dev),
             mask=PagedBlockMask(n, self.cache_pages, dev),
         )
+        if split:
+            scratch = torch.full((n,), self.scratch_slot, dtype=torch.long, device=dev)
+            b.split = FlashBlockBatch(torch.full((n,), ATTN_EXACT, dtype=torch.long, device=dev),
+                                      scratch, scratch.clone(), [])
         b.mask.update(b.page_table, b.n_pages)
         return b
 
     def _run(self, b: _Bucket) -> torch.Tensor:
         pos = b.blocks[:, None] * PAGE + torch.arange(PAGE, device=self.device)
-        meta = PagedBatch(b.write_pages, b.page_table, b.n_pages, [], b.mask.block_mask)
-        return self.model(b.tokens, self.cos[pos][:, None], self.sin[pos][:, None], self.caches, meta,
+        meta = PagedBatch(b.write_pages, b.page_table, b.n_pages, [], b.mask.block_mask, b.split)
+        caches = self.caches if b.split is None else [kv + fb for kv, fb in zip(self.caches, self.split_caches)]
+        return self.model(b.tokens, self.cos[pos][:, None], self.sin[pos][:, None], caches, meta,
                           b.steer_vec, b.steer_from, b.tokens == MASK_ID)
 
     def _capture(self, b: _Bucket) -> None:
@@ -84,24 +95,28 @@ class GraphedForward:
         with torch.cuda.graph(b.graph, pool=self.pool):
             b.out = self._run(b)
 
-    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> torch.Tensor:
-        """Host lists/tensors of N real items -> hidden [N, 64, D]."""
+    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None,
+                 split_caches=None) -> torch.Tensor:
+        """Host lists/tensors of N real items -> hidden [N, 64, D]. `split`: FlashBlock's
+        (modes, slots, write slots) per item, with its per-layer cache rows."""
         n = len(pages)
+        self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
+        key = (size, split is not None)
         if size is None:
-            b = self._new_bucket(n)  # a prefill burst beyond the largest bucket: run uncaptured
-        elif size in self.buckets:
-            b = self.buckets[size]
+            b = self._new_bucket(n, split is not None)  # a prefill burst beyond the largest bucket: run uncaptured
+        elif key in self.buckets:
+            b = self.buckets[key]
         else:
-            b = self.buckets[size] = self._new_bucket(size)
+            b = self.buckets[key] = self._new_bucket(size, split is not None)
             self._capture(b)
-        self._fill(b, n, tokens, blocks, write_pages, pages, steer_vec, steer_from)
+        self._fill(b, n, tokens, blocks, write_pages, pages, steer_vec, steer_from, split)
         if b.graph is None:
             return self._run(b)
         b.graph.replay()
         return b.out[:n]
 
-    def _fill(self, b: _Bucket, n, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> None:
+    def _fill(self, b: _Bucket, n, tokens, blocks, write_pages, pages, steer_vec, steer_from, split) -> None:
         """Copy N real items into the bucket's static buffers; the rest become padding items."""
         pad, width, scratch = b.n - n, b.page_table.shape[1], self.scratch
         b.tokens.copy_(torch.tensor(list(tokens) + [[MASK_ID] * PAGE] * pad))
@@ -113,4 +128,11 @@ class GraphedForward:
         b.steer_vec[:n] = steer_vec
         b.steer_from.fill_(self.cfg.n_layers + 1)
         b.steer_from[:n] = steer_from
-        b.mask.update(b.page_table, b.n_pages)
+        if split is None:
+            b.mask.update(b.page_table, b.n_pages)
+            return
+        modes, slots, writes = split
+        b.split.mode.copy_(torch.tensor(list(modes) + [ATTN_EXACT] * pad))
+        b.split.slot.copy_(torch.tensor(list(slots) + [self.scratch_slot] * pad))
+        b.split.write_slot.copy_(torch.tensor(list(writes) + [self.scratch_slot] * pad))
+        b.mask.update(b.page_table, external_pages(b.n_pages, b.split.mode))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.flashblock import FlashBlockBatch
 from kernels.paged_attention import PagedBatch
-from shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from worker.attribution import attribute, unpack
 from worker.cuda_graphs import GraphedForward
 from worker.model import SteerlingModel, rope_tables
@@ -30,6 +31,8 @@ class ModelRunner:
         self.kv = [tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
                    for _ in range(cfg.n_layers)]
         self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
+        self.max_running = max_running
+        self.flashblock_cache: list[tuple] | None = None  # allocated by the first FlashBlock request
         self.seen = torch.zeros(max_running, cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
@@ -43,7 +46,8 @@ class ModelRunner:
         if self.device.type == "cuda" and cuda_graphs:
             # The chunked top-k loops fuse into a few kernels instead of hundreds of launches.
             self._attribute_fn = torch.compile(attribute, dynamic=True)
-            self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages)
+            self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages,
+                                          scratch_slot=max_running)
         self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
     # ---- per-request state ------------------------------------------------------------------
@@ -55,6 +59,19 @@ class ModelRunner:
         self.steering.pop(seq.slot, None)
         if seq.req.steering is not None:
             self.steering[seq.slot] = prepare_steering(self.model, self.cfg, seq.req.steering)
+        if seq.req.flashblock and self.flashblock_cache is None:
+            self._allocate_flashblock_cache()
+
+    def _allocate_flashblock_cache(self) -> None:
+        """Per layer, FlashBlock's cached external attention (A, L) of every request slot, plus
+        the scratch row written by items that refresh nothing. Its rows are the slots', so a
+        request's cache is released with its slot."""
+        cfg, rows = self.cfg, self.max_running + 1
+        self.flashblock_cache = [
+            (torch.zeros(rows, cfg.n_head, PAGE, cfg.head_dim, dtype=self.dtype, device=self.device),
+             torch.zeros(rows, cfg.n_head, PAGE, dtype=torch.float32, device=self.device))
+            for _ in range(cfg.n_layers)
+        ]
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
@@ -62,11 +79,13 @@ class ModelRunner:
         items = batch.items
         dev = self.device
         steer_vec, steer_from = self._steering_inputs(items)
+        split = self._split_inputs(items)
         if self.graphed is not None:
             hidden = self.graphed([it.tokens for it in items], [it.block for it in items],
-                                  [it.page for it in items], [it.pages for it in items], steer_vec, steer_from)
+                                  [it.page for it in items], [it.pages for it in items], steer_vec, steer_from,
+                                  split, self.flashblock_cache)
         else:
-            hidden = self._forward_eager(items, steer_vec, steer_from)
+            hidden = self._forward_eager(items, steer_vec, steer_from, split)
         steps = [i for i, it in enumerate(items) if it.step]
         if not steps:
             return []
@@ -96,7 +115,18 @@ class ModelRunner:
             for pos, tok, ok_row in zip(*host)
         ]
 
-    def _forward_eager(self, items: list[Item], steer_vec, steer_from) -> torch.Tensor:
+    def _split_inputs(self, items: list[Item]) -> tuple[list[int], list[int], list[int]] | None:
+        """FlashBlock per item: (mode, cache row read, cache row written), or None when every
+        item attends exactly. Rows other than the item's own go to the scratch row."""
+        if all(it.attention == ATTN_EXACT for it in items):
+            return None
+        scratch = self.max_running
+        modes = [it.attention for it in items]
+        slots = [it.seq.slot if m != ATTN_EXACT else scratch for it, m in zip(items, modes)]
+        writes = [it.seq.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
+        return modes, slots, writes
+
+    def _forward_eager(self, items: list[Item], steer_vec, steer_from, split) -> torch.Tensor:
         dev = self.device
         tokens = torch.tensor([it.tokens for it in items], device=dev)
         abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
@@ -107,7 +137,13 @@ class ModelRunner:
             n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
             n_pages_host=[len(it.pages) for it in items],
         )
-        return self.model(tokens, self.cos[abs_pos][:, None], self.sin[abs_pos][:, None], self.kv, paged,
+        caches = self.kv
+        if split is not None:
+            modes, slots, writes = split
+            t = lambda xs: torch.tensor(xs, device=dev)  # noqa: E731
+            paged.flashblock = FlashBlockBatch(t(modes), t(slots), t(writes), modes)
+            caches = [kv + fb for kv, fb in zip(self.kv, self.flashblock_cache)]
+        return self.model(tokens, self.cos[abs_pos][:, None], self.sin[abs_pos][:, None], caches, paged,
                           steer_vec, steer_from, tokens == MASK_ID)
 
     def _attribute(self, hidden, steps, attributed, logits, grid, positions, chosen) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.config import MASK_ID, PAGE
+from shared.config import ATTN_EXACT, MASK_ID, PAGE
 from shared.protocol import BlockResult, GenerateRequest
 from shared.stops import find_stop
 from worker.kv_pages import PageAllocator
@@ -27,6 +27,7 @@ class Item:
     page: int  # page the item's K/V are written to
     pages: list[int]  # pages attended: blocks 0..block of the request
     step: bool  # a denoising step (logits, selection) vs a prefill/commit write
+    attention: int = ATTN_EXACT  # ATTN_* (shared/config.py): FlashBlock's split and reuse
 
 
 @dataclass
@@ -119,7 +120,9 @@ class Scheduler:
 
     @staticmethod
     def _item(seq: Sequence, block: int, tokens: list[int], step: bool) -> Item:
-        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step)
+        # Prefill and commit items always attend exactly: the K/V they write are final.
+        mode = seq.attention_mode() if step else ATTN_EXACT
+        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step, mode)
 
     # ---- update ---------------------------------------------------------------------------
     def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]],
