@@ -79,6 +79,7 @@ class SamplingParams(_Body):
     return_token_ids: bool = False
     steering: SteeringParams | None = None
     attribution: bool | AttributionParams | None = None
+    stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
 
     _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
     _no_logit_bias = _reject("logit_bias")
