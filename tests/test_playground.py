@@ -4,6 +4,7 @@ steered concept, attribution on. Screenshots go to $CDE_PLAYGROUND_SHOTS (defaul
 temporary directory)."""
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 PROMPT = "Tell me about the ocean."
+STEERING = {"concepts": [7], "preset": "amplify", "strength": 8}  # what the page sends for the test's choices
 
 # Test-side probe: after every animation frame, how many cells of the steered run are still
 # masks and how many hold tokens.
@@ -30,7 +32,7 @@ requestAnimationFrame(function probe() {
 
 @pytest.fixture(scope="module")
 def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=2)
     yield srv
     srv.stop()
 
@@ -54,15 +56,18 @@ def shots(tmp_path) -> Path:
     return out
 
 
-def api_text(server, steering: dict | None) -> dict:
+def api_choice(server, steering: dict | None) -> dict:
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 256, "temperature": 0, "top_p": 1, "seed": 42,
-            "tokens_per_step": 1, "attribution": {"top_k": 5}, **({"steering": steering} if steering else {})}
+            "tokens_per_step": 2, "attribution": {"top_k": 5}, **({"steering": steering} if steering else {})}
     r = httpx.post(server.base_url + "/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
 
 
 def test_playground_streams_the_denoising_and_matches_the_api(server, browser, shots):
+    # The API's answers to the requests the page will make, computed meanwhile.
+    pool = ThreadPoolExecutor(2)
+    steered, unsteered = pool.submit(api_choice, server, STEERING), pool.submit(api_choice, server, None)
     page = browser.new_page(viewport={"width": 1500, "height": 1150})
     page.add_init_script(FRAME_PROBE)
     page.goto(server.url + "/")
@@ -72,6 +77,8 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.focus("#prompt")
     page.keyboard.press("Control+A")
     page.keyboard.type(PROMPT)
+    page.focus("#tokens_per_step")
+    page.keyboard.press("ArrowUp")  # 2 tokens per step keeps the CI run short
     page.focus("#concept_search")
     page.keyboard.type("#7")
     page.wait_for_selector("#concept_results button")
@@ -99,7 +106,7 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     assert len(steps) == 64 and steps != sorted(steps)
 
     # The final text is the API's text for the same request (same seed, same steering).
-    expected = api_text(server, {"concepts": [7], "preset": "amplify", "strength": 8})
+    expected = steered.result()
     assert page.text_content("#run-steered .final-text") == expected["text"]
     # Each block's concept panel lists its chunk's top concepts, known vs discovered marked.
     chunks = expected["attribution"]["chunks"]
@@ -123,6 +130,6 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.wait_for_selector("#status:has-text('done')")
     page.screenshot(path=str(shots / "playground-compare.png"), full_page=True)
     assert page.text_content("#run-steered .final-text") == expected["text"]
-    assert page.text_content("#run-unsteered .final-text") == api_text(server, None)["text"]
+    assert page.text_content("#run-unsteered .final-text") == unsteered.result()["text"]
     print("compare runs:", page.text_content("#perf"))
     print("screenshots:", shots)
