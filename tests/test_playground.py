@@ -5,6 +5,7 @@ temporary directory)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -99,7 +100,7 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     assert total == 256 and frames[-1][0] == 0
     filling = {tok for mask, tok in frames if 0 < tok < total}
     assert len(filling) >= 20, f"tokens landed in only {len(filling)} intermediate frames"
-    assert all(a[1] <= b[1] for a, b in zip(frames, frames[1:]))
+    assert all(a[1] <= b[1] for a, b in pairwise(frames))
     # ... and out of order: within a block, cells that landed later sit left of earlier ones.
     steps = page.eval_on_selector_all("#run-steered .block[data-block='1'] .cell.tok",
                                       "cells => cells.map(c => Number(c.title.split('step ').pop()))")

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from shared.config import EOT_ID, PAGE
-from shared.protocol import AttributionSpec, BlockResult, GenerateRequest, StepResult, SteeringSpec
+from shared.protocol import AttributionSpec, BlockResult, GenerateRequest, SteeringSpec, StepResult
 from tests.api_server import ServerProcess
 from worker.engine import Engine, EngineArgs
 

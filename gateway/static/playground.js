@@ -112,7 +112,7 @@ async function generate(event) {
   if ($("compare").checked && steer) runs.push(["Unsteered", requestBody(null)]);
   $("runs").classList.toggle("compare", runs.length > 1);
   setBusy(true);
-  status("generating…");
+  status($("compare").checked && !steer ? "generating (nothing to compare: no concept is steered)…" : "generating…");
   const meter = frameMeter();
   try {
     await Promise.all(runs.map(([title, body]) => run(newView(title, body.max_tokens), body, controller.signal)));
