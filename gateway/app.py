@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from gateway.chat import create_chat_completion
 from gateway.completions import create_completion
@@ -21,8 +23,14 @@ from gateway.errors import (
 from gateway.openapi import openapi_schema
 from gateway.state import ServerState
 
-# Probes and scrapes stay open when an API key is set.
-PUBLIC_PATHS = {"/health", "/metrics", "/openapi.json"}
+# Probes, scrapes and the playground's files stay open when an API key is set (the page asks
+# for the key and sends it with its API calls).
+PUBLIC_PATHS = {"/", "/health", "/metrics", "/openapi.json"}
+STATIC = Path(__file__).parent / "static"
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith("/static/")
 
 
 class ApiKeyMiddleware:
@@ -30,7 +38,7 @@ class ApiKeyMiddleware:
         self.app, self.state = app, state
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+        if scope["type"] == "http" and not _public(scope["path"]):
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if not self.state.authorized(header):
                 err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key",
@@ -73,6 +81,10 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(openapi_schema())
 
 
+async def playground(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html")
+
+
 async def generation_error_handler(request: Request, exc: GenerationError) -> Response:
     return ApiError(500, str(exc), code="generation_failed").response()
 
@@ -102,6 +114,8 @@ def create_app(state: ServerState, wait_for_workers: float | None = None) -> Sta
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/", playground, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[Middleware(ApiKeyMiddleware, state=state)],
         exception_handlers={ApiError: api_error_handler, GenerationError: generation_error_handler,

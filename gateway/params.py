@@ -40,6 +40,8 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
     bad = next((t for t in body.stop_token_ids or [] if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", "stop_token_ids")
+    if body.stream_denoise and not body.stream:
+        raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
     attribution = _attribution(body.attribution)
     out = []
@@ -54,6 +56,7 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
                 tokens_per_step=body.tokens_per_step, confidence_threshold=body.confidence_threshold,
                 stop=stop_list(body), stop_token_ids=list(body.stop_token_ids or []),
                 steering=steering, attribution=attribution, flashblock=_flashblock(body.flashblock),
+                stream_denoise=body.stream_denoise,
             ))
     return out
 

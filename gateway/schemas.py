@@ -88,6 +88,7 @@ class SamplingParams(_Body):
     attribution: bool | AttributionParams | None = None
     flashblock: bool | FlashBlockParams | None = Field(
         None, description="false: exact attention; true or {tau, max_reuse}: FlashBlock reuse; absent: the server's default")
+    stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
 
     _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
     _no_logit_bias = _reject("logit_bias")

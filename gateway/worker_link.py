@@ -16,31 +16,37 @@ import zmq.asyncio
 
 from shared.protocol import (
     PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    StepResult,
 )
 from shared.wire import WireError, decode, encode
 
 log = logging.getLogger("cde.gateway")
 
 
+def _final(result: BlockResult | StepResult) -> bool:
+    return isinstance(result, BlockResult) and result.finished
+
+
 class RequestHandle:
-    """One generation in flight: its BlockResults arrive in order, the last one `finished`."""
+    """One generation in flight: its BlockResults arrive in order, the last one `finished`
+    (with `stream_denoise`, each preceded by the StepResults of its block)."""
 
     def __init__(self, request_id: str, link: WorkerLink):
         self.request_id = request_id
         self.link = link
         self.done = False
-        self._queue: asyncio.Queue[BlockResult] = asyncio.Queue()
+        self._queue: asyncio.Queue[BlockResult | StepResult] = asyncio.Queue()
 
-    def deliver(self, result: BlockResult) -> None:
-        if result.finished:
+    def deliver(self, result: BlockResult | StepResult) -> None:
+        if _final(result):
             self._close()
         self._queue.put_nowait(result)
 
-    async def results(self) -> AsyncIterator[BlockResult]:
+    async def results(self) -> AsyncIterator[BlockResult | StepResult]:
         while True:
             result = await self._queue.get()
             yield result
-            if result.finished:
+            if _final(result):
                 return
 
     def abort(self) -> None:
@@ -130,7 +136,7 @@ class WorkerLink:
             except WireError as exc:
                 log.warning("%s: dropped bad frame: %s", self.name, exc)
                 continue
-            if isinstance(msg, BlockResult):
+            if isinstance(msg, BlockResult | StepResult):
                 handle = self.inflight.get(msg.request_id)
                 if handle is not None:
                     handle.deliver(msg)

@@ -1,8 +1,9 @@
 """Typed messages between gateway and worker.
 
 Each message is a dataclass; on the wire it is a msgpack map `{"type": <tag>, ...fields}` (never
-pickle). The engine consumes `GenerateRequest` directly and produces `BlockResult`s, so the same
-types serve the offline engine, `cde generate` and the ZeroMQ worker.
+pickle). The engine consumes `GenerateRequest` directly and produces `BlockResult`s (plus
+`StepResult`s for requests that stream the denoising), so the same types serve the offline
+engine, `cde generate` and the ZeroMQ worker.
 """
 
 from __future__ import annotations
@@ -58,9 +59,22 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     steering: SteeringSpec | None = None
     attribution: AttributionSpec | None = None
-    stream_denoise: bool = False
+    stream_denoise: bool = False  # also send a StepResult for every denoising step
     # None: the worker's default; False: exact attention; a spec: FlashBlock reuse.
     flashblock: FlashBlockSpec | bool | None = None
+
+
+@dataclass
+class StepResult:
+    """What one denoising step of one request committed (only for requests with
+    `stream_denoise`), sent before the BlockResult of the block it completes, if any."""
+
+    request_id: str
+    block: int  # absolute block index
+    step: int  # the request's denoising steps so far, this one included
+    positions: list[int]  # absolute positions, in the order they were unmasked
+    token_ids: list[int]
+    attribution: list[dict] | None = None  # per committed token, when asked
 
 
 @dataclass

@@ -8,11 +8,12 @@ import dataclasses
 import msgpack
 
 from shared.protocol import (
-    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping, request_from_dict,
+    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping, StepResult,
+    request_from_dict,
 )
 
 MESSAGES = {cls.__name__: cls for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat,
-                                          ConceptQuery, ConceptInfo)}
+                                          ConceptQuery, ConceptInfo, StepResult)}
 
 
 class WireError(ValueError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.config import PAGE
-from shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest
+from shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from shared.tokenizer import get_tokenizer
 from worker.checkpoint import DTYPES, load_checkpoint
 from worker.model_runner import ModelRunner
@@ -97,7 +97,9 @@ class Engine:
         return concept_top_tokens(self.runner.model, concept_id, k)
 
     # ---- one iteration ----------------------------------------------------------------------
-    def step(self) -> list[BlockResult]:
+    def step(self) -> list[BlockResult | StepResult]:
+        """One forward pass: the blocks it completed, preceded by the step events of requests
+        with `stream_denoise`."""
         batch, admitted = self.scheduler.schedule()
         for seq in admitted:
             self.runner.start(seq)
@@ -114,7 +116,8 @@ class Engine:
             self.add_request(r)
         while self.has_work():
             for res in self.step():
-                out[res.request_id].extend(res.token_ids)
+                if isinstance(res, BlockResult):
+                    out[res.request_id].extend(res.token_ids)
         return out
 
     def stats(self) -> dict:

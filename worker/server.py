@@ -117,7 +117,7 @@ class WorkerServer:
         self._stats = self.engine.stats()
         for res in results:
             peer = self.owner.get(res.request_id)
-            if res.finished:
+            if isinstance(res, BlockResult) and res.finished:
                 self.owner.pop(res.request_id, None)
             if peer is not None:
                 self._send(peer, res)
