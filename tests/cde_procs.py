@@ -81,6 +81,6 @@ class Gateway(CdeProcess):
             time.sleep(0.1)
         return got[1]
 
-    def complete(self, model: str = "tiny", **extra) -> httpx.Response:
-        body = {"model": model, "prompt": "hi", "max_tokens": 8, "temperature": 0, "tokens_per_step": 8, **extra}
-        return httpx.post(self.url + "/v1/completions", json=body, timeout=60)
+    def complete(self, timeout: float = 60.0, **extra) -> httpx.Response:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, "temperature": 0, "tokens_per_step": 8, **extra}
+        return httpx.post(self.url + "/v1/completions", json=body, timeout=timeout)
