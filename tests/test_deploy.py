@@ -56,8 +56,8 @@ def secret_files(workload: dict, c: dict) -> set[str]:
 
 def dockerfile(name: str) -> tuple[str, list[str], list[str]]:
     text = (DEPLOY / name).read_text()
-    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M).group(1))
-    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.MULTILINE).group(1))
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.MULTILINE)
     return text, entry, json.loads(cmd.group(1)) if cmd else []
 
 
@@ -115,7 +115,7 @@ def test_compose_two_gpu_workers_behind_the_gateway():
     _, gateway_entry, _ = dockerfile("Dockerfile.gateway")
     workers = {name: s for name, s in services.items() if name.startswith("worker-")}
     gpus = []
-    for name, s in workers.items():
+    for s in workers.values():
         args = cli("worker", worker_entry + s["command"])
         (device,) = s["deploy"]["resources"]["reservations"]["devices"]
         assert device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
@@ -138,7 +138,7 @@ def test_dockerfiles_expose_what_their_commands_use():
     port = cli("gateway", entry + ["--worker-dns", "w:5555"]).port
     assert f"EXPOSE {port}" in text and f"127.0.0.1:{port}/health" in text
     # The gateway image holds only the torch-free packages, installed without pyproject's deps.
-    copied = set(re.findall(r"^COPY (\w+) \1$", text, re.M))
+    copied = set(re.findall(r"^COPY (\w+) \1$", text, re.MULTILINE))
     assert copied == {"cde", "shared", "gateway"} and "--no-deps ." in text
 
 
@@ -152,7 +152,7 @@ dists = md.packages_distributions()
 print(" ".join(sorted({d for m in list(sys.modules) for d in dists.get(m.split(".")[0], [])})))
 """
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
     required = {}
     for line in (DEPLOY / "gateway-requirements.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
