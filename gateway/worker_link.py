@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
+from shared.curve import CurveClient
 from shared.protocol import (
     PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
     StepResult,
@@ -63,12 +64,14 @@ class RequestHandle:
 
 class WorkerLink:
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context, identity: bytes,
-                 process: subprocess.Popen | None = None):
-        self.name, self.endpoint, self.process = name, endpoint, process
+                 process: subprocess.Popen | None = None, curve: CurveClient | None = None):
+        self.name, self.endpoint, self.process, self.curve = name, endpoint, process, curve
         self.sock = ctx.socket(zmq.DEALER)
         # A fixed identity keeps the worker's replies routable across reconnects.
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.secure(self.sock)
         self.sock.connect(endpoint)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self.inflight: dict[str, RequestHandle] = {}
@@ -81,6 +84,8 @@ class WorkerLink:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._recv_loop())]
+        if self.curve is not None:  # a refused handshake shows as the reason in /health, not as silence
+            self._tasks.append(asyncio.create_task(self.curve.watch(self.sock, self.name, self.mark_down)))
 
     async def close(self) -> None:
         for t in self._tasks:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import zmq
 
+from shared.curve import CurveServer
 from shared.protocol import (
     AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
 )
@@ -33,7 +34,8 @@ IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
 
 
 class WorkerServer:
-    def __init__(self, engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None):
+    def __init__(self, engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
+                 curve: CurveServer | None = None):
         self.engine = engine
         self.model_name = model_name or Path(engine.args.model).resolve().name
         self.parent_pid = parent_pid
@@ -41,6 +43,7 @@ class WorkerServer:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
+        self._auth = curve.secure(self.ctx, self.sock) if curve is not None else None
         self.sock.bind(bind)
         # Engine thread -> I/O thread: [peer, frame] to forward (zmq sockets are single-threaded).
         outbox = f"inproc://outbox-{self.boot_id}"
@@ -73,6 +76,8 @@ class WorkerServer:
         self._fail_all("worker is shutting down")
         self._io_done = True
         io.join()
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()
 
     def _receive(self, block: bool) -> None:
@@ -191,9 +196,10 @@ class WorkerServer:
         )
 
 
-def run_worker(engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None) -> None:
-    server = WorkerServer(engine, bind, model_name, parent_pid)
+def run_worker(engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
+               curve: CurveServer | None = None) -> None:
+    server = WorkerServer(engine, bind, model_name, parent_pid, curve)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
-    print(f"CDE worker ready on {bind} ({server.model_name})", flush=True)
+    print(f"CDE worker ready on {bind} ({server.model_name}{', CURVE' if curve else ''})", flush=True)
     server.serve_forever()
