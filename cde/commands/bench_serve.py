@@ -48,8 +48,12 @@ def auth_headers(api_key: str | None) -> dict:
 
 
 async def first_model(client: httpx.AsyncClient, base: str, headers: dict) -> str:
-    r = await client.get(base + "/models", headers=headers)
-    r.raise_for_status()
+    try:
+        r = await client.get(base + "/models", headers=headers)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"cannot reach {base}: {exc!r}") from None
+    if r.status_code != 200:
+        raise SystemExit(f"{base}/models answered {r.status_code}: {r.text[:200]}")
     models = r.json()["data"]
     if not models:
         raise SystemExit(f"{base}/models lists no model (are the workers up?)")
