@@ -4,7 +4,9 @@ One registry per app, so several gateways can live in one process (tests)."""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+)
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -22,6 +24,8 @@ class Metrics:
         self.pages_used = Gauge("cde_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
         self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
+        self.worker_rss = Gauge("cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r)
+        ProcessCollector(registry=r)  # the gateway's own process_resident_memory_bytes, CPU, fds
         self.ttfb = Histogram("cde_time_to_first_block_seconds", "Request arrival to its first block",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.inter_block = Histogram("cde_inter_block_latency_seconds", "Between consecutive blocks of a request",
@@ -43,4 +47,5 @@ class Metrics:
             self.pages_used.labels(link.name).set(hb.pages_used if hb else 0)
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
+            self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
         return generate_latest(self.registry)

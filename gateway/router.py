@@ -62,14 +62,16 @@ class Router:
             await self.discovery.stop()
         if self._monitor is not None:
             self._monitor.cancel()
-        for link in self.links:
-            for handle in list(link.inflight.values()):
-                handle.abort()
-            link.fail_all("server is shutting down")
+        self.fail_all("server is shutting down")
         await asyncio.sleep(0.05)  # let the aborts reach the workers
         for link in self.links:
             await link.close()
         self._ctx.term()
+
+    def fail_all(self, message: str) -> None:
+        """Ends every request in flight with an explicit error and aborts it in its worker."""
+        for link in self.links:
+            link.fail_all(message, abort=True)
 
     async def wait_ready(self, timeout: float) -> None:
         """Until every worker has answered; fails fast when one of our worker processes exits."""

@@ -118,8 +118,12 @@ class WorkerLink:
         finally:
             self.queries.pop(query.query_id, None)
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, *, abort: bool = False) -> None:
+        """Ends every request in flight with an explicit error; `abort` also tells the worker to
+        stop them (it may still be alive: stalled, or we are shutting down)."""
         for rid, handle in list(self.inflight.items()):
+            if abort:
+                self.send(AbortRequest(rid))
             handle.deliver(BlockResult(rid, [], True, "error", error=message))
         for qid in list(self.queries):
             self._answer(ConceptInfo(qid, error=message))
@@ -177,7 +181,6 @@ class WorkerLink:
         if self.alive:
             log.error("%s is down: %s", self.name, reason)
         self.alive, self.down_reason = False, reason
-        if self.exit_code() is None:  # maybe only stalled: do not let it keep generating
-            for rid in self.inflight:
-                self.send(AbortRequest(rid))
-        self.fail_all(f"{self.name} failed: {reason}")
+        # Maybe only stalled (SIGSTOP, a hung device): when it resumes it must not keep generating
+        # for requests whose clients already got their error.
+        self.fail_all(f"{self.name} failed: {reason}", abort=self.exit_code() is None)

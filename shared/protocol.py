@@ -123,6 +123,7 @@ class Heartbeat:
     pages_free: int = 0
     steps_per_s: float = 0.0
     forward_passes: int = 0
+    rss_bytes: int = 0  # resident memory of the worker process (0 where /proc is missing)
     protocol_version: int = PROTOCOL_VERSION
 
 

@@ -31,6 +31,14 @@ from worker.engine import Engine
 log = logging.getLogger("cde.worker")
 
 IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class WorkerServer:
@@ -192,7 +200,7 @@ class WorkerServer:
             n_concepts=cfg.n_concepts, max_running=self.engine.args.max_running,
             running=stats["running"], waiting=stats["waiting"], pages_used=stats["pages_used"],
             pages_free=stats["pages_free"], steps_per_s=round(self._steps_per_s, 2),
-            forward_passes=stats["forward_passes"],
+            forward_passes=stats["forward_passes"], rss_bytes=resident_bytes(),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,7 @@ def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
+            p.send_signal(signal.SIGCONT)  # a stopped worker would never act on the SIGTERM
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
