@@ -59,6 +59,9 @@ class GraphedForward:
         # cuBLAS for every GEMM: inductor's Triton GEMM templates (chosen to fuse clip_qkv's
         # clamp) ran 4x slower than the memory-bound cuBLAS kernels at 64-token batches.
         torch._inductor.config.max_autotune_gemm_backends = "ATEN"
+        # One compiled block serves every bucket and both graph families (exact, FlashBlock split);
+        # the default limit of 8 variants would silently fall back to eager FlexAttention.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for block in model.transformer.blocks:
             block.compile()
         self.pool = torch.cuda.graph_pool_handle()
