@@ -11,7 +11,8 @@ from gateway.attribution import renderer
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
-from gateway.params import check_prompt, generate_requests, new_id, stop_list
+from gateway.logs import ContentLog, response_id
+from gateway.params import check_prompt, generate_requests, stop_list
 from gateway.schemas import CompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
@@ -51,7 +52,9 @@ async def create_completion(request: Request) -> Response:
     prompts = _prompts(body.prompt, tok)
     for ids in prompts:
         check_prompt(ids, body.max_tokens, info, "prompt")
-    cmpl_id = new_id("cmpl")
+    cmpl_id = response_id(request, "cmpl")
+    content = ContentLog(state.log_requests, cmpl_id)
+    content.asked(prompt=body.prompt)
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
     gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
                      renderer(reqs, tok, state.labels, info))
@@ -86,12 +89,13 @@ async def create_completion(request: Request) -> Response:
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}
 
-        return EventStreamResponse(chunks(), on_close=gen.close)
+        return EventStreamResponse(content.streamed(chunks()), on_close=gen.close)
 
     async def complete() -> Response:
         results = await gen.collect()
         choices = [choice(c.index, (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text, c.token_ids,
                           c.finish_reason, c.attribution, True) for c in results]
+        content.answered({c["index"]: c["text"] for c in choices})
         return JSONResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
 
     try:

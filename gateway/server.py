@@ -18,8 +18,10 @@ def serve_http(app, host: str, port: int, *, banner: str, shutdown_timeout: floa
     seconds) and then re-raises the signal, which lands here as KeyboardInterrupt/SystemExit so
     the caller's cleanup (stopping workers) still runs. Returns 1 if startup failed."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
+    # writes its own access log line (with the request id).
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=shutdown_timeout)
+                            timeout_graceful_shutdown=shutdown_timeout, log_config=None, access_log=False)
     server = uvicorn.Server(config)
 
     async def main() -> int:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
+
+from shared.logs import setup_logging
 
 
 def add_http_arguments(p) -> None:
@@ -17,7 +18,10 @@ def add_http_arguments(p) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
     p.add_argument("--concept-labels", metavar="PATH",
                    help="concept labels parquet/CSV (default: concept_labels.* in the model directory)")
-    p.add_argument("--log-level", default="warning", help="uvicorn and gateway log level")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)")
+    p.add_argument("--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)")
+    p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
+    p.add_argument("--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)")
 
 
 def add_arguments(p) -> None:
@@ -34,14 +38,16 @@ def build_state(args, endpoints, processes=None, model_dir=None):
     from gateway.state import ServerState
 
     router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue)
-    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels))
+    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels),
+                       max_model_len=args.max_model_len, log_requests=args.log_requests)
 
 
 def run(args) -> int:
     from gateway.app import create_app
     from gateway.server import serve_http
 
-    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
-    app = create_app(build_state(args, args.worker, model_dir=args.model), wait_for_workers=args.wait)
+    setup_logging("gateway", args.log_level)
+    app = create_app(build_state(args, args.worker, model_dir=args.model), wait_for_workers=args.wait,
+                     max_request_bytes=args.max_request_bytes)
     return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ import tempfile
 import time
 
 from cde.commands.gateway import add_http_arguments, build_state
+from shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
@@ -77,7 +77,7 @@ def run(args) -> int:
     from gateway.app import create_app
     from gateway.server import serve_http
 
-    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    setup_logging("gateway", args.log_level)
     if args.model is None:
         from worker.checkpoint import demo_model_dir
 
@@ -88,7 +88,7 @@ def run(args) -> int:
     endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
     try:
         state = build_state(args, endpoints, procs, model_dir=args.model)
-        app = create_app(state, wait_for_workers=args.startup_timeout)
+        app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes)
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         return serve_http(app, args.host, args.port, banner=f"CDE serving {args.model} ({where}) at {{url}}/v1",
                           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

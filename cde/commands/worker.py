@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+
+from shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
@@ -23,7 +24,7 @@ def run(args) -> int:
     from worker.engine import Engine, EngineArgs
     from worker.server import run_worker
 
-    logging.basicConfig(level=os.environ.get("CDE_LOG_LEVEL", "INFO"), format=f"[worker {os.getpid()}] %(levelname)s %(message)s")
+    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype, max_running=args.max_running))
     run_worker(engine, args.bind, args.served_model_name, args.parent_pid)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
