@@ -13,7 +13,7 @@ from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
 from gateway.logs import ContentLog, response_id
 from gateway.params import check_prompt, generate_requests, stop_list
-from gateway.schemas import CompletionRequest
+from gateway.schemas import MAX_CHOICES, CompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
 from shared.tokenizer import get_tokenizer
@@ -50,6 +50,8 @@ async def create_completion(request: Request) -> Response:
         raise invalid("best_of must equal n: CDE does not rank candidates (no logprobs)", "best_of")
     tok = get_tokenizer(info.instruct)
     prompts = _prompts(body.prompt, tok)
+    if len(prompts) * body.n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} in one request", "n")
     for ids in prompts:
         check_prompt(ids, body.max_tokens, info, "prompt")
     cmpl_id = response_id(request, "cmpl")

@@ -28,6 +28,8 @@ _GENERATION_RESPONSE = {
     "properties": {"id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
                    "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},
                    "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}}}
+# Per event, as Open API 3.1 reads an event stream's schema: `data` is a JSON chunk, or [DONE].
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 _LIST = {"type": "object", "required": ["object", "data"],
          "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}}}
 _HEALTH = {"type": "object", "required": ["status", "workers"],
@@ -41,7 +43,7 @@ def _responses(ok: dict, *errors: int) -> dict:
 
 def _post(summary: str, schema: str) -> dict:
     ok = {"description": "JSON, or text/event-stream when stream is true",
-          "content": {**_json(_GENERATION_RESPONSE), "text/event-stream": {"schema": {"type": "string"}}}}
+          "content": {**_json(_GENERATION_RESPONSE), "text/event-stream": {"schema": _SSE_EVENT}}}
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": _json({"$ref": f"#/components/schemas/{schema}"})},
@@ -108,6 +110,9 @@ def openapi_schema(model_name: str | None, info: Heartbeat | None, api_key: bool
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             defs[name]["properties"]["model"] = {"type": "string", "enum": [model_name]}
             _bound_ints(defs[name]["properties"]["stop_token_ids"], info.vocab_size - 1)
+        for name, field in (("CompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_tokens"),
+                            ("ChatCompletionRequest", "max_completion_tokens")):
+            defs[name]["properties"][field]["anyOf"][0]["maximum"] = info.block_size - 1
         _bound_ints(defs["CompletionRequest"]["properties"]["prompt"], info.vocab_size - 1)
         _bound_ints(defs["SteeringParams"]["properties"]["concepts"], info.n_concepts - 1)
         defs["SteeringParams"]["properties"]["inject_layer"] = {"anyOf": [

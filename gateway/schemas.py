@@ -7,18 +7,22 @@ asked for.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+T = TypeVar("T")
+# Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
+MAX_CHOICES = 64
 # Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
 INT_MAX = (1 << 31) - 1
 
 
 class _Body(BaseModel):
-    # NaN and Infinity (which Python's json accepts, and `1e999` becomes) are never valid numbers.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Strict: `0` is not `false` and `false` is not a token id. NaN and Infinity (which Python's
+    # json accepts, and `1e999` becomes) are never valid numbers.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def _reject(*fields: str, when=bool, hint: str = ""):
@@ -54,6 +58,10 @@ def only(*values) -> dict:
 
 
 _STOP = {"type": "string", "minLength": 1}
+
+
+_NonEmpty = Annotated[list[T], Field(min_length=1)]
+_Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
 class StreamOptions(_Body):
@@ -93,7 +101,8 @@ class SamplingParams(_Body):
     user: str | None = None
     presence_penalty: float | None = Field(0.0, **only(0, None))
     frequency_penalty: float | None = Field(0.0, **only(0, None))
-    logit_bias: dict[str, float] | None = Field(None, **only(None))
+    logit_bias: dict[str, float] | None = Field(None, **documented_as(
+        {"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]}))
     # CDE / vLLM extensions
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
@@ -120,7 +129,7 @@ class SamplingParams(_Body):
 
 
 class CompletionRequest(SamplingParams):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | _Batch[str] | _NonEmpty[int] | _Batch[_NonEmpty[int]]
     max_tokens: int | None = Field(16, ge=1, le=INT_MAX)
     echo: bool = False
     suffix: str | None = Field(None, **only(None, ""))
