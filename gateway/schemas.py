@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 
 T = TypeVar("T")
@@ -62,6 +62,22 @@ _STOP = {"type": "string", "minLength": 1}
 
 _NonEmpty = Annotated[list[T], Field(min_length=1)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+def _prompt_shape(v) -> str:
+    """Which of the prompt forms `v` is meant to be, so that its errors name what is wrong with
+    that form (not why it is not one of the others)."""
+    if isinstance(v, str):
+        return "Text"
+    first = v[0] if isinstance(v, list) and v else None
+    return "Texts" if isinstance(first, str) else "TokenLists" if isinstance(first, list) else "Tokens"
+
+
+_Prompt = Annotated[
+    Annotated[str, Tag("Text")] | Annotated[_Batch[str], Tag("Texts")] | Annotated[_NonEmpty[int], Tag("Tokens")]
+    | Annotated[_Batch[_NonEmpty[int]], Tag("TokenLists")],
+    Discriminator(_prompt_shape),
+]
 
 
 class StreamOptions(_Body):
@@ -129,7 +145,7 @@ class SamplingParams(_Body):
 
 
 class CompletionRequest(SamplingParams):
-    prompt: str | _Batch[str] | _NonEmpty[int] | _Batch[_NonEmpty[int]]
+    prompt: _Prompt
     max_tokens: int | None = Field(16, ge=1, le=INT_MAX)
     echo: bool = False
     suffix: str | None = Field(None, **only(None, ""))

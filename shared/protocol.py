@@ -119,18 +119,5 @@ class ConceptInfo:
     error: str | None = None
 
 
-_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec}
-
-
-def request_from_dict(d: dict) -> GenerateRequest:
-    d = dict(d)
-    for key, cls in _NESTED.items():
-        if d.get(key) is not None:
-            d[key] = cls(**d[key])
-    if d.get("steering") is not None:
-        d["steering"].relu_logit_mask = {int(k): float(v) for k, v in d["steering"].relu_logit_mask.items()}
-    return GenerateRequest(**d)
-
-
 def to_dict(msg) -> dict:
     return dataclasses.asdict(msg)
