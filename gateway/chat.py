@@ -7,8 +7,8 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.completions import check_stream_options, usage
 from gateway.attribution import renderer
+from gateway.completions import check_stream_options, usage
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect

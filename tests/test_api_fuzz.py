@@ -38,7 +38,7 @@ def test_schemathesis_finds_nothing(server, tmp_path, mode, examples, phases):
            "--phases", phases, "-n", str(examples), "--seed", "7", "--request-timeout", "60", "--no-color",
            "--exclude-checks", "positive_data_acceptance", "-H", f"Authorization: Bearer {KEY}",
            "--suppress-health-check", "all"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert re.search(r"\d+ generated, \d+ passed", run.stdout), run.stdout[-2000:]
     served = statuses(server)[before:]

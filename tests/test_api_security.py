@@ -5,6 +5,7 @@ import argparse
 import hmac
 import os
 import stat
+import time
 import uuid
 
 import httpx
@@ -89,8 +90,6 @@ def _served_with_marker(server, headers) -> tuple[str, str]:
 
 
 def _wait_for_log(server, text: str) -> str:
-    import time
-
     deadline = time.monotonic() + 10
     while text not in "".join(server.output) and time.monotonic() < deadline:
         time.sleep(0.1)
