@@ -16,6 +16,7 @@ COMMANDS = {
     "worker": ("worker", "run only one engine worker process, bound to a ZeroMQ endpoint"),
     "generate": ("generate", "generate from one prompt with the offline engine (no server)"),
     "make-model": ("make_model", "write a random-weight Steerling checkpoint of a preset shape"),
+    "keys": ("keys", "`keys generate DIR`: CURVE key pairs for encrypted gateway <-> worker links"),
     "bench": ("bench", "benchmarks: `bench engine` (offline) and `bench serve` (HTTP load)"),
 }
 

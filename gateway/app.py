@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from gateway.chat import create_chat_completion
 from gateway.completions import create_completion
@@ -21,6 +23,9 @@ from gateway.errors import (
 from gateway.middleware import ApiKey, BodyLimit, RequestLog
 from gateway.openapi import openapi_schema
 from gateway.state import ServerState
+
+STATIC = Path(__file__).parent / "static"
+
 
 def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "cde",
@@ -58,6 +63,10 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(openapi_schema(state.model_name, info, state.api_key is not None))
 
 
+async def playground(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html")
+
+
 async def generation_error_handler(request: Request, exc: GenerationError) -> Response:
     return ApiError(500, str(exc), code="generation_failed").response()
 
@@ -91,6 +100,8 @@ def create_app(state: ServerState, wait_for_workers: float | None = None,
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/", playground, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[Middleware(RequestLog), Middleware(BodyLimit, max_bytes=max_request_bytes),
                     Middleware(ApiKey, api_key=state.api_key)],

@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.attribution import renderer
 from gateway.completions import check_stream_options, usage
+from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
@@ -44,7 +45,7 @@ async def create_chat_completion(request: Request) -> Response:
     content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
     reqs = generate_requests(body, [prompt], max_tokens, info, state.labels, chat_id)
     gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
-                     renderer(reqs, tok, state.labels, info))
+                     renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
     state.metrics.prompt_tokens.inc(len(prompt))
     created = int(time.time())
 
@@ -68,6 +69,9 @@ async def create_chat_completion(request: Request) -> Response:
                 yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
             started = set()
             async for d in gen.stream():
+                if isinstance(d, StepDelta):
+                    yield step_event(head, "chat.completion.step", d)
+                    continue
                 c = {"index": d.index, "delta": {"content": d.text} if d.text else {}, "logprobs": None,
                      "finish_reason": d.finish_reason}
                 yield {**head, "choices": [extras(c, d.token_ids, d.attribution, d.index not in started)]}

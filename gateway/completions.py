@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.attribution import renderer
+from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
@@ -59,7 +60,7 @@ async def create_completion(request: Request) -> Response:
     content.asked(prompt=body.prompt)
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
     gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
-                     renderer(reqs, tok, state.labels, info))
+                     renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
     n_prompt = sum(len(p) for p in prompts)
     state.metrics.prompt_tokens.inc(n_prompt)
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
@@ -85,6 +86,9 @@ async def create_completion(request: Request) -> Response:
                     yield {**head, "choices": [choice(i, tok.decode(prompt_of[i]), [], None, None, True)], **extra}
             started = set(range(len(reqs))) if body.echo else set()
             async for d in gen.stream():
+                if isinstance(d, StepDelta):
+                    yield step_event(head, "text_completion.step", d)
+                    continue
                 first = d.index not in started
                 started.add(d.index)
                 yield {**head, "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first)], **extra}

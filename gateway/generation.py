@@ -1,5 +1,6 @@
 """The choices of one API request in flight: block results in, client text deltas out (streamed
-interleaved by choice index, or collected), with latency and token metrics on the way."""
+interleaved by choice index, or collected), with latency and token metrics on the way. Choices
+that asked for `stream_denoise` also yield a StepDelta per denoising step."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from gateway.denoise import DenoiseView, StepDelta
 from gateway.detokenizer import ChoiceText
 from gateway.errors import GenerationError
 from gateway.metrics import Metrics
 from gateway.router import Router
 from gateway.worker_link import RequestHandle
-from shared.protocol import GenerateRequest
+from shared.protocol import GenerateRequest, StepResult
 
 
 @dataclass
@@ -36,9 +38,11 @@ class Choice:
 
 class Generation:
     def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], tokenizer, stops: list[str],
-                 render_attribution: Callable[[int, list[dict]], dict | None]):
+                 render_attribution: Callable[[int, list[dict]], dict | None],
+                 denoise_views: list[DenoiseView | None]):
         self.metrics = metrics
         self._render = render_attribution
+        self._views = denoise_views
         self.started = time.monotonic()
         self.completion_tokens = 0
         self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
@@ -55,12 +59,15 @@ class Generation:
         for handle in self._handles:
             handle.abort()
 
-    async def _choice(self, index: int) -> AsyncIterator[Delta]:
-        handle, text, m = self._handles[index], self._texts[index], self.metrics
+    async def _choice(self, index: int) -> AsyncIterator[Delta | StepDelta]:
+        handle, text, m, view = self._handles[index], self._texts[index], self.metrics, self._views[index]
         last = None
         records: list[dict] = []
         try:
             async for res in handle.results():
+                if isinstance(res, StepResult):  # only sent for requests with a view
+                    yield view.step(res)
+                    continue
                 now = time.monotonic()
                 (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
                 last = now
@@ -81,9 +88,9 @@ class Generation:
         finally:
             handle.abort()
 
-    async def stream(self) -> AsyncIterator[Delta]:
+    async def stream(self) -> AsyncIterator[Delta | StepDelta]:
         """Deltas of all choices as they come; each choice ends with exactly one finish_reason."""
-        queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[Delta | StepDelta | BaseException] = asyncio.Queue()
 
         async def pump(index: int) -> None:
             try:
@@ -99,7 +106,7 @@ class Generation:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                if item.finish_reason is not None:
+                if isinstance(item, Delta) and item.finish_reason is not None:
                     remaining -= 1
                 yield item
         finally:
@@ -108,6 +115,8 @@ class Generation:
             self.close()
 
     async def collect(self) -> list[Choice]:
+        """The whole choices (requests with stream_denoise are streamed: the gateway refuses
+        stream_denoise without stream)."""
         choices = [Choice(i) for i in range(len(self._handles))]
         async for d in self.stream():
             c = choices[d.index]

@@ -4,7 +4,9 @@ One registry per app, so several gateways can live in one process (tests)."""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+)
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -22,6 +24,8 @@ class Metrics:
         self.pages_used = Gauge("cde_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
         self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
+        self.worker_rss = Gauge("cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r)
+        ProcessCollector(registry=r)  # the gateway's own process_resident_memory_bytes, CPU, fds
         self.worker_waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
         self.worker_running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
         self.worker_pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages in use", w, registry=r)
@@ -47,6 +51,7 @@ class Metrics:
             self.pages_used.labels(link.name).set(hb.pages_used if hb else 0)
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
+            self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
             self.worker_waiting.labels(link.name).set(hb.waiting if hb else 0)
             self.worker_running.labels(link.name).set(hb.running if hb else 0)
             self.worker_pages_used.labels(link.name).set(hb.pages_used if hb else 0)

@@ -13,8 +13,13 @@ from gateway.errors import ApiError
 
 log = logging.getLogger("cde.gateway")
 
-# Probes and scrapes stay open when an API key is set.
-PUBLIC_PATHS = {"/health", "/metrics", "/openapi.json"}
+# Probes, scrapes and the playground's files stay open when an API key is set (the page asks
+# for the key and sends it with its API calls).
+PUBLIC_PATHS = {"/", "/health", "/metrics", "/openapi.json"}
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith("/static/")
 
 
 class RequestLog:
@@ -93,7 +98,7 @@ class ApiKey:
         return hmac.compare_digest(offered, self.digest) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+        if scope["type"] == "http" and not is_public(scope["path"]):
             if not self.authorized(dict(scope["headers"]).get(b"authorization", b"")):
                 err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key",
                                {"WWW-Authenticate": "Bearer"})

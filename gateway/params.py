@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.concepts import ConceptLabels
 from gateway.errors import invalid
 from gateway.schemas import SamplingParams, SteeringParams
-from shared.protocol import AttributionSpec, GenerateRequest, Heartbeat, SteeringSpec
+from shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
 
 
 def stop_list(body: SamplingParams) -> list[str]:
@@ -34,6 +34,8 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
     bad = next((t for t in body.stop_token_ids or [] if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", "stop_token_ids")
+    if body.stream_denoise and not body.stream:
+        raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
     attribution = _attribution(body.attribution)
     out = []
@@ -47,9 +49,18 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
                 seed=None if body.seed is None else (body.seed + i) % (1 << 32),
                 tokens_per_step=body.tokens_per_step, confidence_threshold=body.confidence_threshold,
                 stop=stop_list(body), stop_token_ids=list(body.stop_token_ids or []),
-                steering=steering, attribution=attribution,
+                steering=steering, attribution=attribution, flashblock=_flashblock(body.flashblock),
+                stream_denoise=body.stream_denoise,
             ))
     return out
+
+
+def _flashblock(value) -> FlashBlockSpec | bool | None:
+    if value is None or value is False:
+        return value
+    if value is True:
+        return FlashBlockSpec()
+    return FlashBlockSpec(tau=value.tau, max_reuse=value.max_reuse)
 
 
 def _attribution(value) -> AttributionSpec | None:

@@ -12,6 +12,7 @@ import zmq.asyncio
 
 from gateway.errors import ApiError
 from gateway.worker_link import RequestHandle, WorkerLink
+from shared.curve import CurveClient
 from shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
 
 log = logging.getLogger("cde.gateway")
@@ -21,38 +22,56 @@ QUERY_TIMEOUT_S = 60.0  # a query waits for the engine thread to finish its curr
 
 class Router:
     def __init__(self, endpoints: list[str], processes: list[subprocess.Popen] | None = None, *,
-                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0, max_queue: int = 256):
+                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0, max_queue: int = 256,
+                 curve: CurveClient | None = None, discovery=None):
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
         self.max_queue = max_queue  # requests a worker may hold beyond max_running before we shed load
+        self.curve = curve
+        self.discovery = discovery  # e.g. gateway.discovery.DnsDiscovery: adds workers while serving
         self.links: list[WorkerLink] = []
         self._ctx: zmq.asyncio.Context | None = None
+        self._identity = f"gateway-{uuid.uuid4().hex[:12]}".encode()
         self._monitor: asyncio.Task | None = None
         self._turn = 0
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
-        identity = f"gateway-{uuid.uuid4().hex[:12]}".encode()
-        self.links = [WorkerLink(f"worker-{i}", ep, self._ctx, identity, proc)
-                      for i, (ep, proc) in enumerate(zip(self.endpoints, self.processes))]
-        for link in self.links:
-            link.start()
-            link.ping()
+        for i, (ep, proc) in enumerate(zip(self.endpoints, self.processes)):
+            self.add_worker(f"worker-{i}", ep, proc)
         self._monitor = asyncio.create_task(self._monitor_loop())
+        if self.discovery is not None:
+            self.discovery.start(self)
+
+    def add_worker(self, name: str, endpoint: str, process: subprocess.Popen | None = None) -> WorkerLink:
+        link = WorkerLink(name, endpoint, self._ctx, self._identity, process, self.curve)
+        self.links.append(link)
+        link.start()
+        link.ping()
+        return link
+
+    async def remove_worker(self, link: WorkerLink) -> None:
+        self.links.remove(link)
+        link.fail_all(f"{link.name} was removed")
+        await link.close()
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         if self._monitor is not None:
             self._monitor.cancel()
-        for link in self.links:
-            for handle in list(link.inflight.values()):
-                handle.abort()
-            link.fail_all("server is shutting down")
+        self.fail_all("server is shutting down")
         await asyncio.sleep(0.05)  # let the aborts reach the workers
         for link in self.links:
             await link.close()
         self._ctx.term()
+
+    def fail_all(self, message: str) -> None:
+        """Ends every request in flight with an explicit error and aborts it in its worker."""
+        for link in self.links:
+            link.fail_all(message, abort=True)
 
     async def wait_ready(self, timeout: float) -> None:
         """Until every worker has answered; fails fast when one of our worker processes exits."""

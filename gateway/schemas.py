@@ -102,6 +102,13 @@ class AttributionParams(_Body):
     chunking: Literal["block", "endofchunk"] = "block"
 
 
+class FlashBlockParams(_Body):
+    """FlashBlock: reuse the attention to the cached pages across the steps of a block."""
+
+    tau: int = Field(2, ge=0, le=64, description="recompute after a step that unmasked at least tau tokens")
+    max_reuse: int = Field(16, ge=0, le=64, description="recompute after this many reuses in a row")
+
+
 class SamplingParams(_Body):
     model: str
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)
@@ -128,6 +135,9 @@ class SamplingParams(_Body):
     return_token_ids: bool = False
     steering: SteeringParams | None = None
     attribution: bool | AttributionParams | None = None
+    flashblock: bool | FlashBlockParams | None = Field(
+        None, description="false: exact attention; true or {tau, max_reuse}: FlashBlock reuse; absent: the server's default")
+    stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
 
     _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
     _no_logit_bias = _reject("logit_bias")

@@ -1,11 +1,14 @@
 """Server-sent events: `data: <json>` per chunk, an error event if generation fails after the
-stream started (the status line is long gone by then), and always `data: [DONE]` at the end."""
+stream started (the status line is long gone by then), and always `data: [DONE]` at the end.
+CDE's own event kinds (`step`, asked for with `stream_denoise`) carry an `event:` line, so clients
+that only know OpenAI's unnamed events can tell them apart."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -17,14 +20,21 @@ log = logging.getLogger("cde.gateway")
 DONE = b"data: [DONE]\n\n"
 
 
-def event(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+@dataclass
+class SseEvent:
+    kind: str
+    data: dict
 
 
-async def events(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+def event(obj: dict, kind: str | None = None) -> bytes:
+    head = b"event: " + kind.encode() + b"\n" if kind else b""
+    return head + b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+async def events(chunks: AsyncIterator[dict | SseEvent]) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
-            yield event(chunk)
+            yield event(chunk.data, chunk.kind) if isinstance(chunk, SseEvent) else event(chunk)
     except GenerationError as exc:
         yield event(ApiError(500, str(exc), code="generation_failed").body())
     except Exception:
@@ -38,7 +48,7 @@ class EventStreamResponse(StreamingResponse):
     would only notice at the next write, which can be a whole 64-token block (or a long queue
     wait) away, holding the worker's KV pages all that time."""
 
-    def __init__(self, chunks: AsyncIterator[dict], on_close: Callable[[], None]):
+    def __init__(self, chunks: AsyncIterator[dict | SseEvent], on_close: Callable[[], None]):
         super().__init__(events(chunks), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close  # also runs when the client left before the first chunk

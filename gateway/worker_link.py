@@ -14,33 +14,40 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
+from shared.curve import CurveClient
 from shared.protocol import (
     PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    StepResult,
 )
 from shared.wire import WireError, decode, encode
 
 log = logging.getLogger("cde.gateway")
 
 
+def _final(result: BlockResult | StepResult) -> bool:
+    return isinstance(result, BlockResult) and result.finished
+
+
 class RequestHandle:
-    """One generation in flight: its BlockResults arrive in order, the last one `finished`."""
+    """One generation in flight: its BlockResults arrive in order, the last one `finished`
+    (with `stream_denoise`, each preceded by the StepResults of its block)."""
 
     def __init__(self, request_id: str, link: WorkerLink):
         self.request_id = request_id
         self.link = link
         self.done = False
-        self._queue: asyncio.Queue[BlockResult] = asyncio.Queue()
+        self._queue: asyncio.Queue[BlockResult | StepResult] = asyncio.Queue()
 
-    def deliver(self, result: BlockResult) -> None:
-        if result.finished:
+    def deliver(self, result: BlockResult | StepResult) -> None:
+        if _final(result):
             self._close()
         self._queue.put_nowait(result)
 
-    async def results(self) -> AsyncIterator[BlockResult]:
+    async def results(self) -> AsyncIterator[BlockResult | StepResult]:
         while True:
             result = await self._queue.get()
             yield result
-            if result.finished:
+            if _final(result):
                 return
 
     def abort(self) -> None:
@@ -57,12 +64,14 @@ class RequestHandle:
 
 class WorkerLink:
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context, identity: bytes,
-                 process: subprocess.Popen | None = None):
-        self.name, self.endpoint, self.process = name, endpoint, process
+                 process: subprocess.Popen | None = None, curve: CurveClient | None = None):
+        self.name, self.endpoint, self.process, self.curve = name, endpoint, process, curve
         self.sock = ctx.socket(zmq.DEALER)
         # A fixed identity keeps the worker's replies routable across reconnects.
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.secure(self.sock)
         self.sock.connect(endpoint)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self.inflight: dict[str, RequestHandle] = {}
@@ -75,6 +84,8 @@ class WorkerLink:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._recv_loop())]
+        if self.curve is not None:  # a refused handshake shows as the reason in /health, not as silence
+            self._tasks.append(asyncio.create_task(self.curve.watch(self.sock, self.name, self.mark_down)))
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -107,8 +118,12 @@ class WorkerLink:
         finally:
             self.queries.pop(query.query_id, None)
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, *, abort: bool = False) -> None:
+        """Ends every request in flight with an explicit error; `abort` also tells the worker to
+        stop them (it may still be alive: stalled, or we are shutting down)."""
         for rid, handle in list(self.inflight.items()):
+            if abort:
+                self.send(AbortRequest(rid))
             handle.deliver(BlockResult(rid, [], True, "error", error=message))
         for qid in list(self.queries):
             self._answer(ConceptInfo(qid, error=message))
@@ -130,7 +145,7 @@ class WorkerLink:
             except WireError as exc:
                 log.warning("%s: dropped bad frame: %s", self.name, exc)
                 continue
-            if isinstance(msg, BlockResult):
+            if isinstance(msg, BlockResult | StepResult):
                 handle = self.inflight.get(msg.request_id)
                 if handle is not None:
                     handle.deliver(msg)
@@ -166,7 +181,6 @@ class WorkerLink:
         if self.alive:
             log.error("%s is down: %s", self.name, reason)
         self.alive, self.down_reason = False, reason
-        if self.exit_code() is None:  # maybe only stalled: do not let it keep generating
-            for rid in self.inflight:
-                self.send(AbortRequest(rid))
-        self.fail_all(f"{self.name} failed: {reason}")
+        # Maybe only stalled (SIGSTOP, a hung device): when it resumes it must not keep generating
+        # for requests whose clients already got their error.
+        self.fail_all(f"{self.name} failed: {reason}", abort=self.exit_code() is None)

@@ -57,13 +57,17 @@ class PagedBlockMask:
         torch.gt(hits, 0, out=self.allowed)
 
 
-def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask):
-    """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh]."""
+def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse: bool = False):
+    """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp
+    [N, H, 64] in fp32 when asked; a tile with no pages gives 0 and -inf)."""
     n, h, t, d = q.shape
     kvh, p = k_cache.shape[:2]
     qf = q.transpose(0, 1).reshape(1, h, n * t, d)
     out = flex_attention(
         qf, k_cache.view(1, kvh, p * t, d), v_cache.view(1, kvh, p * t, d),
-        block_mask=block_mask, enable_gqa=True, kernel_options=KERNEL_OPTIONS,
+        block_mask=block_mask, enable_gqa=True, kernel_options=KERNEL_OPTIONS, return_lse=return_lse,
     )
-    return out.reshape(h, n, t, d).transpose(0, 1)
+    if not return_lse:
+        return out.reshape(h, n, t, d).transpose(0, 1)
+    out, lse = out
+    return out.reshape(h, n, t, d).transpose(0, 1), lse.reshape(h, n, t).transpose(0, 1)

@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
+from kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
 from kernels.flex_paged_attention import flex_paged_attention
+from shared.config import ATTN_EXACT
 
 
 @dataclass
@@ -31,15 +33,23 @@ class PagedBatch:
     n_pages: torch.Tensor  # [N] int64
     n_pages_host: list[int]  # the same, on the host, for the CPU loop
     block_mask: BlockMask | None = None  # set on CUDA: FlexAttention over the pages
+    flashblock: FlashBlockBatch | None = None  # set when some item splits its attention
 
 
-def paged_attention(q, k, v, k_cache, v_cache, meta: PagedBatch) -> torch.Tensor:
-    """q [N, H, 64, Dh], k/v [N, KVH, 64, Dh] of this pass; caches [KVH, P, 64, Dh]."""
+def paged_attention(q, k, v, cache: tuple, meta: PagedBatch) -> torch.Tensor:
+    """q [N, H, 64, Dh], k/v [N, KVH, 64, Dh] of this pass; cache = (K, V) [KVH, P, 64, Dh],
+    followed by FlashBlock's (A, L) rows when the pass splits attention."""
+    k_cache, v_cache = cache[0], cache[1]
     write_kv(k_cache, k, meta.write_pages)
     write_kv(v_cache, v, meta.write_pages)
-    if meta.block_mask is not None:
+    fb = meta.flashblock
+    if meta.block_mask is None:
+        return sdpa_paged_attention(q, cache, meta, fresh=(k, v))
+    if fb is None:
         return flex_paged_attention(q, k_cache, v_cache, meta.block_mask)
-    return sdpa_paged_attention(q, k_cache, v_cache, meta)
+    # The block mask already leaves out what split items take elsewhere (see external_pages).
+    external, lse = flex_paged_attention(q, k_cache, v_cache, meta.block_mask, return_lse=True)
+    return split_attention(q, k, v, external, lse, cache[2:], fb)
 
 
 def write_kv(cache: torch.Tensor, new: torch.Tensor, write_pages: torch.Tensor) -> None:
@@ -53,15 +63,22 @@ def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     return cache.index_select(1, pages).reshape(kvh, -1, dh)
 
 
-def sdpa_paged_attention(q, k_cache, v_cache, batch: PagedBatch) -> torch.Tensor:
+def sdpa_paged_attention(q, cache: tuple, batch: PagedBatch, fresh=None) -> torch.Tensor:
     """CPU / fallback path: one SDPA call per item over exactly its pages, so an item's result
-    never depends on what else is in the batch (no padding, no shared reductions)."""
+    never depends on what else is in the batch (no padding, no shared reductions). Split items
+    (FlashBlock) attend to their cached pages and to their own `fresh` (k, v) separately."""
+    k_cache, v_cache = cache[0], cache[1]
+    fb = batch.flashblock
     out = torch.empty_like(q)
     for i, n in enumerate(batch.n_pages_host):
-        pages = batch.page_table[i, :n]
-        k = gather_pages(k_cache, pages)
-        v = gather_pages(v_cache, pages)
-        out[i] = F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], enable_gqa=True)[0]
+        mode = fb.mode_host[i] if fb is not None else ATTN_EXACT
+        pages = batch.page_table[i, : n if mode == ATTN_EXACT else n - 1]
+        k_seen = gather_pages(k_cache, pages)
+        v_seen = gather_pages(v_cache, pages)
+        if mode == ATTN_EXACT:
+            out[i] = F.scaled_dot_product_attention(q[i : i + 1], k_seen[None], v_seen[None], enable_gqa=True)[0]
+        else:
+            out[i] = split_attention_item(q[i], fresh[0][i], fresh[1][i], k_seen, v_seen, cache[2:], int(fb.slot[i]), mode)
     return out
 
 

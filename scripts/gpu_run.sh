@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
-# Runs on the lent H200 (device tool): GPU tests, then the engine benchmark on a random 8b
-# checkpoint, then the official generator on the same GPU. Logs and JSON go to $OUT.
+# Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
+# FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
+# Usage: scripts/gpu_run.sh STAGE...   (tests bench fb long compare; default: all of them)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # steerling declares Python >= 3.13; its code runs on the image's 3.12.
 python3 -m pip install -q --no-index --no-deps --no-compile --ignore-requires-python --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde
+export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
-STAGE=${1:-all}
-if [[ $STAGE == all || $STAGE == tests ]]; then
-  python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
-fi
-if [[ $STAGE == all || $STAGE == bench ]]; then
-  python3 -m cde bench engine --preset 8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
-    --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log"
-fi
-if [[ $STAGE == all || $STAGE == compare ]]; then
-  # Steering cost at 16 concurrent (half the requests steer), then the official generator.
-  python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
-  python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
-    --json "$OUT/bench_16_steer.json" 2>&1 | tail -3 | tee "$OUT/bench_16_steer.log"
-  python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --compare-attribution \
-    --json "$OUT/bench_16_attr.json" 2>&1 | tail -3 | tee "$OUT/bench_16_attr.log"
-  python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log"
-fi
+[[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
+STAGES=${*:-tests bench fb long compare}
+for STAGE in $STAGES; do
+  echo "== $STAGE $(date +%T)"
+  case $STAGE in
+  tests)
+    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+  bench)
+    python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
+      --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log" ;;
+  fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
+    python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len 896,1920,3968 --max-tokens 128 \
+      --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;
+  long)  # FlashBlock on a long-context config (the 8b shape with 4 layers and a 128k context)
+    python3 -m cde bench engine --preset 8b --set n_layers=4 --set block_size=131072 --concurrency 1,8 \
+      --prompt-len 16256,65408,130944 --max-tokens 128 --flashblock-tau 2 --flashblock-max-reuse 4,16,63 \
+      --json "$OUT/fb_long.json" 2>&1 | tee "$OUT/fb_long.log" ;;
+  compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost, the official generator
+    python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
+      --json "$OUT/bench_16_steer.json" 2>&1 | tail -3 | tee "$OUT/bench_16_steer.log"
+    python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --compare-attribution \
+      --json "$OUT/bench_16_attr.json" 2>&1 | tail -3 | tee "$OUT/bench_16_attr.log"
+    python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
+  esac
+done

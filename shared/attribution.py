@@ -132,11 +132,11 @@ def aggregate(records: list[dict], decode: Callable[[list[int]], str], *, prompt
                        "concepts": concepts, "epsilon_pct": eps_pct})
     out: dict = {"chunks": chunks}
     if per_token:
-        out["tokens"] = [_token(r, decode, labels, n_known, top_k, prompt_len) for r in records]
+        out["tokens"] = [token_attribution(r, decode, labels, n_known, top_k, prompt_len) for r in records]
     return out
 
 
-def _token(r: dict, decode, labels: ConceptLabels, n_known: int, top_k: int | None, prompt_len: int) -> dict:
+def token_attribution(r: dict, decode, labels: ConceptLabels, n_known: int, top_k: int | None, prompt_len: int) -> dict:
     entries = [_entry(cid, kind, c, labels, n_known) | {"weight": w} for kind in ("known", "discovered")
                for cid, w, c in r[kind]]
     return {"offset": r["position"] - prompt_len, "token_id": r["token_id"], "text": decode([r["token_id"]]),

@@ -13,6 +13,11 @@ from pathlib import Path
 
 PAGE = 64  # diffusion block = attention tile = KV page
 
+# How a forward item attends (FlashBlock): over all its pages at once; split into the cached
+# pages (recomputed, then kept) and its own block, merged by log-sum-exp; or the same split
+# with the cached part reused from an earlier step.
+ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE = 0, 1, 2
+
 
 class ConfigError(ValueError):
     """The checkpoint's config.json describes something CDE cannot serve."""

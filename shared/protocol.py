@@ -1,8 +1,9 @@
 """Typed messages between gateway and worker.
 
 Each message is a dataclass; on the wire it is a msgpack map `{"type": <tag>, ...fields}` (never
-pickle). The engine consumes `GenerateRequest` directly and produces `BlockResult`s, so the same
-types serve the offline engine, `cde generate` and the ZeroMQ worker.
+pickle). The engine consumes `GenerateRequest` directly and produces `BlockResult`s (plus
+`StepResult`s for requests that stream the denoising), so the same types serve the offline
+engine, `cde generate` and the ZeroMQ worker.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ class AttributionSpec:
 
 
 @dataclass
+class FlashBlockSpec:
+    """Reuse of the active block's attention to the cached pages across denoising steps
+    (FlashBlock). The cached part is recomputed at a block's first step, after a step that
+    unmasked at least `tau` tokens, and after `max_reuse` reuses in a row."""
+
+    tau: int = 2
+    max_reuse: int = 16
+
+
+@dataclass
 class GenerateRequest:
     request_id: str
     prompt_ids: list[int]
@@ -48,7 +59,22 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     steering: SteeringSpec | None = None
     attribution: AttributionSpec | None = None
-    stream_denoise: bool = False
+    stream_denoise: bool = False  # also send a StepResult for every denoising step
+    # None: the worker's default; False: exact attention; a spec: FlashBlock reuse.
+    flashblock: FlashBlockSpec | bool | None = None
+
+
+@dataclass
+class StepResult:
+    """What one denoising step of one request committed (only for requests with
+    `stream_denoise`), sent before the BlockResult of the block it completes, if any."""
+
+    request_id: str
+    block: int  # absolute block index
+    step: int  # the request's denoising steps so far, this one included
+    positions: list[int]  # absolute positions, in the order they were unmasked
+    token_ids: list[int]
+    attribution: list[dict] | None = None  # per committed token, when asked
 
 
 @dataclass
@@ -97,6 +123,7 @@ class Heartbeat:
     pages_free: int = 0
     steps_per_s: float = 0.0
     forward_passes: int = 0
+    rss_bytes: int = 0  # resident memory of the worker process (0 where /proc is missing)
     protocol_version: int = PROTOCOL_VERSION
 
 
@@ -117,6 +144,19 @@ class ConceptInfo:
     token_ids: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     error: str | None = None
+
+
+_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec, "flashblock": FlashBlockSpec}
+
+
+def request_from_dict(d: dict) -> GenerateRequest:
+    d = dict(d)
+    for key, cls in _NESTED.items():
+        if isinstance(d.get(key), dict):
+            d[key] = cls(**d[key])
+    if d.get("steering") is not None:
+        d["steering"].relu_logit_mask = {int(k): float(v) for k, v in d["steering"].relu_logit_mask.items()}
+    return GenerateRequest(**d)
 
 
 def to_dict(msg) -> dict:

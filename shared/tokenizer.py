@@ -30,6 +30,9 @@ class Tokenizer:
         # Skipped when decoding: the Steerling specials, as the reference decoder skips them (the
         # other cl100k specials such as <|fim_prefix|> decode as their text there too).
         self.special_ids = frozenset({EOS_ID, *_BASE_SPECIALS.values(), *(_INSTRUCT_SPECIALS.values() if instruct else ())})
+        # The model's vocabulary has ids that are neither a BPE rank nor a special (e.g. 100256,
+        # 100261-100275): a sampled one has no text, and must not crash the stream.
+        self._text_ids = frozenset(base._mergeable_ranks.values()) | (frozenset(specials.values()) - self.special_ids)
         self.eos_id, self.mask_id, self.pad_id = EOS_ID, MASK_ID, PAD_ID
         self.eot_id = EOT_ID if instruct else None
         self.vocab_size = self.enc.n_vocab
@@ -39,7 +42,7 @@ class Tokenizer:
         return self.enc.encode(text, disallowed_special=())
 
     def decode_bytes(self, ids: list[int]) -> bytes:
-        return self.enc.decode_bytes([t for t in ids if t not in self.special_ids])
+        return self.enc.decode_bytes([t for t in ids if t in self._text_ids])
 
     def decode(self, ids: list[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")

@@ -13,13 +13,13 @@ import typing
 import msgpack
 
 from shared.protocol import (
-    AbortRequest, AttributionSpec, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
-    SteeringSpec,
+    AbortRequest, AttributionSpec, BlockResult, ConceptInfo, ConceptQuery, FlashBlockSpec, GenerateRequest,
+    Heartbeat, Ping, SteeringSpec, StepResult,
 )
 
 MESSAGES = {cls.__name__: cls for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat,
-                                          ConceptQuery, ConceptInfo)}
-_NESTED = (SteeringSpec, AttributionSpec)
+                                          ConceptQuery, ConceptInfo, StepResult)}
+_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec)
 
 
 class WireError(ValueError):

@@ -14,13 +14,15 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-_BANNER = re.compile(r"CDE serving .* at (http://\S+)/v1")
+_BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v1")
 
 
 class ServerProcess:
-    def __init__(self, model_dir, *args: str, workers: int = 2, timeout: float = 180.0):
-        cmd = [sys.executable, "-m", "cde", "serve", "--model", str(model_dir), "--port", "0",
-               "--workers", str(workers), "--device", "cpu", *args]
+    def __init__(self, model_dir, *args: str, workers: int = 2, timeout: float = 180.0, command: str = "serve"):
+        """`command="gateway"`: only the gateway, with `--worker` endpoints among `args`."""
+        cmd = [sys.executable, "-m", "cde", command, "--model", str(model_dir), "--port", "0", *args]
+        if command == "serve":
+            cmd += ["--workers", str(workers), "--device", "cpu"]
         # One torch thread per worker: CI machines are small and often busy.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

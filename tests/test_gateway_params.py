@@ -57,3 +57,16 @@ def test_n_choices_get_distinct_reproducible_seeds_and_attribution():
     assert [r.seed for r in reqs] == [10, 11, 12]
     assert [r.request_id for r in reqs] == ["cmpl-t-0-0", "cmpl-t-0-1", "cmpl-t-0-2"]
     assert reqs[0].attribution == AttributionSpec() and reqs[0].stop == ["\n"] and reqs[0].top_k == 0
+
+
+def test_flashblock_field():
+    from pydantic import ValidationError
+
+    from shared.protocol import FlashBlockSpec
+
+    assert build()[0].flashblock is None  # the worker's default applies
+    assert build(flashblock=False)[0].flashblock is False
+    assert build(flashblock=True)[0].flashblock == FlashBlockSpec()
+    assert build(flashblock={"tau": 3, "max_reuse": 5})[0].flashblock == FlashBlockSpec(3, 5)
+    with pytest.raises(ValidationError, match="max_reuse"):
+        build(flashblock={"tau": 3, "max_reuse": -1})

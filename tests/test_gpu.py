@@ -79,3 +79,99 @@ def test_no_recompiles_after_warmup_while_features_toggle(small_dir):
     wave("b")
     wave("c")
     assert dict(counters["stats"]) == before
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_flashblock_split_matches_unsplit_attention(dtype, tol):
+    """FlashBlock's split (FlexAttention over the cached pages with its log-sum-exp, dense
+    attention over the item's own block, merged) equals the unsplit kernel; a first block (no
+    cached pages at all) included."""
+    from kernels.flashblock import FlashBlockBatch, external_pages, split_attention
+    from shared.config import ATTN_REFRESH
+
+    torch.manual_seed(1)
+    kvh, h, d, cache_pages = 4, 32, 128, 40
+    lengths = [1, 3, 7, 2]
+    perm = torch.randperm(cache_pages).tolist()
+    table = torch.zeros(len(lengths), max(lengths), dtype=torch.long, device="cuda")
+    off = 0
+    for i, n in enumerate(lengths):
+        table[i, :n] = torch.tensor(perm[off: off + n])
+        off += n
+    n_pages = torch.tensor(lengths, device="cuda")
+    k_cache = torch.randn(kvh, cache_pages, 64, d, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(len(lengths), h, 64, d, device="cuda", dtype=dtype)
+    own = table.gather(1, (n_pages - 1)[:, None])[:, 0]
+    k_own, v_own = k_cache[:, own].transpose(0, 1), v_cache[:, own].transpose(0, 1)
+    flex = torch.compile(flex_paged_attention)
+    full_mask = PagedBlockMask(len(lengths), cache_pages, "cuda")
+    full_mask.update(table, n_pages)
+    unsplit = flex(q, k_cache, v_cache, full_mask.block_mask)
+    mode = torch.full_like(n_pages, ATTN_REFRESH)
+    ext_mask = PagedBlockMask(len(lengths), cache_pages, "cuda")
+    ext_mask.update(table, external_pages(n_pages, mode))
+    ext, lse = flex(q, k_cache, v_cache, ext_mask.block_mask, return_lse=True)
+    # the kernel's log-sum-exp is the natural-log one the merge expects
+    for i, n in enumerate(lengths[:3]):
+        if n > 1:
+            keys = k_cache[:, table[i, : n - 1]].reshape(kvh, -1, d).double().repeat_interleave(h // kvh, 0)
+            ref_lse = (q[i].double() @ keys.transpose(-1, -2) / d**0.5).logsumexp(-1)
+            assert (lse[i].double() - ref_lse).abs().max() < 1e-3 * ref_lse.abs().max()
+    rows = torch.arange(len(lengths), device="cuda")
+    cache = (torch.zeros(len(lengths), h, 64, d, device="cuda", dtype=dtype),
+             torch.zeros(len(lengths), h, 64, device="cuda"))
+    out = split_attention(q, k_own, v_own, ext, lse, cache, FlashBlockBatch(mode, rows, rows, []))
+    err = ((out.double() - unsplit.double()).norm() / unsplit.double().norm()).item()
+    assert err < tol, err
+    assert torch.equal(cache[0], ext)
+
+
+def test_flashblock_float32_split_and_mixed_batch_exact_on_gpu(small_dir):
+    """Issue 6 criteria 1 and 4 through the CUDA-graph path: split without reuse gives the exact
+    tokens, and exact requests sharing batches with reusing ones are untouched."""
+    from shared.protocol import FlashBlockSpec
+
+    engine = Engine(EngineArgs(str(small_dir), device="cuda", dtype="float32", max_running=8))
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 100000, (n,), generator=g).tolist() for n in (64, 100, 150, 30)]
+
+    def run(tag, fb):
+        return {k[len(tag):]: v for k, v in engine.generate(
+            [GenerateRequest(f"{tag}{i}", p, max_tokens=130, flashblock=fb) for i, p in enumerate(prompts)]).items()}
+
+    exact = run("e", False)
+    assert run("s", FlashBlockSpec(tau=0, max_reuse=0)) == exact
+    mixed = engine.generate([GenerateRequest(f"{kind}{i}", p, max_tokens=130, flashblock=fb)
+                             for i, p in enumerate(prompts)
+                             for kind, fb in (("x", False), ("f", FlashBlockSpec(2, 63)))])
+    assert {k[1:]: v for k, v in mixed.items() if k.startswith("x")} == exact
+
+
+def test_bfloat16_8b_logits_match_official_forward(tmp_path):
+    """Issue 5 criterion 4: on the 8b shape in bfloat16, the engine's logits for an active
+    block (its cached context written by prefill) against the official model's full forward.
+    $CDE_8B_DIR: a random 8b bf16 checkpoint already written (scripts/gpu_run.sh shares one)."""
+    import os
+
+    from tests.oracle import official_model
+    from worker.checkpoint import make_model
+
+    model_dir = os.environ.get("CDE_8B_DIR") or make_model("8b", tmp_path / "m8b", dtype="bfloat16", device="cuda")
+    engine = Engine(EngineArgs(str(model_dir), device="cuda", dtype="bfloat16", max_running=2))
+    captured = []
+    inner = engine.runner._logits
+    engine.runner._logits = lambda hidden, rows: captured.append(inner(hidden, rows)) or captured[-1]
+    prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    engine.add_request(GenerateRequest("r", prompt, max_tokens=64))
+    engine.step()  # prefill of block 0 and the first step of block 1, in one pass
+    ours = captured[0].float()
+    del engine
+    torch.cuda.empty_cache()
+    official, _ = official_model(model_dir, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + [100280] * 64], device="cuda")
+        ref = official(ids, minimal_output=True)[0][0, 64:].float()
+    err = ((ours - ref).norm() / ref.norm()).item()
+    print(f"8b bf16 active-block logits vs official forward: relative error {err:.2e}")
+    assert ours.shape == ref.shape and err < 2e-2

@@ -75,7 +75,7 @@ def test_paged_equals_dense_block_causal_mixed_batch():
     )
     write_kv(k_cache, k_new, batch.write_pages)
     write_kv(v_cache, v_new, batch.write_pages)
-    out = sdpa_paged_attention(q, k_cache, v_cache, batch)
+    out = sdpa_paged_attention(q, (k_cache, v_cache), batch)
     assert out.shape == q.shape and torch.isfinite(out).all()
     for i, (r, b) in enumerate(items):
         dense = dense_block_causal_reference(*seqs[r])
@@ -89,8 +89,8 @@ def test_item_result_independent_of_batch():
     v_cache = torch.randn(KVH, P, 64, D, generator=g)
     q = torch.randn(3, H, 64, D, generator=g)
     table = torch.tensor([[4, 7, 0], [3, 0, 0], [9, 11, 2]])
-    full = sdpa_paged_attention(q, k_cache, v_cache, PagedBatch(table[:, 0], table, torch.tensor([2, 1, 3]), [2, 1, 3]))
-    alone = sdpa_paged_attention(q[2:], k_cache, v_cache, PagedBatch(table[2:, 0], table[2:], torch.tensor([3]), [3]))
+    full = sdpa_paged_attention(q, (k_cache, v_cache), PagedBatch(table[:, 0], table, torch.tensor([2, 1, 3]), [2, 1, 3]))
+    alone = sdpa_paged_attention(q[2:], (k_cache, v_cache), PagedBatch(table[2:, 0], table[2:], torch.tensor([3]), [3]))
     assert torch.equal(full[2], alone[0])
 
 
@@ -126,7 +126,7 @@ def test_paged_attention_writes_then_attends():
     meta = PagedBatch(write_pages=torch.tensor(pages), page_table=torch.tensor([[13, 0], [13, 4]]),
                       n_pages=torch.tensor([1, 2]), n_pages_host=[1, 2])
     split = lambda t: torch.stack([t[0, :, :64], t[0, :, 64:]])  # noqa: E731 - [2 items, heads, 64, D]
-    out = paged_attention(split(q), split(k), split(v), k_cache, v_cache, meta)
+    out = paged_attention(split(q), split(k), split(v), (k_cache, v_cache), meta)
     ref = dense_block_causal_reference(q, k, v)
     assert rel_err(out[0], ref[0, :, :64]) < 1e-5 and rel_err(out[1], ref[0, :, 64:]) < 1e-5
     assert torch.equal(k_cache[:, 4], k[0, :, 64:]) and torch.equal(v_cache[:, 13], v[0, :, :64])

@@ -129,3 +129,11 @@ def test_chat_template_layout():
 def test_chat_needs_instruct():
     with pytest.raises(ValueError, match="instruct"):
         get_tokenizer(False).chat_prompt([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("instruct", [False, True])
+def test_ids_without_text_decode_to_nothing(instruct):
+    # In the model's vocabulary but neither a BPE rank nor a special: a random model samples them.
+    tok = get_tokenizer(instruct)
+    hi = tok.encode(" hi")
+    assert tok.decode([*hi, 100256, 100272, *hi]) == " hi hi"

@@ -4,6 +4,7 @@ random-weight checkpoint of a preset shape (`cde make-model`, the built-in demo 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -133,10 +134,14 @@ def save_checkpoint(model: SteerlingModel, cfg: ModelConfig, out: str | Path, ma
 
 
 def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str = "float32",
-               instruct: bool = False, max_shard_bytes: int = 4 << 30, device: str = "cpu") -> Path:
+               instruct: bool = False, max_shard_bytes: int = 4 << 30, device: str = "cpu",
+               overrides: dict | None = None) -> Path:
+    """`overrides`: config values replacing the preset's (e.g. a longer context, fewer layers)."""
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
     cfg = preset(preset_name, instruct=instruct)
+    if overrides:
+        cfg = ModelConfig.from_dict({**dataclasses.asdict(cfg), **overrides})
     model = random_model(cfg, seed, DTYPES[dtype], device)
     save_checkpoint(model, cfg, out, max_shard_bytes)
     return Path(out)

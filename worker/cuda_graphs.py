@@ -1,10 +1,18 @@
 """The CUDA forward pass: regional `torch.compile` of the transformer blocks (compiled once,
 reused by all 32 layers) and one CUDA graph per batch bucket that replays the whole pass
-(embedding, steering, 32 blocks with paged FlexAttention, final norm) from static buffers.
+(block-mask update, embedding, steering, 32 blocks with paged FlexAttention, final norm) from
+static buffers.
+
+Every integer input of a bucket lives in one packed device buffer, filled by a single
+asynchronous copy from pinned memory: preparing a step never waits for the GPU.
 
 Padding items of a bucket write to a scratch page that no request owns and attend only to it,
-so they can never touch a real request's cache. Steering is plain data in the graph (a zero
-vector and an out-of-range start layer when off): turning it on or off never recompiles.
+so they can never touch a real request's cache. A pass in which some item splits its attention
+(FlashBlock) replays a second graph family with the split and FlashBlock's cache rows; padding
+items and exact items read and write the scratch row there.
+
+Steering is plain data in the graph (a zero vector and an out-of-range start layer when off):
+turning it on or off never recompiles.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.flashblock import FlashBlockBatch, external_pages
 from kernels.flex_paged_attention import PagedBlockMask
 from kernels.paged_attention import PagedBatch
-from shared.config import MASK_ID, PAGE
+from shared.config import ATTN_EXACT, MASK_ID, PAGE
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -23,24 +32,28 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 @dataclass
 class _Bucket:
     n: int
-    tokens: torch.Tensor
-    blocks: torch.Tensor
-    write_pages: torch.Tensor
-    page_table: torch.Tensor
-    n_pages: torch.Tensor
+    split: bool  # the FlashBlock family
+    ints: torch.Tensor  # packed: tokens, page table, blocks, write pages, n pages, steer-from, FlashBlock
+    host: torch.Tensor  # its pinned twin
     steer_vec: torch.Tensor
-    steer_from: torch.Tensor
     mask: PagedBlockMask
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
 
+    def views(self, width: int):
+        n = self.n
+        tokens, table, rest = self.ints.split([n * PAGE, n * width, 7 * n])
+        return (tokens.view(n, PAGE), table.view(n, width), *rest.view(7, n))
+
 
 class GraphedForward:
-    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int):
+    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int, scratch_slot: int):
         self.model, self.cfg, self.caches = model, cfg, caches
+        self.split_caches: list[tuple] | None = None
+        self.scratch, self.scratch_slot = scratch_page, scratch_slot
         self.cos, self.sin = cos, sin
-        self.scratch = scratch_page
         self.cache_pages = caches[0][0].shape[1]
+        self.width = cfg.max_blocks
         self.device = cos.device
         self.dtype = next(model.parameters()).dtype
         # cuBLAS for every GEMM: inductor's Triton GEMM templates (chosen to fuse clip_qkv's
@@ -49,29 +62,30 @@ class GraphedForward:
         for block in model.transformer.blocks:
             block.compile()
         self.pool = torch.cuda.graph_pool_handle()
-        self.buckets: dict[int, _Bucket] = {}
+        self.buckets: dict[tuple[int, bool], _Bucket] = {}
+        self.copied: torch.cuda.Event | None = None
 
-    def _new_bucket(self, n: int) -> _Bucket:
-        dev, cfg = self.device, self.cfg
+    def _new_bucket(self, n: int, split: bool) -> _Bucket:
+        size = n * (PAGE + self.width + 7)
         b = _Bucket(
-            n=n,
-            tokens=torch.full((n, PAGE), MASK_ID, dtype=torch.long, device=dev),
-            blocks=torch.zeros(n, dtype=torch.long, device=dev),
-            write_pages=torch.full((n,), self.scratch, dtype=torch.long, device=dev),
-            page_table=torch.full((n, cfg.max_blocks), self.scratch, dtype=torch.long, device=dev),
-            n_pages=torch.ones(n, dtype=torch.long, device=dev),
-            steer_vec=torch.zeros(n, cfg.n_embd, dtype=self.dtype, device=dev),
-            steer_from=torch.full((n,), cfg.n_layers + 1, dtype=torch.long, device=dev),
-            mask=PagedBlockMask(n, self.cache_pages, dev),
+            n=n, split=split,
+            ints=torch.zeros(size, dtype=torch.long, device=self.device),
+            host=torch.zeros(size, dtype=torch.long, pin_memory=True),
+            steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
+            mask=PagedBlockMask(n, self.cache_pages, self.device),
         )
-        b.mask.update(b.page_table, b.n_pages)
+        self._fill(b, [], [], [], [], [], None)  # all padding items
         return b
 
     def _run(self, b: _Bucket) -> torch.Tensor:
-        pos = b.blocks[:, None] * PAGE + torch.arange(PAGE, device=self.device)
-        meta = PagedBatch(b.write_pages, b.page_table, b.n_pages, [], b.mask.block_mask)
-        return self.model(b.tokens, self.cos[pos][:, None], self.sin[pos][:, None], self.caches, meta,
-                          b.steer_vec, b.steer_from, b.tokens == MASK_ID)
+        tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = b.views(self.width)
+        split = FlashBlockBatch(mode, slot, write_slot, []) if b.split else None
+        b.mask.update(table, n_pages if split is None else external_pages(n_pages, mode))
+        pos = blocks[:, None] * PAGE + torch.arange(PAGE, device=self.device)
+        meta = PagedBatch(write_pages, table, n_pages, [], b.mask.block_mask, split)
+        caches = self.caches if split is None else [kv + fb for kv, fb in zip(self.caches, self.split_caches)]
+        return self.model(tokens, self.cos[pos][:, None], self.sin[pos][:, None], caches, meta,
+                          b.steer_vec, steer_from, tokens == MASK_ID)
 
     def _capture(self, b: _Bucket) -> None:
         side = torch.cuda.Stream()
@@ -84,33 +98,44 @@ class GraphedForward:
         with torch.cuda.graph(b.graph, pool=self.pool):
             b.out = self._run(b)
 
-    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> torch.Tensor:
-        """Host lists/tensors of N real items -> hidden [N, 64, D]."""
+    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None,
+                 split_caches=None) -> torch.Tensor:
+        """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].
+        `split`: FlashBlock's (modes, slots, write slots) per item, with its per-layer cache rows."""
         n = len(pages)
+        self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
+        key = (size, split is not None)
         if size is None:
-            b = self._new_bucket(n)  # a prefill burst beyond the largest bucket: run uncaptured
-        elif size in self.buckets:
-            b = self.buckets[size]
+            b = self._new_bucket(n, split is not None)  # a prefill burst beyond the largest bucket: run uncaptured
+        elif key in self.buckets:
+            b = self.buckets[key]
         else:
-            b = self.buckets[size] = self._new_bucket(size)
+            b = self.buckets[key] = self._new_bucket(size, split is not None)
             self._capture(b)
-        self._fill(b, n, tokens, blocks, write_pages, pages, steer_vec, steer_from)
+        self._fill(b, tokens, blocks, write_pages, pages, steer_from, split)
+        b.steer_vec.zero_()
+        b.steer_vec[:n] = steer_vec
         if b.graph is None:
             return self._run(b)
         b.graph.replay()
         return b.out[:n]
 
-    def _fill(self, b: _Bucket, n, tokens, blocks, write_pages, pages, steer_vec, steer_from) -> None:
-        """Copy N real items into the bucket's static buffers; the rest become padding items."""
-        pad, width, scratch = b.n - n, b.page_table.shape[1], self.scratch
-        b.tokens.copy_(torch.tensor(list(tokens) + [[MASK_ID] * PAGE] * pad))
-        b.blocks.copy_(torch.tensor(list(blocks) + [0] * pad))
-        b.write_pages.copy_(torch.tensor(list(write_pages) + [scratch] * pad))
-        b.page_table.copy_(torch.tensor([p + [scratch] * (width - len(p)) for p in pages] + [[scratch] * width] * pad))
-        b.n_pages.copy_(torch.tensor([len(p) for p in pages] + [1] * pad))
-        b.steer_vec.zero_()
-        b.steer_vec[:n] = steer_vec
-        b.steer_from.fill_(self.cfg.n_layers + 1)
-        b.steer_from[:n] = steer_from
-        b.mask.update(b.page_table, b.n_pages)
+    def _fill(self, b: _Bucket, tokens, blocks, write_pages, pages, steer_from, split) -> None:
+        """N real items into the bucket's packed buffer; the rest become padding items."""
+        n, pad, scratch, width = len(pages), b.n - len(pages), self.scratch, self.width
+        modes, slots, writes = split if split is not None else ([ATTN_EXACT] * n, [self.scratch_slot] * n, [self.scratch_slot] * n)
+        flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
+        for p in pages:
+            flat += p + [scratch] * (width - len(p))
+        flat += [scratch] * (width * pad)
+        for column, fill in ((blocks, 0), (write_pages, scratch), ([len(p) for p in pages], 1),
+                             (steer_from, self.cfg.n_layers + 1), (modes, ATTN_EXACT), (slots, self.scratch_slot),
+                             (writes, self.scratch_slot)):
+            flat += list(column) + [fill] * pad
+        if self.copied is not None:
+            self.copied.synchronize()  # the pinned buffer may still be in flight from the last step
+        b.host.copy_(torch.tensor(flat))
+        b.ints.copy_(b.host, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()

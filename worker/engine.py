@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.config import PAGE
-from shared.protocol import BlockResult, GenerateRequest
+from shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from shared.tokenizer import get_tokenizer
 from worker.checkpoint import DTYPES, load_checkpoint
 from worker.model_runner import ModelRunner
@@ -28,6 +28,7 @@ class EngineArgs:
     num_pages: int | None = None  # default: every running request at full context
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
+    flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
 
 
 def resolve_device(device: str) -> str:
@@ -69,8 +70,13 @@ class Engine:
                     raise ValueError(f"unknown concept id {c}")
             if not 0 <= req.steering.inject_layer <= cfg.n_layers:
                 raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
+        fb = req.flashblock
+        if isinstance(fb, FlashBlockSpec) and not (fb.tau >= 0 and fb.max_reuse >= 0):
+            raise ValueError("flashblock tau and max_reuse must be >= 0")
 
     def add_request(self, req: GenerateRequest) -> None:
+        if req.flashblock is None:
+            req.flashblock = self.args.flashblock
         self.validate(req)
         if req.seed is None:
             req.seed = random.getrandbits(32)
@@ -91,7 +97,9 @@ class Engine:
         return concept_top_tokens(self.runner.model, concept_id, k)
 
     # ---- one iteration ----------------------------------------------------------------------
-    def step(self) -> list[BlockResult]:
+    def step(self) -> list[BlockResult | StepResult]:
+        """One forward pass: the blocks it completed, preceded by the step events of requests
+        with `stream_denoise`."""
         batch, admitted = self.scheduler.schedule()
         for seq in admitted:
             self.runner.start(seq)
@@ -108,7 +116,8 @@ class Engine:
             self.add_request(r)
         while self.has_work():
             for res in self.step():
-                out[res.request_id].extend(res.token_ids)
+                if isinstance(res, BlockResult):
+                    out[res.request_id].extend(res.token_ids)
         return out
 
     def stats(self) -> dict:

@@ -72,7 +72,7 @@ class Attention(nn.Module):
         if cfg.use_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = paged_attention(q, k, v.contiguous(), cache[0], cache[1], meta)
+        y = paged_attention(q, k, v.contiguous(), cache, meta)
         return self.c_proj(y.transpose(1, 2).reshape(n, t, cfg.n_embd))
 
 
@@ -149,7 +149,7 @@ class SteerlingModel(nn.Module):
         tokens: torch.Tensor,  # [N, 64] token ids (mask ids at still-masked positions)
         cos: torch.Tensor,  # [N, 1, 64, Dh] fp32 rope tables at the items' absolute positions
         sin: torch.Tensor,
-        caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V) caches [KVH, P, 64, Dh]
+        caches: list[tuple],  # per layer (K, V) caches [KVH, P, 64, Dh] (+ FlashBlock's (A, L))
         meta: PagedBatch,
         steer_vec: torch.Tensor,  # [N, D] alpha * direction (zero when a request does not steer)
         steer_from: torch.Tensor,  # [N] int: inject after layer i when i + 1 >= steer_from

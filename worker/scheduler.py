@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.config import MASK_ID, PAGE
-from shared.protocol import BlockResult, GenerateRequest
+from shared.config import ATTN_EXACT, MASK_ID, PAGE
+from shared.protocol import BlockResult, GenerateRequest, StepResult
 from shared.stops import find_stop
 from worker.kv_pages import PageAllocator
 from worker.sequence import Sequence, Status
@@ -27,6 +27,7 @@ class Item:
     page: int  # page the item's K/V are written to
     pages: list[int]  # pages attended: blocks 0..block of the request
     step: bool  # a denoising step (logits, selection) vs a prefill/commit write
+    attention: int = ATTN_EXACT  # ATTN_* (shared/config.py): FlashBlock's split and reuse
 
 
 @dataclass
@@ -119,13 +120,16 @@ class Scheduler:
 
     @staticmethod
     def _item(seq: Sequence, block: int, tokens: list[int], step: bool) -> Item:
-        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step)
+        # Prefill and commit items always attend exactly: the K/V they write are final.
+        mode = seq.attention_mode() if step else ATTN_EXACT
+        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step, mode)
 
     # ---- update ---------------------------------------------------------------------------
     def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]],
-               attribution: list[list[dict] | None] | None = None) -> list[BlockResult]:
+               attribution: list[list[dict] | None] | None = None) -> list[BlockResult | StepResult]:
         """Apply the (positions, tokens) chosen for each step item, in batch.steps order, and
-        keep the attribution records of the committed tokens (when the request asked)."""
+        keep the attribution records of the committed tokens (when the request asked). Requests
+        that stream the denoising get a StepResult per step, before their BlockResult."""
         results = []
         for n, (item, (positions, tokens)) in enumerate(zip(batch.steps, picks)):
             seq = item.seq
@@ -133,11 +137,22 @@ class Scheduler:
                 continue  # aborted while its step was in flight
             seq.step += 1
             ended_by_eot = seq.place(positions, tokens)
-            if attribution and attribution[n]:
-                self.block_attribution.setdefault(seq.id, []).extend(attribution[n])
+            records = attribution[n] if attribution else None
+            if records:
+                self.block_attribution.setdefault(seq.id, []).extend(records)
+            if seq.req.stream_denoise:
+                results.append(self._step_result(seq, positions, tokens, records, ended_by_eot))
             if ended_by_eot or seq.block_done():
                 results.append(self._complete_block(seq, ended_by_eot))
         return results
+
+    def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], records: list[dict] | None,
+                     ended_by_eot: bool) -> StepResult:
+        # Picks after an EOT were discarded by place(); records are in pick order too.
+        n = tokens.index(self.eot_id) + 1 if ended_by_eot else len(tokens)
+        base = seq.block * PAGE
+        return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n],
+                          records[:n] if records is not None else None)
 
     def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> BlockResult:
         new = seq.block_output()

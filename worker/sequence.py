@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 
-from shared.config import MASK_ID, PAGE
-from shared.protocol import GenerateRequest
+from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
+from shared.protocol import FlashBlockSpec, GenerateRequest
 
 
 class Status(enum.Enum):
@@ -39,6 +39,11 @@ class Sequence:
         self.committed = 0  # generated tokens unmasked so far
         self.finish_reason: str | None = None
         self.stop_str: str | None = None
+        # FlashBlock state: is the cached external attention from this block, how many steps
+        # in a row reused it, and how many tokens the last step unmasked.
+        self.external_cached = False
+        self.reused = 0
+        self.last_unmasked = 0
 
     @property
     def n_prompt_blocks(self) -> int:
@@ -64,9 +69,22 @@ class Sequence:
     def block_done(self) -> bool:
         return not any(self.eligible())
 
+    def attention_mode(self) -> int:
+        """How this step's item attends (the FlashBlock rule; ATTN_EXACT when off), recorded
+        as taken."""
+        fb = self.req.flashblock
+        if not isinstance(fb, FlashBlockSpec):
+            return ATTN_EXACT
+        if self.external_cached and self.last_unmasked < fb.tau and self.reused < fb.max_reuse:
+            self.reused += 1
+            return ATTN_REUSE
+        self.external_cached, self.reused = True, 0
+        return ATTN_REFRESH
+
     def place(self, positions: list[int], tokens: list[int]) -> bool:
         """Unmask positions (most confident first). Returns True when EOT ended the request:
         like the reference, what comes after EOT is discarded, later picks of the step too."""
+        self.last_unmasked = len(positions)
         for pos, tok in zip(positions, tokens):
             self.tokens[pos] = tok
             self.committed += 1
@@ -85,3 +103,4 @@ class Sequence:
         self.pending_commit = (self.block, list(self.tokens))
         self.block += 1
         self.tokens = self._block_tokens(self.block)
+        self.external_cached = False

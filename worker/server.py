@@ -21,6 +21,7 @@ from pathlib import Path
 
 import zmq
 
+from shared.curve import CurveServer
 from shared.protocol import (
     AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
 )
@@ -30,10 +31,19 @@ from worker.engine import Engine
 log = logging.getLogger("cde.worker")
 
 IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class WorkerServer:
-    def __init__(self, engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None):
+    def __init__(self, engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
+                 curve: CurveServer | None = None):
         self.engine = engine
         self.model_name = model_name or Path(engine.args.model).resolve().name
         self.parent_pid = parent_pid
@@ -41,6 +51,7 @@ class WorkerServer:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
+        self._auth = curve.secure(self.ctx, self.sock) if curve is not None else None
         self.sock.bind(bind)
         # Engine thread -> I/O thread: [peer, frame] to forward (zmq sockets are single-threaded).
         outbox = f"inproc://outbox-{self.boot_id}"
@@ -73,6 +84,8 @@ class WorkerServer:
         self._fail_all("worker is shutting down")
         self._io_done = True
         io.join()
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()
 
     def _receive(self, block: bool) -> None:
@@ -120,7 +133,7 @@ class WorkerServer:
         self._stats = self.engine.stats()
         for res in results:
             peer = self.owner.get(res.request_id)
-            if res.finished:
+            if isinstance(res, BlockResult) and res.finished:
                 self.owner.pop(res.request_id, None)
                 log.info("request finished", extra={"request_id": res.request_id, "finish_reason": res.finish_reason})
             if peer is not None:
@@ -191,13 +204,14 @@ class WorkerServer:
             n_concepts=cfg.n_concepts, max_running=self.engine.args.max_running,
             running=stats["running"], waiting=stats["waiting"], pages_used=stats["pages_used"],
             pages_free=stats["pages_free"], steps_per_s=round(self._steps_per_s, 2),
-            forward_passes=stats["forward_passes"],
+            forward_passes=stats["forward_passes"], rss_bytes=resident_bytes(),
         )
 
 
-def run_worker(engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None) -> None:
-    server = WorkerServer(engine, bind, model_name, parent_pid)
+def run_worker(engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
+               curve: CurveServer | None = None) -> None:
+    server = WorkerServer(engine, bind, model_name, parent_pid, curve)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
-    print(f"CDE worker ready on {bind} ({server.model_name})", flush=True)
+    print(f"CDE worker ready on {bind} ({server.model_name}{', CURVE' if curve else ''})", flush=True)
     server.serve_forever()

@@ -1,22 +1,38 @@
-"""Benchmarks: `cde bench engine` (offline engine) and `cde bench serve` (HTTP load generator)."""
+"""Benchmarks: `cde bench engine` (offline engine), `cde bench serve` (HTTP load generator) and
+`cde bench soak` (mixed load against a running server, then pass/fail checks)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 
-SUBCOMMANDS = {"engine": "bench_engine", "serve": "bench_serve"}
+# name -> (module in cde.commands, one-line help). Only the chosen one is imported: `bench serve`
+# and `bench soak` run where torch is not installed.
+SUBCOMMANDS = {
+    "engine": ("bench_engine", "offline engine benchmark: latency and throughput per concurrency"),
+    "serve": ("bench_serve", "HTTP load generator against a running server (vllm bench serve style)"),
+    "soak": ("soak", "mixed requests against a running server for a while, then pass/fail checks"),
+}
+
+
+class _LazySubcommands(argparse._SubParsersAction):
+    """Adds the chosen subcommand's arguments when argparse reaches it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name = values[0]
+        if name in SUBCOMMANDS:
+            module = importlib.import_module(f"cde.commands.{SUBCOMMANDS[name][0]}")
+            sub = self._name_parser_map[name]
+            sub.description = module.__doc__
+            module.add_arguments(sub)
+            namespace.bench_run = module.run
+        super().__call__(parser, namespace, values, option_string)
 
 
 def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="bench", required=True)
-    for name, mod in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(f"cde.commands.{mod}")
-        except ModuleNotFoundError:
-            continue
-        sp = sub.add_parser(name, help=module.__doc__.strip().splitlines()[0], description=module.__doc__)
-        module.add_arguments(sp)
-        sp.set_defaults(bench_run=module.run)
+    sub = p.add_subparsers(dest="bench", required=True, action=_LazySubcommands)
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text)
 
 
 def run(args) -> int:

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from cde.commands import bench_flashblock
 from shared.config import PAGE
 from shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from worker.checkpoint import make_model
@@ -20,7 +21,7 @@ def add_arguments(p) -> None:
     src.add_argument("--model", help="checkpoint directory")
     src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
     p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated request counts")
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--prompt-len", default="64", help="comma-separated prompt lengths, each run at every concurrency")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--tokens-per-step", type=int, default=1)
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
@@ -33,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--profile", help="also profile 32 steps of the first level; write the op table here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072")
+    bench_flashblock.add_arguments(p)
 
 
 class _StepClock:
@@ -41,6 +45,7 @@ class _StepClock:
     def __init__(self, engine: Engine):
         self.cuda = engine.runner.device.type == "cuda"
         self.spans: list[tuple] = []
+        self.last_decode = False  # the last pass held no prefill item
         self.engine = engine
         self.inner = inner = engine.runner.execute
 
@@ -50,6 +55,7 @@ class _StepClock:
             if self.cuda:
                 start.record()
             t0 = time.perf_counter()
+            self.last_decode = all(it.step or it.block >= it.seq.n_prompt_blocks for it in batch.items)
             out = inner(batch)
             if self.cuda:
                 end.record()
@@ -68,16 +74,18 @@ class _StepClock:
         return [s.elapsed_time(e) for _, _, s, e in self.spans]
 
 
-def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None) -> list[GenerateRequest]:
+def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None,
+              flashblock=None, prompt_len: int | None = None) -> list[GenerateRequest]:
     attribution = args.attribution if attribution is None else attribution
     rng = random.Random(n)
     reqs = []
     for i in range(n):
         reqs.append(GenerateRequest(
-            f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(args.prompt_len)], max_tokens=args.max_tokens,
+            f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(prompt_len or args.prompt_len)], max_tokens=args.max_tokens,
             tokens_per_step=args.tokens_per_step,
             attribution=AttributionSpec() if attribution else None,
             steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if steer and i % 2 == 0 else None,
+            flashblock=flashblock,
         ))
     return reqs
 
@@ -90,10 +98,16 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
     for r in reqs:
         engine.add_request(r)
     blocks: dict[str, list[float]] = {r.request_id: [] for r in reqs}
-    generated = 0
+    outputs: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    generated, decode_s = 0, 0.0
     while engine.has_work():
-        for res in engine.step():
+        t0 = time.perf_counter()
+        results = engine.step()
+        if clock.last_decode:
+            decode_s += time.perf_counter() - t0
+        for res in results:
             blocks[res.request_id].append(time.perf_counter() - start)
+            outputs[res.request_id] += res.token_ids
             generated += len(res.token_ids)
     wall = time.perf_counter() - start
     device = clock.device_ms()
@@ -108,6 +122,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "inter_block_latency_s": sum(gaps) / len(gaps) if gaps else 0.0,
         "time_to_last_block_s": sum(b[-1] for b in blocks.values()) / len(blocks),
         "output_tok_per_s": generated / wall,
+        "decode_tok_per_s": generated / decode_s if decode_s else None,  # passes without prefill only
         "ms_per_forward": sum(device) / steps,
         "forward_passes_per_block": steps * len(reqs) / n_blocks,
         "gpu_idle_fraction": max(0.0, 1 - sum(device) / 1e3 / wall),
@@ -115,6 +130,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "generated_tokens": generated,
         "wall_s": wall,
         "peak_device_gb": torch.cuda.max_memory_allocated() / 2**30 if clock.cuda else None,
+        "outputs": outputs,
     }
 
 
@@ -131,19 +147,30 @@ def run(args) -> int:
         model_dir = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")
         dtype = "bfloat16" if device == "cuda" else "float32"
         t0 = time.perf_counter()
-        make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device)
+        overrides = dict(kv.split("=", 1) for kv in args.set)
+        make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device,
+                   overrides={k: int(v) if v.lstrip("-").isdigit() else v for k, v in overrides.items()})
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
     levels = [int(x) for x in args.concurrency.split(",")]
+    prompt_lens = [int(x) for x in args.prompt_len.split(",")]
     engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
                                cuda_graphs=not args.no_cuda_graphs))
     results = []
-    for c in levels:
+    for plen, c in [(p, c) for p in prompt_lens for c in levels]:
+        args.prompt_len = plen
         # Warm every variant the level will run, so compilation stays out of the measurement.
-        warm = _requests(c, args, f"warm{c}", steer=args.steering,
-                         attribution=args.attribution or args.compare_attribution)
+        # (FlashBlock runs measure decoding: their warm-up skips the long prefill.)
+        warm = _requests(c, args, f"warm{c}", steer=args.steering, attribution=args.attribution or args.compare_attribution,
+                         prompt_len=PAGE if args.flashblock_tau is not None else None)
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
         _run(engine, warm)  # compiles and captures this level's batch buckets
+        if args.flashblock_tau is not None:
+            for res in bench_flashblock.run_level(engine, args, c, lambda n, tag, fb, **kw: _requests(n, args, tag, flashblock=fb, **kw), _run):
+                res["context"] = args.prompt_len + args.max_tokens
+                results.append(res)
+                print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
+            continue
         attrs = [False, True] if args.compare_attribution else [args.attribution]
         for steer, attr in [(s, a) for s in ([False, True] if args.steering else [False]) for a in attrs]:
             before = _compile_count()
@@ -151,8 +178,13 @@ def run(args) -> int:
             res["recompiles_after_warmup"] = _compile_count() - before
             res["steering_half"], res["attribution"] = steer, attr
             results.append(res)
-            print(json.dumps(res), flush=True)
-    print_table(results)
+            print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
+    if args.flashblock_tau is not None:
+        bench_flashblock.print_table(results)
+    else:
+        print_table(results)
+    for res in results:
+        res.pop("outputs")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
         with open(args.json, "w") as f:

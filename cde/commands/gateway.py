@@ -25,19 +25,29 @@ def add_http_arguments(p) -> None:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--worker", action="append", required=True, metavar="ENDPOINT",
+    from gateway.discovery import dns_target
+
+    p.add_argument("--worker", action="append", default=[], metavar="ENDPOINT",
                    help="worker endpoint, e.g. tcp://10.0.0.2:5555 (repeatable)")
+    p.add_argument("--worker-dns", action="append", default=[], type=dns_target, metavar="NAME:PORT",
+                   help="connect to every IPv4 address NAME resolves to, re-resolved every --dns-interval "
+                        "seconds (a Kubernetes headless Service; repeatable)")
+    p.add_argument("--dns-interval", type=float, default=5.0, help="seconds between --worker-dns resolutions")
+    p.add_argument("--curve-secret-key", metavar="FILE", help="this gateway's CURVE key pair (NAME.key_secret): "
+                   "encrypt and authenticate the worker links; needs --curve-server-key")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key)")
     p.add_argument("--model", help="checkpoint directory, only read for concept labels (optional)")
     p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
     add_http_arguments(p)
 
 
-def build_state(args, endpoints, processes=None, model_dir=None):
+def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
     from gateway.concepts import ConceptLabels
     from gateway.router import Router
     from gateway.state import ServerState
 
-    router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue)
+    router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue,
+                    **router_options)
     return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels),
                        max_model_len=args.max_model_len, log_requests=args.log_requests)
 
@@ -46,8 +56,20 @@ def run(args) -> int:
     from gateway.app import create_app
     from gateway.server import serve_http
 
+    from gateway.discovery import DnsDiscovery
+    from shared.curve import CurveClient, CurveKeyError
+
+    if not args.worker and not args.worker_dns:
+        raise SystemExit("cde gateway: give at least one --worker ENDPOINT or --worker-dns NAME:PORT")
+    if bool(args.curve_secret_key) != bool(args.curve_server_key):
+        raise SystemExit("cde gateway: --curve-secret-key and --curve-server-key go together")
+    try:
+        curve = CurveClient.from_files(args.curve_secret_key, args.curve_server_key) if args.curve_secret_key else None
+    except CurveKeyError as exc:
+        raise SystemExit(f"cde gateway: {exc}") from None
+    discovery = DnsDiscovery(args.worker_dns, args.dns_interval) if args.worker_dns else None
     setup_logging("gateway", args.log_level)
-    app = create_app(build_state(args, args.worker, model_dir=args.model), wait_for_workers=args.wait,
-                     max_request_bytes=args.max_request_bytes)
+    state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
+    app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes)
     return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

@@ -16,17 +16,54 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     p.add_argument("--max-running", type=int, default=16, help="requests decoded concurrently")
     p.add_argument("--served-model-name", help="model name reported to the gateway (default: the checkpoint directory's name)")
+    p.add_argument("--curve-secret-key", metavar="FILE", help="this worker's CURVE key pair (NAME.key_secret): "
+                   "encrypt the link and admit only --curve-authorized-keys")
+    p.add_argument("--curve-authorized-keys", metavar="FILE|DIR",
+                   help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR")
     p.add_argument("--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)")
+    add_flashblock_arguments(p)
+
+
+def add_flashblock_arguments(p) -> None:
+    p.add_argument("--flashblock-tau", type=int,
+                   help="FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens (default: off, exact)")
+    p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
+
+
+def flashblock_default(args):
+    """The server's FlashBlock default from the flags (None: exact attention)."""
+    from shared.protocol import FlashBlockSpec
+
+    if args.flashblock_tau is None:
+        return None
+    if args.flashblock_tau < 0 or args.flashblock_max_reuse < 0:
+        raise SystemExit("--flashblock-tau and --flashblock-max-reuse must be >= 0")
+    return FlashBlockSpec(tau=args.flashblock_tau, max_reuse=args.flashblock_max_reuse)
+
+
+def flashblock_flags(args) -> list[str]:
+    """The same flags again, for a worker process `cde serve` starts."""
+    if args.flashblock_tau is None:
+        return []
+    return ["--flashblock-tau", str(args.flashblock_tau), "--flashblock-max-reuse", str(args.flashblock_max_reuse)]
 
 
 def run(args) -> int:
+    from shared.curve import CurveKeyError, CurveServer
     from worker.checkpoint import demo_model_dir
     from worker.engine import Engine, EngineArgs
     from worker.server import run_worker
 
+    if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
+        raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")
+    try:  # before loading the model: a bad key path should not take minutes to report
+        curve = CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
+    except CurveKeyError as exc:
+        raise SystemExit(f"cde worker: {exc}") from None
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
-    engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype, max_running=args.max_running))
-    run_worker(engine, args.bind, args.served_model_name, args.parent_pid)
+    engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype,
+                               max_running=args.max_running, flashblock=flashblock_default(args)))
+    run_worker(engine, args.bind, args.served_model_name, args.parent_pid, curve)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

@@ -1,0 +1,146 @@
+"""`cde bench engine --flashblock-tau T`: FlashBlock against the exact path, side by side in one
+engine. Per concurrency level: the exact run, then one run per `max_reuse`, each reporting
+decode tok/s (passes without prefill), attention time per step, token agreement of the greedy generations with the exact
+run, and the mean KL(exact || reuse) of the next-token distributions at every reused step.
+
+Attention time per step is the layer's paged attention (FlexAttention, plus split and merge)
+replayed as a CUDA graph in isolation at the run's batch size and context, per mode, weighted
+by the run's measured mix of refreshed and reused steps, times the number of layers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kernels.flashblock import FlashBlockBatch, external_pages
+from kernels.flex_paged_attention import PagedBlockMask
+from kernels.paged_attention import PagedBatch, paged_attention
+from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
+from shared.protocol import FlashBlockSpec
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--flashblock-tau", type=int, help="also run FlashBlock with this tau (greedy, vs the exact path)")
+    p.add_argument("--flashblock-max-reuse", default="4,16,63", help="comma-separated max_reuse values to run")
+
+
+class _ModeCount:
+    """Counts the attention mode of every step item the engine runs."""
+
+    def __init__(self, engine):
+        self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
+        self.runner, self.inner = engine.runner, engine.runner.execute
+
+        def counted(batch):
+            for it in batch.items:
+                if it.step:
+                    self.counts[it.attention] += 1
+            return self.inner(batch)
+
+        self.runner.execute = counted
+
+    def restore(self) -> dict:
+        self.runner.execute = self.inner
+        total = sum(self.counts.values()) or 1
+        return {m: c / total for m, c in self.counts.items()}
+
+
+def agreement(exact: dict[str, list[int]], other: dict[str, list[int]]) -> float:
+    same = total = 0
+    for rid, ref in exact.items():
+        out = other[rid]
+        same += sum(a == b for a, b in zip(ref, out))
+        total += max(len(ref), len(out))
+    return same / max(total, 1)
+
+
+def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
+    """One layer's paged attention for n items with ctx_pages pages each, all in `mode`
+    (None: the unsplit path), in ms."""
+    cfg, dev, dtype = runner.cfg, runner.device, runner.dtype
+    if runner.flashblock_cache is None:
+        runner._allocate_flashblock_cache()
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(n, cfg.n_head, PAGE, cfg.head_dim, generator=g, device=dev, dtype=dtype)
+    k, v = (torch.randn(n, cfg.n_kv_heads, PAGE, cfg.head_dim, generator=g, device=dev, dtype=dtype) for _ in "kv")
+    cache_pages = runner.kv[0][0].shape[1]
+    table = torch.arange(n * ctx_pages, device=dev).view(n, ctx_pages) % (cache_pages - 1)
+    n_pages = torch.full((n,), ctx_pages, device=dev)
+    split, cache = None, runner.kv[0]
+    if mode is not None:
+        modes = torch.full((n,), mode, device=dev)
+        rows = torch.arange(n, device=dev) % runner.max_running
+        split = FlashBlockBatch(modes, rows, rows if mode == ATTN_REFRESH else torch.full_like(rows, runner.max_running),
+                                [mode] * n)
+        cache = runner.kv[0] + runner.flashblock_cache[0]
+    if dev.type != "cuda":  # the per-item SDPA path, eager
+        t0 = time.perf_counter()
+        paged_attention(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [ctx_pages] * n, None, split))
+        return (time.perf_counter() - t0) * 1e3
+    attend = torch.compile(paged_attention)
+    mask = PagedBlockMask(n, cache_pages, dev)
+
+    def layer():
+        mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
+        return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask.block_mask, split))
+
+    for _ in range(2):
+        layer()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 20
+
+
+def run_level(engine, args, level: int, make_requests, run) -> list[dict]:
+    """make_requests(level, tag, flashblock) -> requests; run(engine, requests) -> result dict
+    with the generated tokens under "outputs"."""
+    ctx_pages = -(-(args.prompt_len + args.max_tokens) // PAGE)
+    layers = engine.cfg.n_layers
+    exact_ms = attention_ms(engine.runner, level, ctx_pages, None) * layers
+    split_ms = {m: attention_ms(engine.runner, level, ctx_pages, m) * layers for m in (ATTN_REFRESH, ATTN_REUSE)}
+    exact = run(engine, make_requests(level, f"fbx{level}", False))
+    exact.update(flashblock="off", attention_ms_per_step=exact_ms, token_agreement=1.0, mean_kl=0.0)
+    results = [exact]
+    for max_reuse in (int(x) for x in args.flashblock_max_reuse.split(",")):
+        spec = FlashBlockSpec(args.flashblock_tau, max_reuse)
+        run(engine, make_requests(level, f"fbw{level}{max_reuse}", spec, prompt_len=PAGE))  # captures this family's graphs
+        counter = _ModeCount(engine)
+        res = run(engine, make_requests(level, f"fb{level}{max_reuse}", spec))
+        mix = counter.restore()
+        engine.runner.deviation = {"kl_sum": 0.0, "rows": 0}
+        again = run(engine, make_requests(level, f"fbk{level}{max_reuse}", spec))
+        dev, engine.runner.deviation = engine.runner.deviation, None
+        res.update(
+            flashblock=f"tau={spec.tau},max_reuse={max_reuse}",
+            attention_ms_per_step=mix[ATTN_REFRESH] * split_ms[ATTN_REFRESH] + mix[ATTN_REUSE] * split_ms[ATTN_REUSE],
+            reused_fraction=mix[ATTN_REUSE],
+            token_agreement=agreement(_by_index(exact["outputs"]), _by_index(res["outputs"])),
+            mean_kl=dev["kl_sum"] / max(dev["rows"], 1),
+            deterministic=_by_index(again["outputs"]) == _by_index(res["outputs"]),
+        )
+        results.append(res)
+    return results
+
+
+def _by_index(outputs: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Request ids differ per run (tag-i); the i-th requests share a prompt."""
+    return {rid.rsplit("-", 1)[1]: toks for rid, toks in outputs.items()}
+
+
+def print_table(results: list[dict]) -> None:
+    print("conc | context | flashblock | decode tok/s | attn ms/step | reused | token agreement | mean KL")
+    for r in results:
+        print(f"{r['concurrency']} | {r['context']} | {r['flashblock']} | {r['decode_tok_per_s']:.1f} | "
+              f"{r['attention_ms_per_step']:.2f} | {r.get('reused_fraction', 0.0):.2f} | {r['token_agreement']:.3f} | "
+              f"{r['mean_kl']:.2e}")

@@ -1,0 +1,156 @@
+"""HTTP load generator against a running OpenAI-compatible server, in the style of `vllm bench serve`.
+
+Requests arrive as a Poisson process at `--request-rate` (inf: all at once), at most
+`--max-concurrency` in flight, each a streaming completion. Reports throughput, time to first
+token (TTFT), the gaps between SSE chunks (ITL; CDE sends one chunk per 64-token block), time per
+output token after the first (TPOT), end-to-end latency, and failures by kind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+
+import httpx
+import numpy as np
+
+from cde.commands.load_client import Outcome, send
+
+WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but "
+         "they which one you were all we can her has there been if more when will would who so no").split()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
+    p.add_argument("--model", help="model name (default: the first of /v1/models)")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--request-rate", type=float, default=math.inf, help="requests per second, Poisson (inf: all at once)")
+    p.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no limit)")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt length in words (about one token each)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--extra-body", type=json.loads, default={}, metavar="JSON",
+                   help='extra request fields, e.g. \'{"tokens_per_step": 4, "attribution": true}\'')
+    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON here")
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def auth_headers(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def first_model(client: httpx.AsyncClient, base: str, headers: dict) -> str:
+    try:
+        r = await client.get(base + "/models", headers=headers)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"cannot reach {base}: {exc!r}") from None
+    if r.status_code != 200:
+        raise SystemExit(f"{base}/models answered {r.status_code}: {r.text[:200]}")
+    models = r.json()["data"]
+    if not models:
+        raise SystemExit(f"{base}/models lists no model (are the workers up?)")
+    return models[0]["id"]
+
+
+async def run_load(client: httpx.AsyncClient, url: str, bodies: list[dict], rate: float,
+                   max_concurrency: int | None, rng: random.Random, headers: dict) -> tuple[list[Outcome], float]:
+    """Sends `bodies` with Poisson arrivals; returns their outcomes (in order) and the wall time."""
+    limit = asyncio.Semaphore(max_concurrency or len(bodies))
+
+    async def one(body: dict) -> Outcome:
+        async with limit:
+            return await send(client, url, body, headers=headers)
+
+    t0 = time.perf_counter()
+    tasks = []
+    for body in bodies:
+        tasks.append(asyncio.create_task(one(body)))
+        if rate != math.inf:
+            await asyncio.sleep(rng.expovariate(rate))
+    outcomes = await asyncio.gather(*tasks)
+    return outcomes, time.perf_counter() - t0
+
+
+def _ms(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    a = np.asarray(values) * 1000
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99))}
+
+
+def summarize(outcomes: list[Outcome], duration: float) -> dict:
+    ok = [o for o in outcomes if o.status == "ok"]
+    failures: dict[str, int] = {}
+    for o in outcomes:
+        if o.status != "ok":
+            failures[o.kind] = failures.get(o.kind, 0) + 1
+    output = sum(o.completion_tokens for o in ok)
+    tpot = [(o.latency - o.ttft) / (o.completion_tokens - 1) for o in ok if o.completion_tokens > 1 and o.ttft]
+    return {
+        "successful_requests": len(ok), "failed_requests": len(outcomes) - len(ok), "duration_s": duration,
+        "total_input_tokens": sum(o.prompt_tokens for o in ok), "total_output_tokens": output,
+        "request_throughput": len(ok) / duration, "output_throughput": output / duration,
+        "ttft_ms": _ms([o.ttft for o in ok if o.ttft is not None]),
+        "tpot_ms": _ms(tpot), "itl_ms": _ms([g for o in ok for g in o.itl]),
+        "e2e_latency_ms": _ms([o.latency for o in ok]), "failures": failures,
+    }
+
+
+def print_report(s: dict) -> None:
+    line = "{:<40}{:>12}"
+    print("{:=^52}".format(" Serving Benchmark Result "))
+    for label, key, fmt in (("Successful requests:", "successful_requests", "{}"),
+                            ("Failed requests:", "failed_requests", "{}"),
+                            ("Benchmark duration (s):", "duration_s", "{:.2f}"),
+                            ("Total input tokens:", "total_input_tokens", "{}"),
+                            ("Total generated tokens:", "total_output_tokens", "{}"),
+                            ("Request throughput (req/s):", "request_throughput", "{:.2f}"),
+                            ("Output token throughput (tok/s):", "output_throughput", "{:.2f}")):
+        print(line.format(label, fmt.format(s[key])))
+    for title, key, name in (("Time to First Token", "ttft_ms", "TTFT"), ("Time per Output Token (excl. 1st token)",
+                             "tpot_ms", "TPOT"), ("Inter-chunk Latency", "itl_ms", "ITL"),
+                             ("End-to-end Latency", "e2e_latency_ms", "E2EL")):
+        print("{:-^52}".format(title))
+        for stat in ("mean", "median", "p99"):
+            value = s[key][stat]
+            print(line.format(f"{stat.capitalize()} {name} (ms):", "-" if value is None else f"{value:.2f}"))
+    if s["failures"]:
+        print("{:-^52}".format("Failures by kind"))
+        for kind, count in sorted(s["failures"].items()):
+            print(line.format(f"{kind}:", count))
+    print("=" * 52)
+
+
+def make_bodies(args, model: str, rng: random.Random) -> list[dict]:
+    return [{"model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(args.prompt_len)),
+             "max_tokens": args.max_tokens, "stream": True, "stream_options": {"include_usage": True},
+             **args.extra_body} for _ in range(args.num_prompts)]
+
+
+async def bench(args) -> dict:
+    base, headers = api_base(args.url), auth_headers(args.api_key)
+    rng = random.Random(args.seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.max_concurrency or 100)
+    async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
+        model = args.model or await first_model(client, base, headers)
+        outcomes, duration = await run_load(client, base + "/completions", make_bodies(args, model, rng),
+                                            args.request_rate, args.max_concurrency, rng, headers)
+    return {"model": model, "num_prompts": args.num_prompts, "request_rate": str(args.request_rate),
+            "max_concurrency": args.max_concurrency, **summarize(outcomes, duration)}
+
+
+def run(args) -> int:
+    summary = asyncio.run(bench(args))
+    print_report(summary)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0 if summary["successful_requests"] else 1

@@ -1,0 +1,72 @@
+"""`stream_denoise`: the StepResults of one choice as SSE `step` events. Each says which
+completion offsets the step unmasked and with which tokens, and, when the request asked for
+attribution, the running concept view of the block being denoised (the same chunk arithmetic as
+the final attribution, over the tokens committed so far) plus, with `per_token`, each new token's
+own concepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.concepts import ConceptLabels
+from gateway.sse import SseEvent
+from shared.attribution import chunk_concepts, token_attribution
+from shared.config import PAGE
+from shared.protocol import GenerateRequest, Heartbeat, StepResult
+
+
+@dataclass
+class StepDelta:
+    index: int
+    payload: dict  # the choice object of the `step` event
+
+
+class DenoiseView:
+    """Per choice: turns its StepResults into StepDeltas, keeping the active block's records."""
+
+    def __init__(self, index: int, req: GenerateRequest, tokenizer, labels: ConceptLabels, n_known: int):
+        self.index, self.req, self.tokenizer = index, req, tokenizer
+        self.labels, self.n_known = labels, n_known
+        self.prompt_len = len(req.prompt_ids)
+        self.block = -1
+        self.records: list[dict] = []
+
+    def step(self, res: StepResult) -> StepDelta:
+        if res.block != self.block:
+            self.block, self.records = res.block, []
+        base = res.block * PAGE
+        payload = {
+            "index": self.index,
+            "block": res.block - self.prompt_len // PAGE,  # the completion's blocks count from 0
+            "block_offset": base - self.prompt_len,  # offset of the block's first cell (< 0: prompt)
+            "step": res.step,
+            "offsets": [p - self.prompt_len for p in res.positions],
+            "token_ids": res.token_ids,
+            "tokens": [self.tokenizer.decode([t]) for t in res.token_ids],
+        }
+        spec = self.req.attribution
+        if spec is not None:
+            self.records += res.attribution or []
+            payload["attribution"] = self._attribution(res, base, spec.top_k, spec.per_token)
+        return StepDelta(self.index, payload)
+
+    def _attribution(self, res: StepResult, base: int, top_k: int, per_token: bool) -> dict:
+        start = max(base, self.prompt_len)
+        end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
+        concepts, eps_pct = chunk_concepts(self.records, start, end, self.labels.labels, self.n_known, top_k)
+        out = {"chunk": {"start": start - self.prompt_len, "end": end - self.prompt_len, "concepts": concepts,
+                         "epsilon_pct": eps_pct}}
+        if per_token:
+            out["tokens"] = [token_attribution(r, self.tokenizer.decode, self.labels.labels, self.n_known, top_k,
+                                               self.prompt_len) for r in res.attribution or []]
+        return out
+
+
+def denoise_views(reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels,
+                  info: Heartbeat) -> list[DenoiseView | None]:
+    return [DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None
+            for i, r in enumerate(reqs)]
+
+
+def step_event(head: dict, obj: str, delta: StepDelta) -> SseEvent:
+    return SseEvent("step", {**head, "object": obj, "choices": [delta.payload]})

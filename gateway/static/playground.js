@@ -1,0 +1,179 @@
+// The playground's controls: settings, the steering panel (concept search through
+// /v1/concepts), and runs of /v1/completions with stream_denoise, one column per run (steered,
+// and unsteered with the same seed when comparing).
+import { Api } from "./api.js";
+import { RunView } from "./render.js";
+
+const $ = (id) => document.getElementById(id);
+const api = new Api(() => $("api_key").value.trim());
+const chosen = new Map(); // concept id -> label
+let model = null;
+let controller = null;
+
+function status(text, isError = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", isError);
+}
+
+async function loadModel() {
+  try {
+    const { data } = await api.get("/models");
+    model = data[0]?.id ?? null;
+    $("model").textContent = `model: ${model ?? "none"}`;
+    status(model ? "ready" : "no model is being served", !model);
+  } catch (err) {
+    status(`${err.message}; set the API key`, true);
+  }
+}
+
+// ---- steering panel ------------------------------------------------------------------------
+let searchTimer = 0;
+async function search() {
+  const q = $("concept_search").value.trim();
+  try {
+    const { data } = await api.get(`/concepts?limit=12&search=${encodeURIComponent(q)}`);
+    $("concept_results").replaceChildren(
+      ...data.filter((c) => c.type === "known").map((c) => item(`+ ${c.label}`, `add ${c.label}`, () => choose(c))),
+    );
+  } catch (err) {
+    status(err.message, true);
+  }
+}
+
+function item(text, label, onClick) {
+  const li = document.createElement("li");
+  const button = document.createElement("button");
+  button.type = "button";
+  button.textContent = text;
+  button.setAttribute("aria-label", label);
+  button.addEventListener("click", onClick);
+  li.append(button);
+  return li;
+}
+
+function choose(concept) {
+  chosen.set(concept.id, concept.label);
+  renderChosen();
+}
+
+function renderChosen() {
+  $("chosen").replaceChildren(
+    ...[...chosen].map(([id, label]) =>
+      item(`${label} ✕`, `remove ${label}`, () => {
+        chosen.delete(id);
+        renderChosen();
+        $("concept_search").focus();
+      }),
+    ),
+  );
+}
+
+// ---- requests --------------------------------------------------------------------------------
+const number = (id) => Number($(id).value);
+
+function steering() {
+  if (!chosen.size) return null;
+  const mode = document.querySelector("input[name=mode]:checked").value;
+  const strength = number("strength");
+  return { concepts: [...chosen.keys()], preset: mode, strength: mode === "suppress" ? -strength : strength };
+}
+
+function requestBody(steer) {
+  const body = {
+    model, prompt: $("prompt").value, max_tokens: number("max_tokens"), temperature: number("temperature"),
+    top_p: number("top_p"), seed: number("seed"), tokens_per_step: number("tokens_per_step"),
+    return_token_ids: true,
+  };
+  if ($("attribution").checked) body.attribution = { top_k: number("top_k") };
+  if (steer) body.steering = steer;
+  return body;
+}
+
+async function run(view, body, signal) {
+  for await (const { kind, data } of api.stream("/completions", { ...body, stream: true, stream_denoise: true }, signal)) {
+    for (const choice of data.choices) view.push(kind, choice);
+  }
+}
+
+function newView(title, maxTokens) {
+  const root = $("run-template").content.firstElementChild.cloneNode(true);
+  root.id = `run-${title.toLowerCase()}`;
+  $("runs").append(root);
+  return new RunView(root, title, maxTokens);
+}
+
+async function generate(event) {
+  event?.preventDefault();
+  if (controller || !model) return;
+  controller = new AbortController();
+  $("runs").replaceChildren();
+  const steer = steering();
+  const runs = [[steer ? "Steered" : "Unsteered", requestBody(steer)]];
+  if ($("compare").checked && steer) runs.push(["Unsteered", requestBody(null)]);
+  $("runs").classList.toggle("compare", runs.length > 1);
+  setBusy(true);
+  status($("compare").checked && !steer ? "generating (nothing to compare: no concept is steered)…" : "generating…");
+  const meter = frameMeter();
+  try {
+    await Promise.all(runs.map(([title, body]) => run(newView(title, body.max_tokens), body, controller.signal)));
+    status("done");
+  } catch (err) {
+    status(err.name === "AbortError" ? "stopped" : err.message, err.name !== "AbortError");
+  } finally {
+    $("perf").textContent = meter.stop();
+    controller = null;
+    setBusy(false);
+  }
+}
+
+function setBusy(busy) {
+  $("generate").disabled = busy;
+  $("stop").disabled = !busy;
+  document.body.classList.toggle("busy", busy);
+}
+
+// How smoothly the page rendered while tokens streamed in.
+function frameMeter() {
+  const start = performance.now();
+  let last = start;
+  let frames = 0;
+  let worst = 0;
+  let id = requestAnimationFrame(function tick(now) {
+    frames++;
+    worst = Math.max(worst, now - last);
+    last = now;
+    id = requestAnimationFrame(tick);
+  });
+  return {
+    stop() {
+      cancelAnimationFrame(id);
+      const seconds = (performance.now() - start) / 1000;
+      return `render: ${(frames / seconds).toFixed(0)} fps over ${seconds.toFixed(1)} s, slowest frame ${worst.toFixed(0)} ms`;
+    },
+  };
+}
+
+// ---- wiring ----------------------------------------------------------------------------------
+$("controls").addEventListener("submit", generate);
+$("stop").addEventListener("click", () => controller?.abort());
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) generate(e);
+});
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && controller) controller.abort();
+});
+$("concept_search").addEventListener("input", () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(search, 150);
+});
+$("concept_search").addEventListener("keydown", (e) => {
+  if (e.key === "Enter") {
+    e.preventDefault(); // Enter here picks the first match instead of submitting the form
+    $("concept_results").querySelector("button")?.click();
+  }
+});
+$("strength").addEventListener("input", () => {
+  $("strength_value").textContent = $("strength").value;
+});
+$("api_key").addEventListener("change", loadModel);
+loadModel();

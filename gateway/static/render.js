@@ -1,0 +1,168 @@
+// One generation on screen: a row of 64 cells per diffusion block (mask cells that fill in as the
+// step events commit tokens, out of order), a concept panel beside each block that builds up
+// with the block and freezes when it completes, and the final text. Events only queue work;
+// the DOM changes once per animation frame, however many events arrived in between.
+
+const BLOCK = 64;
+
+export class RunView {
+  constructor(root, title, maxTokens) {
+    this.root = root;
+    this.maxTokens = maxTokens;
+    this.blocks = new Map(); // block index -> Block
+    this.completed = 0; // block events seen: the next one completes block `completed`
+    this.pending = [];
+    this.dirty = new Set();
+    this.frame = 0;
+    root.querySelector("h2").textContent = title;
+    this.blocksEl = root.querySelector(".blocks");
+    this.textEl = root.querySelector(".final-text");
+  }
+
+  push(kind, choice) {
+    this.pending.push([kind, choice]);
+    if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
+  }
+
+  flush() {
+    this.frame = 0;
+    for (const [kind, c] of this.pending.splice(0)) {
+      if (kind === "step") this.step(c);
+      else if (c.finish_reason) this.finish(c);
+      else this.blockDone(c);
+    }
+    for (const block of this.dirty) block.renderPanel();
+    this.dirty.clear();
+  }
+
+  block(index, offset) {
+    let block = this.blocks.get(index);
+    if (!block) {
+      block = new Block(index, offset, this.maxTokens);
+      this.blocks.set(index, block);
+      this.blocksEl.append(block.el);
+    }
+    return block;
+  }
+
+  step(c) {
+    const block = this.block(c.block, c.block_offset);
+    c.offsets.forEach((offset, i) => block.land(offset, c.tokens[i], c.token_ids[i], c.step));
+    block.step = c.step;
+    if (c.attribution) block.chunk = c.attribution.chunk;
+    this.dirty.add(block);
+  }
+
+  blockDone(c) {
+    const block = this.blocks.get(this.completed++);
+    this.textEl.textContent += c.text;
+    if (!block) return; // a block without step events: stream_denoise was off
+    block.complete(c.token_ids.length);
+    this.dirty.add(block);
+  }
+
+  finish(c) {
+    this.textEl.textContent += c.text;
+    for (const chunk of c.attribution?.chunks || []) {
+      const block = [...this.blocks.values()].find((b) => b.offset <= chunk.start && chunk.start < b.offset + BLOCK);
+      if (block) {
+        block.chunk = chunk;
+        this.dirty.add(block);
+      }
+    }
+    this.root.classList.add("done");
+  }
+}
+
+class Block {
+  constructor(index, offset, maxTokens) {
+    this.index = index;
+    this.offset = offset; // completion offset of cell 0 (negative: the prompt's tail)
+    this.landed = [];
+    this.chunk = null;
+    this.frozen = false;
+    this.step = 0;
+    this.el = document.createElement("div");
+    this.el.className = "block";
+    this.el.dataset.block = index;
+    this.head = document.createElement("div");
+    this.head.className = "block-head";
+    const grid = document.createElement("div");
+    grid.className = "cells";
+    this.cells = [];
+    this.expected = 0;
+    for (let i = 0; i < BLOCK; i++) {
+      const cell = document.createElement("span");
+      const at = offset + i;
+      cell.className = at < 0 ? "cell prompt" : at >= maxTokens ? "cell unused" : "cell mask";
+      this.expected += cell.className === "cell mask";
+      this.cells.push(cell);
+      grid.append(cell);
+    }
+    this.panel = document.createElement("aside");
+    this.panel.className = "concepts";
+    this.panel.setAttribute("aria-label", `concepts of block ${index}`);
+    this.el.append(this.head, grid, this.panel);
+  }
+
+  land(offset, text, tokenId, step) {
+    const cell = this.cells[offset - this.offset];
+    cell.textContent = visible(text);
+    cell.title = `${JSON.stringify(text)} · token ${tokenId} · step ${step}`;
+    cell.className = "cell tok fresh";
+    this.landed.push(offset);
+  }
+
+  complete(kept) {
+    // The block's kept tokens are its first `kept` landed cells in position order; anything
+    // after an end-of-turn or a stop string was dropped by the server.
+    const order = [...this.landed].sort((a, b) => a - b);
+    for (const offset of order.slice(kept)) this.cells[offset - this.offset].className = "cell dropped";
+    for (const cell of this.cells) if (cell.classList.contains("mask")) cell.className = "cell unused";
+    this.frozen = true;
+  }
+
+  renderPanel() {
+    const state = this.frozen ? "final" : `building ${this.landed.length}/${this.expected}`;
+    this.head.textContent = `block ${this.index} · step ${this.step} · ${state}`;
+    this.el.classList.toggle("frozen", this.frozen);
+    if (!this.chunk) {
+      this.panel.replaceChildren(note("attribution off"));
+      return;
+    }
+    const top = Math.max(...this.chunk.concepts.map((c) => Math.abs(c.contribution)), 1e-12);
+    const list = document.createElement("ol");
+    for (const c of this.chunk.concepts) list.append(conceptRow(c, top));
+    const eps = document.createElement("div");
+    eps.className = "eps";
+    eps.innerHTML = `<span>ε share</span><span class="bar"><span></span></span><span class="val"></span>`;
+    eps.querySelector(".bar span").style.width = `${Math.min(Math.abs(this.chunk.epsilon_pct), 100)}%`;
+    eps.querySelector(".val").textContent = `${this.chunk.epsilon_pct.toFixed(1)}%`;
+    this.panel.replaceChildren(note(this.frozen ? "chunk concepts (final)" : "chunk concepts (so far)"), list, eps);
+  }
+}
+
+function conceptRow(c, top) {
+  const li = document.createElement("li");
+  li.className = `concept ${c.type}`;
+  li.innerHTML = `<span class="badge"></span><span class="label"></span><span class="bar"><span></span></span><span class="val"></span>`;
+  li.querySelector(".badge").textContent = c.type === "known" ? "K" : "D";
+  li.querySelector(".badge").title = c.type;
+  li.querySelector(".label").textContent = c.label;
+  const bar = li.querySelector(".bar span");
+  bar.style.width = `${(100 * Math.abs(c.contribution)) / top}%`;
+  bar.className = c.contribution < 0 ? "neg" : "pos";
+  li.querySelector(".val").textContent = c.contribution.toExponential(2);
+  return li;
+}
+
+function note(text) {
+  const p = document.createElement("p");
+  p.className = "muted";
+  p.textContent = text;
+  return p;
+}
+
+function visible(text) {
+  return text.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/ /g, "·");
+}

@@ -1,0 +1,86 @@
+"""Real `cde worker` / `cde gateway` subprocesses whose output is collected as they run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from tests.api_server import REPO
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CdeProcess:
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "cde", *args], cwd=REPO, env=ENV, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self._new_line = threading.Condition()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            with self._new_line:
+                self.lines.append(line)
+                self._new_line.notify_all()
+        with self._new_line:
+            self._new_line.notify_all()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120.0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        with self._new_line:
+            while True:
+                for line in self.lines:
+                    if m := re.search(pattern, line):
+                        return m
+                left = deadline - time.monotonic()
+                assert left > 0 and self.proc.poll() is None, f"no {pattern!r} in:\n{self.output}"
+                self._new_line.wait(min(left, 1.0))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class Gateway(CdeProcess):
+    def __init__(self, *args: str):
+        super().__init__("gateway", "--port", "0", "--log-level", "info", *args)
+        self.url = self.wait_for(r"listening on (http://\S+)/v1").group(1)
+
+    def health(self) -> tuple[int, dict]:
+        r = httpx.get(self.url + "/health", timeout=10)
+        return r.status_code, r.json()
+
+    def wait_health(self, status: int, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while (got := self.health())[0] != status:
+            assert time.monotonic() < deadline, f"/health stayed {got} (wanted {status}):\n{self.output}"
+            time.sleep(0.1)
+        return got[1]
+
+    def complete(self, timeout: float = 60.0, **extra) -> httpx.Response:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, "temperature": 0, "tokens_per_step": 8, **extra}
+        return httpx.post(self.url + "/v1/completions", json=body, timeout=timeout)

@@ -1,0 +1,136 @@
+"""The playground at `/`, driven by Debian's headless Chromium (through Playwright, never a
+downloaded browser) against a real `cde serve` on the tiny instruct model: keyboard only, one
+steered concept, attribution on. Screenshots go to $CDE_PLAYGROUND_SHOTS (default: a pytest
+temporary directory)."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api_server import ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+PROMPT = "Tell me about the ocean."
+STEERING = {"concepts": [7], "preset": "amplify", "strength": 8}  # what the page sends for the test's choices
+
+# Test-side probe: after every animation frame, how many cells of the steered run are still
+# masks and how many hold tokens.
+FRAME_PROBE = """
+window.__frames = [];
+requestAnimationFrame(function probe() {
+  const run = document.getElementById("run-steered");
+  if (run) window.__frames.push([run.querySelectorAll(".cell.mask").length, run.querySelectorAll(".cell.tok").length]);
+  requestAnimationFrame(probe);
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_instruct_dir):
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=2)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium (bash .ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    out = Path(os.environ.get("CDE_PLAYGROUND_SHOTS", tmp_path))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def api_choice(server, steering: dict | None) -> dict:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 256, "temperature": 0, "top_p": 1, "seed": 42,
+            "tokens_per_step": 2, "attribution": {"top_k": 5}, **({"steering": steering} if steering else {})}
+    r = httpx.post(server.base_url + "/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_playground_streams_the_denoising_and_matches_the_api(server, browser, shots):
+    # The API's answers to the requests the page will make, computed meanwhile.
+    pool = ThreadPoolExecutor(2)
+    steered, unsteered = pool.submit(api_choice, server, STEERING), pool.submit(api_choice, server, None)
+    page = browser.new_page(viewport={"width": 1500, "height": 1150})
+    page.add_init_script(FRAME_PROBE)
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:has-text('model: tiny')")
+
+    # Keyboard only: type the prompt, find concept 7 and take the first match with Enter.
+    page.focus("#prompt")
+    page.keyboard.press("Control+A")
+    page.keyboard.type(PROMPT)
+    page.focus("#tokens_per_step")
+    page.keyboard.press("ArrowUp")  # 2 tokens per step keeps the CI run short
+    page.focus("#concept_search")
+    page.keyboard.type("#7")
+    page.wait_for_selector("#concept_results button")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chosen button:has-text('Known: #7')")
+    page.focus("#prompt")
+    page.keyboard.press("Control+Enter")
+
+    page.wait_for_function("document.querySelectorAll('#run-steered .cell.tok').length >= 90")
+    page.screenshot(path=str(shots / "playground-denoising.png"))
+    page.wait_for_selector("#run-steered.done", timeout=180_000)
+    page.wait_for_selector("#status:has-text('done')")
+    page.screenshot(path=str(shots / "playground-final.png"), full_page=True)
+
+    # Mask cells turned into tokens over many frames, not all at once.
+    frames = page.evaluate("window.__frames")
+    total = frames[-1][1]
+    assert total == 256 and frames[-1][0] == 0
+    filling = {tok for mask, tok in frames if 0 < tok < total}
+    assert len(filling) >= 20, f"tokens landed in only {len(filling)} intermediate frames"
+    assert all(a[1] <= b[1] for a, b in pairwise(frames))
+    # ... and out of order: within a block, cells that landed later sit left of earlier ones.
+    steps = page.eval_on_selector_all("#run-steered .block[data-block='1'] .cell.tok",
+                                      "cells => cells.map(c => Number(c.title.split('step ').pop()))")
+    assert len(steps) == 64 and steps != sorted(steps)
+
+    # The final text is the API's text for the same request (same seed, same steering).
+    expected = steered.result()
+    assert page.text_content("#run-steered .final-text") == expected["text"]
+    # Each block's concept panel lists its chunk's top concepts, known vs discovered marked.
+    chunks = expected["attribution"]["chunks"]
+    panels = page.query_selector_all("#run-steered .block .concepts")
+    assert len(panels) == len(chunks) == 5  # the prompt's tail block, then 4 more (256 tokens)
+    for panel, chunk in zip(panels, chunks):
+        labels = [e.text_content() for e in panel.query_selector_all(".label")]
+        badges = [e.text_content() for e in panel.query_selector_all(".badge")]
+        assert labels == [c["label"] for c in chunk["concepts"]]
+        assert badges == ["K" if c["type"] == "known" else "D" for c in chunk["concepts"]]
+        assert panel.query_selector(".eps .val").text_content() == f"{chunk['epsilon_pct']:.1f}%"
+    print("\nsteered run:", page.text_content("#perf"))
+
+    # Compare: steered and unsteered side by side, same seed.
+    page.focus("#compare")
+    page.keyboard.press("Space")
+    page.focus("#prompt")
+    page.keyboard.press("Control+Enter")
+    page.wait_for_selector("#run-steered.done", timeout=180_000)
+    page.wait_for_selector("#run-unsteered.done", timeout=180_000)
+    page.wait_for_selector("#status:has-text('done')")
+    page.screenshot(path=str(shots / "playground-compare.png"), full_page=True)
+    assert page.text_content("#run-steered .final-text") == expected["text"]
+    assert page.text_content("#run-unsteered .final-text") == unsteered.result()["text"]
+    print("compare runs:", page.text_content("#perf"))
+    print("screenshots:", shots)

@@ -1,0 +1,77 @@
+"""The host side of one step's selection: which hidden rows get logits, and every request's
+sampling parameters, sent to the device in two asynchronous copies (one int64, one float32)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.config import PAGE
+from worker.sampler import SamplingBatch
+from worker.sequence import Sequence
+from worker.staging import Staging
+
+
+@dataclass
+class StepInputs:
+    rows: torch.Tensor  # [R] rows of the flattened hidden states that get logits
+    items: torch.Tensor  # [S] the step items' index in the pass
+    slots: torch.Tensor  # [S] their request slots
+    sampling: SamplingBatch
+
+
+def eligible_rows(steps: list[int], seqs: list[Sequence]):
+    """The positions that get logits: every still-masked position of each step item that may be
+    unmasked. Returns their rows in the flattened hidden states, the [S, 64] grid mapping a
+    position to its logits row (-1: none) and the step item of each row."""
+    rows, grid, row_item = [], [], []
+    for n, (i, seq) in enumerate(zip(steps, seqs)):
+        for p, ok in enumerate(seq.eligible()):
+            grid.append(len(rows) if ok else -1)
+            if ok:
+                rows.append(i * PAGE + p)
+                row_item.append(n)
+    return rows, grid, row_item
+
+
+class StepInputBuilder:
+    def __init__(self, device, banned: torch.Tensor, seen: torch.Tensor):
+        self.ints = Staging(device, torch.int64)
+        self.floats = Staging(device, torch.float32)
+        self.banned, self.seen = banned, seen
+
+    def build(self, steps: list[int], seqs: list[Sequence], relu_masks: list) -> StepInputs:
+        """relu_masks: per step item, its steering ReLU logit mask (a device tensor) or None."""
+        reqs = [s.req for s in seqs]
+        rows, grid, row_item = eligible_rows(steps, seqs)
+        thresholds = [r.confidence_threshold for r in reqs]
+        rep = [r.repetition_penalty for r in reqs]
+        penalized = any(x != 1.0 for x in rep)
+        (rows_t, items, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
+            rows, steps, [s.slot for s in seqs], grid, row_item, [r.tokens_per_step for r in reqs],
+            [r.top_k for r in reqs], [int(r.entropy_sampling) for r in reqs], [r.seed & 0xFFFFFFFF for r in reqs],
+            [s.step for s in seqs])
+        threshold, temperature, top_p, rep_t = self.floats.stage(
+            [2.0 if x is None else x for x in thresholds], [r.temperature for r in reqs], [r.top_p for r in reqs], rep)
+        any_relu = any(m is not None for m in relu_masks)
+        sampling = SamplingBatch(
+            grid=grid_t.view(len(seqs), PAGE),
+            row_item=row_item_t,
+            n_select=n_select,
+            threshold=threshold,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            entropy=entropy.bool(),
+            seed=seed,
+            step=step,
+            banned=self.banned,
+            max_select=PAGE if any(x is not None for x in thresholds) else max(r.tokens_per_step for r in reqs),
+            any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
+            rep_penalty=rep_t if penalized else None,
+            seen=self.seen[slots] if penalized else None,
+            relu_mask=(torch.stack([m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32)
+                                    for m in relu_masks]) if any_relu else None),
+        )
+        return StepInputs(rows_t, items, slots, sampling)
