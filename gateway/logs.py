@@ -34,12 +34,13 @@ class ContentLog:
         if self.enabled:
             log.info("response content", extra={"request_id": self.request_id, "choices": texts})
 
-    async def streamed(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
-        """Passes the SSE chunks on, logging each choice's whole text at the end."""
+    async def streamed(self, chunks: AsyncIterator) -> AsyncIterator:
+        """Passes the SSE chunks on, logging each choice's whole text at the end (from the
+        OpenAI chunks; `stream_denoise` step events only preview what those will say)."""
         texts: dict[int, str] = {}
         try:
             async for chunk in chunks:
-                for c in chunk["choices"] if self.enabled else ():
+                for c in chunk["choices"] if self.enabled and isinstance(chunk, dict) else ():
                     piece = c["text"] if "text" in c else c["delta"].get("content", "")
                     texts[c["index"]] = texts.get(c["index"], "") + piece
                 yield chunk
