@@ -1,4 +1,4 @@
-"""The Starlette app: thin routes over the handlers, OpenAI-style errors, optional API key."""
+"""The Starlette app: thin routes over the handlers, OpenAI-style errors, the middleware."""
 
 from __future__ import annotations
 
@@ -20,36 +20,16 @@ from gateway.concept_routes import get_concept, list_concepts
 from gateway.errors import (
     ApiError, GenerationError, api_error_handler, http_error_handler, unhandled_error_handler,
 )
+from gateway.middleware import ApiKey, BodyLimit, RequestLog
 from gateway.openapi import openapi_schema
 from gateway.state import ServerState
 
-# Probes, scrapes and the playground's files stay open when an API key is set (the page asks
-# for the key and sends it with its API calls).
-PUBLIC_PATHS = {"/", "/health", "/metrics", "/openapi.json"}
 STATIC = Path(__file__).parent / "static"
-
-
-def _public(path: str) -> bool:
-    return path in PUBLIC_PATHS or path.startswith("/static/")
-
-
-class ApiKeyMiddleware:
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not _public(scope["path"]):
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if not self.state.authorized(header):
-                err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key",
-                               {"WWW-Authenticate": "Bearer"})
-                return await err.response()(scope, receive, send)
-        await self.app(scope, receive, send)
 
 
 def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "cde",
-            "max_model_len": state.router.info.block_size}
+            "max_model_len": state.live_info.block_size}
 
 
 async def models(request: Request) -> Response:
@@ -78,7 +58,9 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return JSONResponse(openapi_schema())
+    state: ServerState = request.app.state.cde
+    info = state.live_info if state.router.info else None
+    return JSONResponse(openapi_schema(state.model_name, info, state.api_key is not None))
 
 
 async def playground(request: Request) -> Response:
@@ -89,7 +71,11 @@ async def generation_error_handler(request: Request, exc: GenerationError) -> Re
     return ApiError(500, str(exc), code="generation_failed").response()
 
 
-def create_app(state: ServerState, wait_for_workers: float | None = None) -> Starlette:
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+
+
+def create_app(state: ServerState, wait_for_workers: float | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Starlette:
     """`wait_for_workers`: seconds to wait at startup for every worker to answer (`cde serve`);
     None starts serving at once (a standalone gateway, whose workers may come later)."""
 
@@ -117,7 +103,8 @@ def create_app(state: ServerState, wait_for_workers: float | None = None) -> Sta
             Route("/", playground, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
-        middleware=[Middleware(ApiKeyMiddleware, state=state)],
+        middleware=[Middleware(RequestLog), Middleware(BodyLimit, max_bytes=max_request_bytes),
+                    Middleware(ApiKey, api_key=state.api_key)],
         exception_handlers={ApiError: api_error_handler, GenerationError: generation_error_handler,
                             HTTPException: http_error_handler, Exception: unhandled_error_handler},
         lifespan=lifespan,

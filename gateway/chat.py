@@ -7,13 +7,14 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.completions import check_stream_options, usage
 from gateway.attribution import renderer
+from gateway.completions import check_stream_options, usage
 from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
-from gateway.params import check_prompt, generate_requests, new_id, stop_list
+from gateway.logs import ContentLog, response_id
+from gateway.params import check_prompt, generate_requests, stop_list
 from gateway.schemas import ChatCompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
@@ -39,7 +40,9 @@ async def create_chat_completion(request: Request) -> Response:
     # OpenAI's default is "until done": whatever the context leaves.
     max_tokens = body.max_completion_tokens or body.max_tokens or info.block_size - len(prompt)
     check_prompt(prompt, max_tokens, info, "messages")
-    chat_id = new_id("chatcmpl")
+    chat_id = response_id(request, "chatcmpl")
+    content = ContentLog(state.log_requests, chat_id)
+    content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
     reqs = generate_requests(body, [prompt], max_tokens, info, state.labels, chat_id)
     gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
                      renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
@@ -76,12 +79,13 @@ async def create_chat_completion(request: Request) -> Response:
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(len(prompt), gen.completion_tokens)}
 
-        return EventStreamResponse(chunks(), on_close=gen.close)
+        return EventStreamResponse(content.streamed(chunks()), on_close=gen.close)
 
     async def complete() -> Response:
         choices = [extras({"index": c.index, "message": {"role": "assistant", "content": c.text},
                            "logprobs": None, "finish_reason": c.finish_reason}, c.token_ids, c.attribution, True)
                    for c in await gen.collect()]
+        content.answered({c["index"]: c["message"]["content"] for c in choices})
         return JSONResponse({"id": chat_id, "object": "chat.completion", "created": created, "model": body.model,
                              "choices": choices, "usage": usage(len(prompt), gen.completion_tokens)})
 

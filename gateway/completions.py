@@ -12,8 +12,9 @@ from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
 from gateway.generation import Generation
 from gateway.http_utils import read_body, until_disconnect
-from gateway.params import check_prompt, generate_requests, new_id, stop_list
-from gateway.schemas import CompletionRequest
+from gateway.logs import ContentLog, response_id
+from gateway.params import check_prompt, generate_requests, stop_list
+from gateway.schemas import MAX_CHOICES, CompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
 from shared.tokenizer import get_tokenizer
@@ -50,9 +51,13 @@ async def create_completion(request: Request) -> Response:
         raise invalid("best_of must equal n: CDE does not rank candidates (no logprobs)", "best_of")
     tok = get_tokenizer(info.instruct)
     prompts = _prompts(body.prompt, tok)
+    if len(prompts) * body.n > MAX_CHOICES:
+        raise invalid(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} in one request", "n")
     for ids in prompts:
         check_prompt(ids, body.max_tokens, info, "prompt")
-    cmpl_id = new_id("cmpl")
+    cmpl_id = response_id(request, "cmpl")
+    content = ContentLog(state.log_requests, cmpl_id)
+    content.asked(prompt=body.prompt)
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
     gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
                      renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
@@ -90,12 +95,13 @@ async def create_completion(request: Request) -> Response:
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}
 
-        return EventStreamResponse(chunks(), on_close=gen.close)
+        return EventStreamResponse(content.streamed(chunks()), on_close=gen.close)
 
     async def complete() -> Response:
         results = await gen.collect()
         choices = [choice(c.index, (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text, c.token_ids,
                           c.finish_reason, c.attribution, True) for c in results]
+        content.answered({c["index"]: c["text"] for c in choices})
         return JSONResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
 
     try:

@@ -11,7 +11,7 @@ from gateway.errors import invalid
 from shared.attribution import ConceptLabels as AttributionLabels
 from shared.attribution import load_concept_labels
 
-_BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d+)$")
+_BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d{1,18})$")  # more digits: a label, not an id
 
 
 class ConceptLabels:

@@ -1,8 +1,10 @@
-"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`."""
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Messages and params are clipped: an error may quote what the client sent (an unknown field, a
+model name, a label), and a hostile client must not get its megabyte echoed back."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from pydantic import ValidationError
@@ -13,13 +15,20 @@ from starlette.responses import JSONResponse
 log = logging.getLogger("cde.gateway")
 
 _TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 512, 128
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
+        message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.code = status, message, code
+        self.param = None if param is None else clip(param, MAX_PARAM_CHARS)
         self.headers = headers or {}
 
     def body(self) -> dict:
@@ -49,7 +58,7 @@ _SCALARS = {"str", "int", "float", "bool", "none"}
 
 def from_validation_error(exc: ValidationError) -> ApiError:
     # Of a union's failed branches, the deepest error is the one that explains the mistake.
-    err = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    err = max(exc.errors(include_url=False, include_input=False), key=lambda e: len(e["loc"]))
     param = ".".join(str(p) for p in err["loc"] if not _is_type_tag(p)) or None
     if err["type"] == "extra_forbidden":
         return invalid(f"Unrecognized request argument supplied: {param}", param, "unsupported_parameter")
@@ -57,16 +66,6 @@ def from_validation_error(exc: ValidationError) -> ApiError:
         return invalid(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
     message = err["msg"].removeprefix("Value error, ")
     return invalid(f"Invalid value for '{param}': {message}" if param else message, param)
-
-
-def parse_json_body(raw: bytes, content_type: str) -> object:
-    if content_type.split(";")[0].strip().lower() != "application/json":
-        raise invalid(f"Unsupported content type {content_type or '(none)'!r}; send application/json",
-                      None, "unsupported_content_type")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from exc
 
 
 async def api_error_handler(request: Request, exc: ApiError) -> JSONResponse:

@@ -4,15 +4,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import from_validation_error, parse_json_body
+from gateway.errors import from_validation_error, invalid
 
 M = TypeVar("M", bound=BaseModel)
+
+# A JSON escape of a UTF-16 surrogate: the only way a lone surrogate (which no UTF-8 encoder,
+# tokenizer or JSON response can carry) gets into a parsed body.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json_body(raw: bytes, content_type: str) -> object:
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise invalid(f"Unsupported content type {content_type or '(none)'!r}; send application/json",
+                      None, "unsupported_content_type")
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise invalid("Malformed JSON body: nested too deeply", None, "invalid_json") from None
+    except ValueError as exc:  # bad syntax, bad UTF-8, an integer of more than 4300 digits
+        raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(data, [])
+    return data
+
+
+def _check_unicode(value, path: list) -> None:
+    strings = [value] if isinstance(value, str) else []
+    if isinstance(value, dict):
+        strings = list(value)
+        for k, v in value.items():
+            _check_unicode(v, [*path, k])
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, [*path, i])
+    for s in strings:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            param = ".".join(str(p) for p in path) or None
+            raise invalid("Invalid Unicode: a string holds a lone UTF-16 surrogate", param, "invalid_json") from None
 
 
 async def read_body(request: Request, schema: type[M]) -> M:
@@ -21,6 +59,8 @@ async def read_body(request: Request, schema: type[M]) -> M:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+    except RecursionError:  # nesting the JSON parser accepted but validation cannot follow
+        raise invalid("request body nested too deeply", None, "invalid_json") from None
 
 
 async def until_disconnect(request: Request, work) -> Response:

@@ -26,6 +26,10 @@ class Metrics:
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
         self.worker_rss = Gauge("cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r)
         ProcessCollector(registry=r)  # the gateway's own process_resident_memory_bytes, CPU, fds
+        self.worker_waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
+        self.worker_running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
+        self.worker_pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages in use", w, registry=r)
+        self.worker_pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages in all", w, registry=r)
         self.ttfb = Histogram("cde_time_to_first_block_seconds", "Request arrival to its first block",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.inter_block = Histogram("cde_inter_block_latency_seconds", "Between consecutive blocks of a request",
@@ -48,4 +52,8 @@ class Metrics:
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
             self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
+            self.worker_waiting.labels(link.name).set(hb.waiting if hb else 0)
+            self.worker_running.labels(link.name).set(hb.running if hb else 0)
+            self.worker_pages_used.labels(link.name).set(hb.pages_used if hb else 0)
+            self.worker_pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)
         return generate_latest(self.registry)

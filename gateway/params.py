@@ -4,16 +4,10 @@ rules, but answering here gives the client a 400 naming the field instead of a f
 
 from __future__ import annotations
 
-import uuid
-
 from gateway.concepts import ConceptLabels
 from gateway.errors import invalid
 from gateway.schemas import SamplingParams, SteeringParams
 from shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def stop_list(body: SamplingParams) -> list[str]:

@@ -7,13 +7,21 @@ asked for.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+T = TypeVar("T")
+# Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
+MAX_CHOICES = 64
+# Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
+INT_MAX = (1 << 31) - 1
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `0` is not `false` and `false` is not a token id. NaN and Infinity (which Python's
+    # json accepts, and `1e999` becomes) are never valid numbers.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def _reject(*fields: str, when=bool, hint: str = ""):
@@ -32,6 +40,45 @@ def _given(v) -> bool:
     return v is not None
 
 
+def documented_as(schema: dict) -> dict:
+    """Field kwargs replacing the field's /openapi.json schema by `schema`: what its validator
+    really enforces, so that schema-driven clients (and fuzzers) know it."""
+
+    def replace(s: dict) -> None:
+        s.clear()
+        s.update(schema)
+
+    return {"json_schema_extra": replace}
+
+
+def only(*values) -> dict:
+    """An OpenAI field CDE accepts only with its "off" values."""
+    return documented_as({"enum": list(values)})
+
+
+_STOP = {"type": "string", "minLength": 1}
+
+
+_NonEmpty = Annotated[list[T], Field(min_length=1)]
+_Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+def _prompt_shape(v) -> str:
+    """Which of the prompt forms `v` is meant to be, so that its errors name what is wrong with
+    that form (not why it is not one of the others)."""
+    if isinstance(v, str):
+        return "Text"
+    first = v[0] if isinstance(v, list) and v else None
+    return "Texts" if isinstance(first, str) else "TokenLists" if isinstance(first, list) else "Tokens"
+
+
+_Prompt = Annotated[
+    Annotated[str, Tag("Text")] | Annotated[_Batch[str], Tag("Texts")] | Annotated[_NonEmpty[int], Tag("Tokens")]
+    | Annotated[_Batch[_NonEmpty[int]], Tag("TokenLists")],
+    Discriminator(_prompt_shape),
+]
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
@@ -42,9 +89,9 @@ class SteeringParams(_Body):
     concepts: list[int | str] = Field(default_factory=list, description="known-concept ids, or labels")
     strength: float | None = None
     normalize: bool | None = None
-    inject_layer: int | None = Field(None, ge=0)
+    inject_layer: int | None = Field(None, ge=0, le=INT_MAX)
     schedule: Literal["fixed", "hard_cutoff"] | None = None
-    cutoff_tokens: int | None = Field(None, ge=0)
+    cutoff_tokens: int | None = Field(None, ge=0, le=INT_MAX)
     relu_logit_mask: dict[str, float] | None = Field(None, description="concept id (or label) -> strength")
     preset: Literal["amplify", "suppress"] | None = None
 
@@ -64,22 +111,24 @@ class FlashBlockParams(_Body):
 
 class SamplingParams(_Body):
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(None, **documented_as({"anyOf": [
+        _STOP, {"type": "array", "items": _STOP, "maxItems": 16}, {"type": "null"}]}))
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(0.0, **only(0, None))
+    frequency_penalty: float | None = Field(0.0, **only(0, None))
+    logit_bias: dict[str, float] | None = Field(None, **documented_as(
+        {"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]}))
     # CDE / vLLM extensions
-    top_k: int = Field(0, ge=-1, description="0 or -1: off")
+    top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
     tokens_per_step: int = Field(1, ge=1, le=64, description="tokens unmasked per denoising step")
     confidence_threshold: float | None = Field(None, gt=0.0, le=1.0)
     entropy_sampling: bool = False
@@ -105,12 +154,12 @@ class SamplingParams(_Body):
 
 
 class CompletionRequest(SamplingParams):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    prompt: _Prompt
+    max_tokens: int | None = Field(16, ge=1, le=INT_MAX)
     echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
-    logprobs: int | None = None
+    suffix: str | None = Field(None, **only(None, ""))
+    best_of: int | None = Field(None, ge=1, le=16)
+    logprobs: int | None = Field(None, **only(None))
 
     _no_suffix = _reject("suffix")
     _no_logprobs = _reject("logprobs", when=_given)
@@ -136,9 +185,9 @@ class ResponseFormat(_Body):
 
 class ChatCompletionRequest(SamplingParams):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)
+    logprobs: bool | None = Field(False, **only(False, None))
+    top_logprobs: int | None = Field(None, **only(None))
     response_format: ResponseFormat | None = None
 
     _no_logprobs = _reject("logprobs")

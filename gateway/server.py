@@ -77,8 +77,10 @@ def serve_http(app, host: str, port: int, *, banner: str, shutdown_timeout: floa
     """Blocks until a signal has drained the server; the caller's cleanup (stopping workers) runs
     afterwards. Returns 1 if startup failed or was interrupted."""
     gate = DrainGate(app)
+    # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
+    # writes its own access log line (with the request id).
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=STRAGGLER_GRACE_S)
+                            timeout_graceful_shutdown=STRAGGLER_GRACE_S, log_config=None, access_log=False)
     server = DrainingServer(config, gate)
 
     async def main() -> int:

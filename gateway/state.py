@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.concepts import ConceptLabels
 from gateway.errors import ApiError
@@ -19,6 +18,8 @@ class ServerState:
     api_key: str | None = None
     labels: ConceptLabels = field(default_factory=ConceptLabels)
     metrics: Metrics = field(default_factory=Metrics)
+    max_model_len: int | None = None  # cap on prompt + generated tokens, below the model's own
+    log_requests: bool = False  # prompts and generated text in the logs
 
     @property
     def model_name(self) -> str | None:
@@ -26,16 +27,19 @@ class ServerState:
         return self.served_model_name or (info.model if info else None)
 
     def model_info(self, requested: str) -> Heartbeat:
-        """The live model's limits, after checking the request names it."""
-        info = self.router.info
-        if info is None:
-            raise ApiError(503, "no worker is available", code="no_worker")
+        """The live model's limits (its context capped by `max_model_len`), after checking the
+        request names it."""
+        info = self.live_info
         if requested != self.model_name:
             raise ApiError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
         return info
 
-    def authorized(self, header: str | None) -> bool:
-        if self.api_key is None:
-            return True
-        scheme, _, token = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+    @property
+    def live_info(self) -> Heartbeat:
+        info = self.router.info
+        if info is None:
+            raise ApiError(503, "no worker is available", code="no_worker")
+        if self.max_model_len is not None and self.max_model_len < info.block_size:
+            info = replace(info, block_size=self.max_model_len)
+        return info
+

@@ -13,7 +13,7 @@ import tomllib
 
 import yaml
 
-from gateway.app import PUBLIC_PATHS
+from gateway.middleware import PUBLIC_PATHS
 from gateway.metrics import Metrics
 from tests.api_server import REPO
 

@@ -1,5 +1,7 @@
 """msgpack framing of the protocol messages."""
 
+import pickle
+
 import msgpack
 import pytest
 
@@ -53,3 +55,35 @@ def test_bad_frames_raise_wire_error(frame):
 def test_only_protocol_messages_encode():
     with pytest.raises(WireError):
         encode({"type": "GenerateRequest"})
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+@pytest.mark.parametrize("frame", [
+    pickle.dumps(Evil()),  # pickle is never a message
+    pickle.dumps({"type": "AbortRequest", "request_id": "a"}),
+    msgpack.packb({"type": "AbortRequest", "request_id": msgpack.ExtType(1, b"x")}),  # extension types
+    msgpack.packb({"type": "AbortRequest", "request_id": 7}),  # wrong scalar type
+    msgpack.packb({"type": "Ping", "sent_at": "now"}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": "abc"}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": [1, "2"]}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": [1], "max_tokens": True}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": [1], "steering": [1, 2]}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": [1],
+                   "steering": {"concepts": [1], "evil": 1}}),
+    msgpack.packb({"type": "GenerateRequest", "request_id": "r", "prompt_ids": [1],
+                   "steering": {"concepts": [1], "relu_logit_mask": {"x": 1.0}}}),
+    msgpack.packb({"type": "BlockResult", "request_id": "r", "token_ids": [1], "attribution": [1]}),
+])
+def test_only_typed_messages_decode(frame):
+    with pytest.raises(WireError):
+        decode(frame)
+
+
+def test_ints_stand_for_floats_but_not_the_reverse():
+    assert decode(msgpack.packb({"type": "Ping", "sent_at": 3})) == Ping(3.0)
+    with pytest.raises(WireError):
+        decode(msgpack.packb({"type": "ConceptQuery", "query_id": "q", "concept_id": 1.5}))

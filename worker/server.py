@@ -102,8 +102,11 @@ class WorkerServer:
             try:
                 self.engine.add_request(msg)
             except ValueError as exc:
+                log.warning("request refused", extra={"request_id": msg.request_id, "error": str(exc)})
                 self._send(peer, BlockResult(msg.request_id, [], True, "error", error=str(exc)))
                 return
+            log.info("request admitted", extra={"request_id": msg.request_id, "prompt_tokens": len(msg.prompt_ids),
+                                                "max_tokens": msg.max_tokens})
             self.owner[msg.request_id] = peer
         elif isinstance(msg, AbortRequest):
             self.engine.abort(msg.request_id)
@@ -132,6 +135,7 @@ class WorkerServer:
             peer = self.owner.get(res.request_id)
             if isinstance(res, BlockResult) and res.finished:
                 self.owner.pop(res.request_id, None)
+                log.info("request finished", extra={"request_id": res.request_id, "finish_reason": res.finish_reason})
             if peer is not None:
                 self._send(peer, res)
 

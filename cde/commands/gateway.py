@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
+
+from shared.logs import setup_logging
 
 
 def add_http_arguments(p) -> None:
@@ -17,7 +18,10 @@ def add_http_arguments(p) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
     p.add_argument("--concept-labels", metavar="PATH",
                    help="concept labels parquet/CSV (default: concept_labels.* in the model directory)")
-    p.add_argument("--log-level", default="warning", help="uvicorn and gateway log level")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)")
+    p.add_argument("--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)")
+    p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
+    p.add_argument("--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)")
 
 
 def add_arguments(p) -> None:
@@ -44,7 +48,8 @@ def build_state(args, endpoints, processes=None, model_dir=None, **router_option
 
     router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue,
                     **router_options)
-    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels))
+    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels),
+                       max_model_len=args.max_model_len, log_requests=args.log_requests)
 
 
 def run(args) -> int:
@@ -63,8 +68,8 @@ def run(args) -> int:
     except CurveKeyError as exc:
         raise SystemExit(f"cde gateway: {exc}") from None
     discovery = DnsDiscovery(args.worker_dns, args.dns_interval) if args.worker_dns else None
-    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    setup_logging("gateway", args.log_level)
     state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
-    app = create_app(state, wait_for_workers=args.wait)
+    app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes)
     return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

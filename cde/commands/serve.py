@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -13,6 +12,7 @@ import time
 
 from cde.commands.gateway import add_http_arguments, build_state
 from cde.commands.worker import add_flashblock_arguments, flashblock_default, flashblock_flags
+from shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
@@ -81,7 +81,7 @@ def run(args) -> int:
     from gateway.app import create_app
     from gateway.server import serve_http
 
-    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    setup_logging("gateway", args.log_level)
     if args.model is None:
         from worker.checkpoint import demo_model_dir
 
@@ -93,7 +93,7 @@ def run(args) -> int:
     endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
     try:
         state = build_state(args, endpoints, procs, model_dir=args.model)
-        app = create_app(state, wait_for_workers=args.startup_timeout)
+        app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes)
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         return serve_http(app, args.host, args.port, banner=f"CDE serving {args.model} ({where}) at {{url}}/v1",
                           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

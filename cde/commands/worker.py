@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+
+from shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
@@ -59,7 +60,7 @@ def run(args) -> int:
         curve = CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
-    logging.basicConfig(level=os.environ.get("CDE_LOG_LEVEL", "INFO"), format=f"[worker {os.getpid()}] %(levelname)s %(message)s")
+    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype,
                                max_running=args.max_running, flashblock=flashblock_default(args)))
     run_worker(engine, args.bind, args.served_model_name, args.parent_pid, curve)
