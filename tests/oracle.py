@@ -88,8 +88,7 @@ def write_with_official_classes(cde_preset, out: str | Path, seed: int) -> Path:
     raw = cde_preset.to_published_dict()
     model_cfg, concept_cfg = official_configs(raw)
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = InterpretableCausalDiffusionLM(model_cfg, concept_cfg, raw["vocab_size"])
+    model = InterpretableCausalDiffusionLM(model_cfg, concept_cfg, raw["vocab_size"])
     with torch.no_grad():
         # The official init (std 0.02) leaves token logits almost flat; sharpen the output
         # embedding and the concept predictors so decisions are not made by float rounding.
