@@ -113,6 +113,32 @@ def test_top_k_and_rows_are_independent():
     assert torch.allclose(alone, lp[2:])
 
 
+def test_compact_sampling_equals_static_shapes():
+    """The CPU samples only the slots that commit; the GPU path samples every slot with static
+    shapes. Counter-based noise makes both pick the same tokens."""
+    from worker.sampler import SamplingBatch, select_and_sample
+
+    g = torch.Generator().manual_seed(3)
+    s, v = 3, 500
+    grid = torch.full((s, 64), -1)
+    rows = 0
+    for i, n in enumerate((10, 64, 5)):
+        grid[i, :n] = torch.arange(rows, rows + n)
+        rows += n
+    logits = torch.randn(rows, v, generator=g) * 3
+    sb = SamplingBatch(
+        grid=grid, row_item=torch.tensor([i for i, n in enumerate((10, 64, 5)) for _ in range(n)]),
+        n_select=torch.tensor([2, 1, 3]), threshold=torch.tensor([2.0, 0.05, 2.0]),
+        temperature=torch.tensor([0.9, 1.2, 0.0]), top_p=torch.tensor([0.95, 1.0, 1.0]), top_k=torch.tensor([0, 7, 0]),
+        entropy=torch.tensor([False, False, False]), seed=torch.tensor([11, 12, 13]), step=torch.tensor([4, 9, 1]),
+        banned=torch.tensor([0]), max_select=64, any_sampling=True)
+    compact = select_and_sample(logits.clone(), sb, compact=True)
+    static = select_and_sample(logits.clone(), sb, compact=False)
+    valid = compact[2]
+    assert torch.equal(valid, static[2]) and valid.sum() > 4
+    assert torch.equal(compact[1][valid], static[1][valid])
+
+
 # ---- the engine ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tiny_dir):

@@ -107,27 +107,34 @@ def counter_uniform(seed: torch.Tensor, stream: torch.Tensor, vocab: int) -> tor
     return ((h >> 8).to(torch.float64) + 0.5) / float(1 << 24)
 
 
-def sample_rows(rows: torch.Tensor, sb: SamplingBatch, positions: torch.Tensor) -> torch.Tensor:
-    """rows [S, K, V] adjusted logits at the selected positions -> sampled tokens [S, K]."""
-    s, k, v = rows.shape
-    flat = rows.reshape(s * k, v)
-    rep = lambda t: t[:, None].expand(s, k).reshape(-1)  # noqa: E731 - per-row broadcast
-    top_p, top_k, ent = rep(sb.top_p), rep(sb.top_k), rep(sb.entropy)
-    temp = torch.where(ent, entropy_temperature(flat, top_p), rep(sb.temperature).clamp(min=1e-6))
-    logp = filtered_log_probs(flat, temp, top_p, top_k)
-    stream = rep(sb.step) * 64 + positions.reshape(-1)
-    gumbel = -torch.log(-torch.log(counter_uniform(rep(sb.seed), stream, v)))
-    return (logp.double() + gumbel).argmax(-1).reshape(s, k)
+def sample_rows(rows: torch.Tensor, item: torch.Tensor, positions: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    """rows [M, V] adjusted logits of selected positions, `item` [M] their step item and
+    `positions` [M] their block position -> sampled tokens [M]."""
+    top_p, top_k, ent = sb.top_p[item], sb.top_k[item], sb.entropy[item]
+    temp = torch.where(ent, entropy_temperature(rows, top_p), sb.temperature[item].clamp(min=1e-6))
+    logp = filtered_log_probs(rows, temp, top_p, top_k)
+    stream = sb.step[item] * 64 + positions
+    gumbel = -torch.log(-torch.log(counter_uniform(sb.seed[item], stream, rows.shape[-1])))
+    return (logp.double() + gumbel).argmax(-1)
 
 
-def select_and_sample(logits: torch.Tensor, sb: SamplingBatch):
-    """logits [R, V] of the eligible rows -> (positions [S, K], tokens [S, K], valid [S, K])."""
+def select_and_sample(logits: torch.Tensor, sb: SamplingBatch, compact: bool | None = None):
+    """logits [R, V] of the eligible rows -> (positions [S, K], tokens [S, K], valid [S, K]).
+    `compact` (default: on the CPU) samples only the slots that commit."""
     adjusted = adjust_logits(logits, sb)
     positions, valid = select_positions(adjusted, sb)
     rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)]  # [S, K, V]
     tokens = rows.argmax(-1)
     if sb.any_sampling:
-        sampled = sample_rows(rows, sb, positions)
+        s, k = positions.shape
+        item = torch.arange(s, device=rows.device)[:, None].expand(s, k)
         is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
-        tokens = torch.where(is_greedy[:, None], tokens, sampled)
+        if rows.device.type == "cpu" if compact is None else compact:
+            # On the CPU a sync costs nothing: sample only the selected slots that commit (with
+            # a confidence threshold K is 64, and sorting 64 vocabularies per step dominated).
+            picked = (valid & ~is_greedy[:, None]).nonzero(as_tuple=True)
+            tokens[picked] = sample_rows(rows[picked], item[picked], positions[picked], sb)
+        else:  # static shapes, no sync: every slot is sampled, the greedy rows keep argmax
+            sampled = sample_rows(rows.reshape(s * k, -1), item.reshape(-1), positions.reshape(-1), sb).view(s, k)
+            tokens = torch.where(is_greedy[:, None], tokens, sampled)
     return positions, tokens, valid
