@@ -35,7 +35,7 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[to
     (GQA: query heads grouped onto their KV head without repeating K/V). Returns the output
     [..., H, T, D] in q's dtype and the lse [..., H, T] in fp32; S = 0 gives 0 and -inf."""
     *lead, h, t, d = q.shape
-    kvh, s = k.shape[-3], k.shape[-2]
+    kvh = k.shape[-3]
     qg = q.float().reshape(*lead, kvh, (h // kvh) * t, d)
     scores = qg @ k.float().transpose(-1, -2) * d**-0.5  # [..., KVH, G*T, S]
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)

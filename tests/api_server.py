@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from cde.commands.load_client import metric_samples
+
 REPO = Path(__file__).resolve().parents[1]
 _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v1")
 
@@ -59,16 +61,7 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         """Samples by `name{labels}`, and each name's sum over its labels by plain `name`."""
-        out: dict[str, float] = {}
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-            name = key.split("{", 1)[0]
-            if name != key:
-                out[name] = out.get(name, 0.0) + float(value)
-        return out
+        return metric_samples(httpx.get(self.url + "/metrics", timeout=10).text)
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

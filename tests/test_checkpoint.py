@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from shared.config import ConfigError, ModelConfig, preset
+from shared.config import ConfigError, preset
 from worker.checkpoint import (
     TIED, CheckpointError, load_checkpoint, make_model, random_model, save_checkpoint,
 )

@@ -16,6 +16,7 @@ from worker.cuda_graphs import GraphedForward
 from worker.model import SteerlingModel, rope_tables
 from worker.sampler import select_and_sample
 from worker.scheduler import Batch, Item
+from worker.sequence import Sequence
 from worker.staging import Staging
 from worker.step_inputs import StepInputBuilder
 from worker.steering import SteeringState, alpha_now, prepare_steering

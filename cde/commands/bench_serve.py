@@ -16,7 +16,7 @@ import time
 import httpx
 import numpy as np
 
-from cde.commands.load_client import Outcome, send
+from cde.commands.load_client import Outcome, send, write_json
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but "
          "they which one you were all we can her has there been if more when will would who so no").split()
@@ -150,7 +150,5 @@ async def bench(args) -> dict:
 def run(args) -> int:
     summary = asyncio.run(bench(args))
     print_report(summary)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    write_json(summary, args.json)
     return 0 if summary["successful_requests"] else 1

@@ -138,3 +138,23 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, *, headers: dict
         if missing:
             out.fail("broken", "no_finish_reason", f"choices {missing} have no finish_reason")
     return out
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """A Prometheus exposition as samples by `name{labels}`, plus each name's sum over its
+    labels under the plain `name`."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+            name = key.split("{", 1)[0]
+            if name != key:
+                out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def write_json(obj, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)

@@ -10,14 +10,13 @@ memory (from /metrics, read from /proc by each process) flat from start to end."
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 
 import httpx
 
 from cde.commands.bench_serve import api_base, auth_headers, first_model
-from cde.commands.load_client import send
+from cde.commands.load_client import metric_samples, send, write_json
 from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 IDLE_GAUGES = ("cde_num_requests_running", "cde_num_requests_waiting", "cde_kv_pages_used",
@@ -42,16 +41,7 @@ def add_arguments(p) -> None:
 
 
 async def read_metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """Samples by `name{labels}`, and each name's sum over its labels by plain `name`."""
-    out: dict[str, float] = {}
-    for line in (await client.get(url + "/metrics")).text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-            name = key.split("{", 1)[0]
-            if name != key:
-                out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return metric_samples((await client.get(url + "/metrics")).text)
 
 
 def resident_mb(m: dict[str, float]) -> dict[str, float]:
@@ -176,7 +166,5 @@ def print_report(r: dict) -> None:
 def run(args) -> int:
     report = asyncio.run(soak(args))
     print_report(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     return 0 if report["passed"] else 1
