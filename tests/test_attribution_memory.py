@@ -1,7 +1,7 @@
 """Attribution at Steerling-8B shapes never builds a tensor over all 101,196 discovered concepts:
 every tensor an op produces is recorded (meta device, so nothing is allocated) and the
-discovered head's per-position intermediates stay within positions x concept_block_size (one
-streamed block of logits) and positions x top-k x rank (the selected concepts' rank-r rows)."""
+discovered head's per-position intermediates stay within positions x GROUP_LOGITS (a group of
+streamed concept blocks, no more than the reference's own positions x top-k x rank second pass)."""
 
 import torch
 
@@ -37,12 +37,12 @@ def test_unknown_head_intermediates_bounded_by_positions_x_block():
         idx, _ = attribution.unknown_topk(model, cfg, hidden)
         attribution.unknown_alignment(model, idx, model.transformer.lm_head.weight[tokens].float())
     assert idx.shape == (P, cfg.unknown_topk)
-    # Per position: one block of logits while streaming, then the k selected concepts' rank-r
-    # rows (the reference's own [P, k, r] second pass); never [P, n_unknown] or [P, k, D].
+    # Per position: a group of streamed logit blocks, then the k selected concepts' rank-r rows
+    # (the reference's own [P, k, r] second pass); never [P, n_unknown] or [P, k, D].
     per_position = [s for _, s in log.shapes if s and s[0] == P]
-    bound = P * max(cfg.concept_block_size, cfg.unknown_topk * cfg.factorize_rank)
-    assert max(torch.Size(s).numel() for s in per_position) <= bound
-    assert max(torch.Size(s).numel() for s in per_position if len(s) == 2) <= P * cfg.concept_block_size
-    # The rest are slices of the weights, one concept block at a time.
+    group = attribution.GROUP_LOGITS
+    assert group <= cfg.unknown_topk * cfg.factorize_rank < cfg.n_unknown_concepts
+    assert max(torch.Size(s).numel() for s in per_position) <= P * group
+    # The rest are slices of the weights, one group of concept blocks at a time.
     others = [s for _, s in log.shapes if not s or s[0] != P]
-    assert max(torch.Size(s).numel() for s in others) <= cfg.concept_block_size * cfg.factorize_rank
+    assert max(torch.Size(s).numel() for s in others) <= group * cfg.factorize_rank

@@ -2,9 +2,11 @@
 sequential merge) selects exactly what chunk-by-chunk streaming selects, ties included: the
 small random model saturates its discovered-concept logits at the clamp, so ties are common."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from worker import attribution
 from worker.attribution import LOGIT_CLAMP, streaming_topk
 from worker.checkpoint import load_checkpoint
 
@@ -26,7 +28,11 @@ def chunk_by_chunk(x, weight, n, k, block, by_sigmoid):
     return top_i
 
 
-def test_batched_chunk_topk_equals_chunk_by_chunk(small_dir):
+@pytest.mark.parametrize("group,rows", [(attribution.GROUP_LOGITS, attribution.MAX_ROWS), (1000, 5)])
+def test_batched_chunk_topk_equals_chunk_by_chunk(small_dir, monkeypatch, group, rows):
+    # small groups and row passes: several groups per head and several passes per call
+    monkeypatch.setattr(attribution, "GROUP_LOGITS", group)
+    monkeypatch.setattr(attribution, "MAX_ROWS", rows)
     cfg, model = load_checkpoint(str(small_dir), dtype=torch.float32, device="cpu")
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(37, cfg.n_embd, generator=g)

@@ -10,8 +10,9 @@ host in the same copy as the chosen tokens.
 
 Top-k selection replays the reference's streaming merge chunk by chunk (same chunk boundaries,
 same candidate order), so ties and near-ties resolve the same way: saturated logits (clamped at
-+-15) tie often. The per-chunk top-ks are taken in one batched call over all chunks of a few
-rows at a time (at most FUSED_ELEMENTS logits alive); only the small merges stay sequential.
++-15) tie often. The chunks' own top-ks are taken in batched calls, GROUP_LOGITS concepts at a
+time (eight 4096-concept chunks on the 8B); only the small merges stay sequential. The discovered
+head never has more than `positions x GROUP_LOGITS` logits alive, never all 101,196.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from shared.config import ModelConfig
 LOGIT_CLAMP = 15.0
 
 
-FUSED_ELEMENTS = 1 << 26  # logits alive at once (256 MB of float32)
+GROUP_LOGITS = 1 << 15  # concept logits alive per position at once (the reference's own [k, r] second pass)
+MAX_ROWS = 2048  # positions per pass: at most 256 MB of float32 logits alive
 
 
 def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block: int, by_sigmoid: bool):
@@ -32,33 +34,40 @@ def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block:
     reference. x is the (possibly compressed) hidden state [P, d]; the weight's dtype follows x.
     Returns indices [P, k] and the logits recomputed for them (clamped), like the reference's
     second pass."""
-    step = max(1, FUSED_ELEMENTS // n)
-    top_i = torch.cat([_merged_chunk_topk(x[r : r + step], weight, n, min(k, n), block, by_sigmoid)
-                       for r in range(0, x.shape[0], step)])
+    k = min(k, n)
+    top_i = torch.cat([_merged_topk(x[r : r + MAX_ROWS], weight, n, k, block, by_sigmoid)
+                       for r in range(0, x.shape[0], MAX_ROWS)])
     picked = F.embedding(top_i, weight)  # [P, k, d]
     logits = torch.einsum("bd,bkd->bk", x.float(), picked.float()).clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
     return top_i, logits
 
 
-def _merged_chunk_topk(x, weight, n: int, k: int, block: int, by_sigmoid: bool) -> torch.Tensor:
-    logits = F.linear(x, weight[:n].to(x.dtype)).float().clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
-    scores = torch.sigmoid(logits) if by_sigmoid else logits
-    chunks = -(-n // block)
-    scores = F.pad(scores, (0, chunks * block - n), value=float("-inf")).view(x.shape[0], chunks, block)
-    chunk_v, chunk_i = scores.topk(min(k, block), dim=2)  # every chunk's top-k in one call
-    chunk_i = chunk_i + torch.arange(0, chunks * block, block, device=x.device)[None, :, None]
-    # The last chunk may be shorter than k: its padding is -inf at index 0, as in the reference.
-    chunk_i = torch.where(torch.isneginf(chunk_v), 0, chunk_i)
-    if chunk_v.shape[2] < k:
-        chunk_v = F.pad(chunk_v, (0, k - chunk_v.shape[2]), value=float("-inf"))
-        chunk_i = F.pad(chunk_i, (0, k - chunk_i.shape[2]))
+def _merged_topk(x, weight, n: int, k: int, block: int, by_sigmoid: bool) -> torch.Tensor:
     top_v = torch.full((x.shape[0], k), float("-inf"), device=x.device)
     top_i = torch.zeros((x.shape[0], k), dtype=torch.long, device=x.device)
-    for c in range(chunks):
-        # The reference merges the running top-k with the chunk's by one top-k over both.
-        top_v, sel = torch.cat([top_v, chunk_v[:, c]], 1).topk(k, dim=1)
-        top_i = torch.cat([top_i, chunk_i[:, c]], 1).gather(1, sel)
+    span = max(1, GROUP_LOGITS // block) * block
+    for start in range(0, n, span):
+        chunk_v, chunk_i = _chunk_topks(x, weight[start : min(start + span, n)], start, k, block, by_sigmoid)
+        for c in range(chunk_v.shape[1]):
+            # The reference merges the running top-k with the chunk's by one top-k over both.
+            top_v, sel = torch.cat([top_v, chunk_v[:, c]], 1).topk(k, dim=1)
+            top_i = torch.cat([top_i, chunk_i[:, c]], 1).gather(1, sel)
     return top_i
+
+
+def _chunk_topks(x, weight, offset: int, k: int, block: int, by_sigmoid: bool):
+    """The top-k of every `block`-concept chunk of `weight` in one call: [P, chunks, k] scores
+    and concept ids. A chunk shorter than k is padded with -inf at id 0, as in the reference."""
+    logits = F.linear(x, weight.to(x.dtype)).float().clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
+    scores = torch.sigmoid(logits) if by_sigmoid else logits
+    chunks = -(-weight.shape[0] // block)
+    scores = F.pad(scores, (0, chunks * block - weight.shape[0]), value=float("-inf")).view(x.shape[0], chunks, block)
+    v, i = scores.topk(min(k, block), dim=2)
+    i = i + offset + torch.arange(0, chunks * block, block, device=x.device)[None, :, None]
+    i = torch.where(torch.isneginf(v), 0, i)
+    if v.shape[2] < k:
+        v, i = F.pad(v, (0, k - v.shape[2]), value=float("-inf")), F.pad(i, (0, k - i.shape[2]))
+    return v, i
 
 
 def known_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
