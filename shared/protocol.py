@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes
 
 
 @dataclass

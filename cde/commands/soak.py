@@ -86,6 +86,12 @@ async def soak(args) -> dict:
                      for s, r in zip(pool, refs) if r.status != "ok"]
         invalid = invalid_spec(model)
 
+        # Warm-up: the pool once at full concurrency, so the resident-memory baseline is taken
+        # after the workers have run batches as large as the soak's (first-time allocations of
+        # bigger batches are not growth), and after a fresh heartbeat has reported it.
+        for at in range(0, len(pool), args.concurrency):
+            await asyncio.gather(*(send(client, base + s.path, s.body) for s in pool[at : at + args.concurrency]))
+        await asyncio.sleep(1.0)
         start = await read_metrics(client, root)
         peak = resident_mb(start)
         records = []
