@@ -163,7 +163,7 @@ def test_bfloat16_8b_logits_match_official_forward(tmp_path):
     engine = Engine(EngineArgs(str(model_dir), device="cuda", dtype="bfloat16", max_running=2))
     captured = []
     inner = engine.runner._logits
-    engine.runner._logits = lambda hidden, rows: captured.append(inner(hidden, rows)) or captured[-1]
+    engine.runner._logits = lambda hidden, rows: captured.append(inner(hidden, rows).clone()) or captured[-1]
     prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
     engine.add_request(GenerateRequest("r", prompt, max_tokens=64))
     engine.step()  # prefill of block 0 and the first step of block 1, in one pass
