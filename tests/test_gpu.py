@@ -148,32 +148,40 @@ def test_flashblock_float32_split_and_mixed_batch_exact_on_gpu(small_dir):
     assert {k[1:]: v for k, v in mixed.items() if k.startswith("x")} == exact
 
 
-@pytest.mark.xfail(strict=True, reason="measured 2.21e-2 on the H200 on 2026-11-29, above the issue's 2e-2; "
-                   "the cause (our kernels vs the official bf16 composition of concept features) is not isolated yet")
-def test_bfloat16_8b_logits_match_official_forward(tmp_path):
-    """Issue 5 criterion 4: on the 8b shape in bfloat16, the engine's logits for an active
-    block (its cached context written by prefill) against the official model's full forward.
+@pytest.fixture(scope="module")
+def logits_8b(tmp_path_factory):
+    """The 8b shape: CDE's bfloat16 logits for an active block (context written by prefill), the
+    official full forward's in bfloat16, and the official float32 forward's (the exact result).
     $CDE_8B_DIR: a random 8b bf16 checkpoint already written (scripts/gpu_run.sh shares one)."""
+    import gc
     import os
 
-    from tests.oracle import official_model
+    from tests.test_bf16_logits import engine_logits, official_logits
     from worker.checkpoint import make_model
 
-    model_dir = os.environ.get("CDE_8B_DIR") or make_model("8b", tmp_path / "m8b", dtype="bfloat16", device="cuda")
-    engine = Engine(EngineArgs(str(model_dir), device="cuda", dtype="bfloat16", max_running=2))
-    captured = []
-    inner = engine.runner._logits
-    engine.runner._logits = lambda hidden, rows: captured.append(inner(hidden, rows).clone()) or captured[-1]
+    model_dir = os.environ.get("CDE_8B_DIR") or make_model("8b", tmp_path_factory.mktemp("m8b"), dtype="bfloat16",
+                                                           device="cuda")
     prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
-    engine.add_request(GenerateRequest("r", prompt, max_tokens=64))
-    engine.step()  # prefill of block 0 and the first step of block 1, in one pass
-    ours = captured[0].float()
-    del engine
-    torch.cuda.empty_cache()
-    official, _ = official_model(model_dir, device="cuda", dtype=torch.bfloat16)
-    with torch.inference_mode():
-        ids = torch.tensor([prompt + [100280] * 64], device="cuda")
-        ref = official(ids, minimal_output=True)[0][0, 64:].float()
-    err = ((ours - ref).norm() / ref.norm()).item()
-    print(f"8b bf16 active-block logits vs official forward: relative error {err:.2e}")
-    assert ours.shape == ref.shape and err < 2e-2
+    out = {}
+    for name, fn, dtype in (("ours", engine_logits, "bfloat16"), ("official", official_logits, torch.bfloat16),
+                            ("exact", official_logits, torch.float32)):
+        out[name] = fn(model_dir, dtype, prompt, device="cuda")
+        gc.collect()
+        torch.cuda.empty_cache()
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    print(f"8b bf16 logits: CDE vs official {rel(out['ours'], out['official']):.2e}; vs float32: "
+          f"CDE {rel(out['ours'], out['exact']):.2e}, official {rel(out['official'], out['exact']):.2e}")
+    return out, rel
+
+
+@pytest.mark.xfail(strict=True, reason="measured 2.21e-2 on the H200 on 2026-11-29, above the issue's 2e-2; "
+                   "see the float32 comparison below for which side the gap comes from")
+def test_bfloat16_8b_logits_match_official_forward(logits_8b):
+    """Issue 5 criterion 4: within 2e-2 of the official model's full forward."""
+    out, rel = logits_8b
+    assert out["ours"].shape == out["official"].shape and rel(out["ours"], out["official"]) < 2e-2
+
+
+def test_bfloat16_8b_logits_as_close_to_exact_as_official(logits_8b):
+    out, rel = logits_8b
+    assert rel(out["ours"], out["exact"]) <= 1.1 * rel(out["official"], out["exact"])
