@@ -18,7 +18,7 @@ from worker.sampler import select_and_sample
 from worker.scheduler import Batch, Item
 from worker.sequence import Sequence
 from worker.staging import Staging
-from worker.step_inputs import StepInputBuilder
+from worker.step_inputs import StepInputBuilder, eligible_rows
 from worker.steering import SteeringState, alpha_now, prepare_steering
 
 ATTRIBUTION_BUCKETS = (8, 32, 128, 512, 2048, 8192)
@@ -136,7 +136,7 @@ class ModelRunner:
     def _measure_deviation(self, logits, reference, items: list[Item], steps: list[int]) -> None:
         """KL(exact || reused) of the next-token distribution at every eligible position of the
         items that reused FlashBlock's cache this step (bench only: costs a second forward)."""
-        owner = [n for n, i in enumerate(steps) for ok in items[i].seq.eligible() if ok]
+        _, _, owner = eligible_rows(steps, [items[i].seq for i in steps])
         reused = [r for r, n in enumerate(owner) if items[steps[n]].attention == ATTN_REUSE]
         idx = torch.tensor(reused, device=self.device)
         p_log = torch.log_softmax(reference[idx].float(), -1)
@@ -192,7 +192,7 @@ class ModelRunner:
             rows, tok, target = (F.pad(t, (0, size - n)) for t in (rows, tok, target))
             torch.compiler.cudagraph_mark_step_begin()
         h = hidden.reshape(-1, self.cfg.n_embd)[rows]
-        return self._attribute_fn(self.model, self.cfg, h, tok, target)[:n].clone()
+        return self._attribute_fn(self.model, self.cfg, h, tok, target)[:n]  # read before the next replay
 
     def _records(self, batch, steps, attributed, host, rows) -> list[list[dict] | None]:
         """Per step item: the wire records of the tokens it committed (None: not asked)."""

@@ -16,7 +16,6 @@ from worker.staging import Staging
 @dataclass
 class StepInputs:
     rows: torch.Tensor  # [R] rows of the flattened hidden states that get logits
-    items: torch.Tensor  # [S] the step items' index in the pass
     slots: torch.Tensor  # [S] their request slots
     sampling: SamplingBatch
 
@@ -48,8 +47,8 @@ class StepInputBuilder:
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)
-        (rows_t, items, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
-            rows, steps, [s.slot for s in seqs], grid, row_item, [r.tokens_per_step for r in reqs],
+        (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
+            rows, [s.slot for s in seqs], grid, row_item, [r.tokens_per_step for r in reqs],
             [r.top_k for r in reqs], [int(r.entropy_sampling) for r in reqs], [r.seed & 0xFFFFFFFF for r in reqs],
             [s.step for s in seqs])
         threshold, temperature, top_p, rep_t = self.floats.stage(
@@ -74,4 +73,4 @@ class StepInputBuilder:
             relu_mask=(torch.stack([m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32)
                                     for m in relu_masks]) if any_relu else None),
         )
-        return StepInputs(rows_t, items, slots, sampling)
+        return StepInputs(rows_t, slots, sampling)
