@@ -22,11 +22,11 @@ for STAGE in $STAGES; do
     python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
       --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
-    python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len 896,1920,3968 --max-tokens 128 \
+    python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;
   long)  # FlashBlock on a long-context config (the 8b shape with 4 layers and a 128k context)
     python3 -m cde bench engine --preset 8b --set n_layers=4 --set block_size=131072 --concurrency 1,8 \
-      --prompt-len 16256,65408,130944 --max-tokens 128 --flashblock-tau 2 --flashblock-max-reuse 4,16,63 \
+      --prompt-len ${LONG_PROMPTS:-16256,65408,130944} --max-tokens 128 --flashblock-tau 2 --flashblock-max-reuse 4,16,63 \
       --json "$OUT/fb_long.json" 2>&1 | tee "$OUT/fb_long.log" ;;
   compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost, the official generator
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \

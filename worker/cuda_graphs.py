@@ -101,6 +101,16 @@ class GraphedForward:
         with torch.cuda.graph(b.graph, pool=self.pool):
             b.out = self._run(b)
 
+    def capture_all(self, split_caches=None) -> None:
+        """Capture every bucket of one family now (the FlashBlock one when `split_caches` is
+        given), so no request ever waits for a compile or a capture."""
+        self.split_caches = split_caches
+        for size in BUCKETS:
+            key = (size, split_caches is not None)
+            if key not in self.buckets:
+                self.buckets[key] = self._new_bucket(size, split_caches is not None)
+                self._capture(self.buckets[key])
+
     def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None,
                  split_caches=None) -> torch.Tensor:
         """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].

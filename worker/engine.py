@@ -29,6 +29,7 @@ class EngineArgs:
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
+    warmup: bool = True  # CUDA: capture every graph bucket at startup, not on first use
 
 
 def resolve_device(device: str) -> str:
@@ -47,6 +48,8 @@ class Engine:
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs)
+        if args.warmup:
+            self.runner.warmup(flashblock=args.flashblock is not None)
         self.forward_passes = 0
 
     # ---- requests ---------------------------------------------------------------------------

@@ -72,6 +72,25 @@ class ModelRunner:
         if seq.req.flashblock and self.flashblock_cache is None:
             self._allocate_flashblock_cache()
 
+    @torch.inference_mode()
+    def warmup(self, flashblock: bool) -> None:
+        """CUDA: compile and capture every forward bucket (and FlashBlock's family when the
+        server enables it by default) and every attribution row bucket a batch of max_running
+        requests can reach, at startup: the first request of each size would otherwise stall
+        every running request for seconds."""
+        if self.graphed is None:
+            return
+        self.graphed.capture_all()
+        if flashblock:
+            self._allocate_flashblock_cache()
+        top = next((b for b in ATTRIBUTION_BUCKETS if b >= self.max_running * PAGE), ATTRIBUTION_BUCKETS[-1])
+        for size in ATTRIBUTION_BUCKETS[: ATTRIBUTION_BUCKETS.index(top) + 1]:
+            torch.compiler.cudagraph_mark_step_begin()
+            h = torch.zeros(size, self.cfg.n_embd, dtype=self.dtype, device=self.device)
+            tok = torch.zeros(size, dtype=torch.long, device=self.device)
+            self._attribute_fn(self.model, self.cfg, h, tok, torch.zeros(size, dtype=self.dtype, device=self.device))
+
+    @torch.inference_mode()
     def _allocate_flashblock_cache(self) -> None:
         """Per layer, FlashBlock's cached external attention (A, L) of every request slot, plus
         the scratch row written by items that refresh nothing. Its rows are the slots', so a
@@ -82,6 +101,8 @@ class ModelRunner:
              torch.zeros(rows, cfg.n_head, PAGE, dtype=torch.float32, device=self.device))
             for _ in range(cfg.n_layers)
         ]
+        if self.graphed is not None:  # the FlashBlock graph family, all buckets at once
+            self.graphed.capture_all(self.flashblock_cache)
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()

@@ -153,8 +153,10 @@ def run(args) -> int:
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
+    t0 = time.perf_counter()
     engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
                                cuda_graphs=not args.no_cuda_graphs))
+    print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     results = []
     for plen, c in [(p, c) for p in prompt_lens for c in levels]:
         args.prompt_len = plen
@@ -164,7 +166,7 @@ def run(args) -> int:
                          prompt_len=PAGE if args.flashblock_tau is not None else None)
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
-        _run(engine, warm)  # compiles and captures this level's batch buckets
+        _run(engine, warm)  # the engine captured its graphs at startup; this warms the host side
         if args.flashblock_tau is not None:
             for res in bench_flashblock.run_level(engine, args, c, lambda n, tag, fb, **kw: _requests(n, args, tag, flashblock=fb, **kw), _run):
                 res["context"] = args.prompt_len + args.max_tokens

@@ -56,6 +56,7 @@ def agreement(exact: dict[str, list[int]], other: dict[str, list[int]]) -> float
     return same / max(total, 1)
 
 
+@torch.inference_mode()
 def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
     """One layer's paged attention for n items with ctx_pages pages each, all in `mode`
     (None: the unsplit path), in ms."""
