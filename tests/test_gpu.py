@@ -61,24 +61,25 @@ def test_float32_greedy_matches_official_generator_on_gpu(small_dir):
         assert ours == ref.tokens[n:].tolist()
 
 
-def test_no_recompiles_after_warmup_while_features_toggle(small_dir):
+def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_change(small_dir):
+    """The engine warms every graph bucket at startup: batches of any size, with steering and
+    attribution toggled per request, then compile nothing and capture nothing."""
     from torch._dynamo.utils import counters
 
     engine = Engine(EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=8))
+    before, buckets = dict(counters["stats"]), set(engine.runner.graphed.buckets)
 
-    def wave(tag):
-        reqs = [GenerateRequest(f"{tag}{i}", [7 + i] * 64, max_tokens=64,
+    def wave(tag, n, prompt_blocks=1):
+        reqs = [GenerateRequest(f"{tag}{i}", [7 + i] * (64 * prompt_blocks + i), max_tokens=64 + 8 * i,
                                 steering=SteeringSpec(concepts=[i], inject_layer=1 + i % 3) if i % 2 else None,
-                                attribution=AttributionSpec() if i % 3 == 0 else None) for i in range(8)]
+                                attribution=AttributionSpec() if i % 3 == 0 else None) for i in range(n)]
         engine.generate(reqs)
 
-    for n in (1, 2, 4, 8):  # warm every bucket the waves use
-        engine.generate([GenerateRequest(f"w{n}-{i}", [3] * 64, max_tokens=64) for i in range(n)])
-    wave("a")
-    before = dict(counters["stats"])
-    wave("b")
-    wave("c")
+    wave("a", 8)
+    wave("b", 1)
+    wave("c", 3, prompt_blocks=5)  # staggered finishes: passes of every size from 3 down to 1
     assert dict(counters["stats"]) == before
+    assert set(engine.runner.graphed.buckets) == buckets
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])

@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--json", help="write the results as JSON here")
-    p.add_argument("--profile", help="also profile 32 steps of the first level; write the op table here")
+    p.add_argument("--profile", help="also profile 32 steps in each of the first two blocks of the first level; write the op tables here")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072")
     bench_flashblock.add_arguments(p)
@@ -197,21 +197,25 @@ def run(args) -> int:
 
 
 def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
+    """Op tables of 32 steps in the first generated block and 32 in the second, side by side
+    in one file: a step that costs more once the context grows shows which op grew."""
     from torch.profiler import ProfilerActivity, profile
 
     for r in reqs:
         engine.add_request(r)
-    for _ in range(8):  # past prefill
-        engine.step()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(32):
+    tables = []
+    for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", 64 - 40 + 8)):
+        for _ in range(skip):
             engine.step()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(32):
+                engine.step()
+        tables.append(f"== {label}\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
     while engine.has_work():
         engine.step()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
     with open(path, "w") as f:
-        f.write(table)
-    print(table)
+        f.write("\n".join(tables))
+    print("\n".join(tables))
 
 
 def print_table(results: list[dict]) -> None:
