@@ -2,6 +2,7 @@
 # Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
 # Usage: scripts/gpu_run.sh STAGE...   (tests bench fb long compare; default: all of them)
+# Env: CONC (bench levels), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ for STAGE in $STAGES; do
     python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
   bench)
     python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
-      --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT/profile.txt"} 2>&1 | tee "$OUT/bench_8b.log" ;;
+      --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT"} 2>&1 | tee "$OUT/bench_8b.log" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;

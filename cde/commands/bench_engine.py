@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import tempfile
 import time
@@ -33,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--json", help="write the results as JSON here")
-    p.add_argument("--profile", help="also profile 32 steps in each of the first two blocks of the first level; write the op tables here")
+    p.add_argument("--profile", metavar="DIR",
+                   help="also profile 32 steps in each of the first two blocks of every level; op tables to DIR/profile-c{N}.txt")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072")
     bench_flashblock.add_arguments(p)
@@ -192,7 +194,9 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"args": settings, "results": results}, f, indent=2)
     if args.profile:
-        _profile(engine, _requests(levels[0], args, "prof"), args.profile)
+        os.makedirs(args.profile, exist_ok=True)
+        for c in levels:
+            _profile(engine, _requests(c, args, f"prof{c}"), os.path.join(args.profile, f"profile-c{c}.txt"))
     return 0
 
 
