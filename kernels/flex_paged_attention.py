@@ -6,6 +6,11 @@ BlockMask is built straight from the page table: query tile i visits exactly the
 page_table[i, :n_pages[i]], all of them as *full* blocks, so no mask function is ever evaluated
 and no partial tile exists (tile = diffusion block = page = 64). GQA is native (enable_gqa):
 K/V are never repeated per query head.
+
+Split-KV (`splits` S > 1): a few items over many pages leave most SMs idle (one CTA per head and
+query tile: 32 CTAs at batch 1), so each item's query tile is repeated S times, copy s visits
+the s-th contiguous share of its pages, and the S partial results merge by log-sum-exp: the
+same attention, S times the parallelism.
 """
 
 from __future__ import annotations
@@ -22,15 +27,17 @@ KERNEL_OPTIONS = {"BLOCK_M": PAGE, "BLOCK_N": PAGE, "FORCE_USE_FLEX_ATTENTION": 
 
 
 class PagedBlockMask:
-    """A BlockMask over N query tiles whose tensors are updated in place from the page table,
-    so a captured CUDA graph sees every step's pages without being rebuilt."""
+    """A BlockMask over N query tiles (N * splits with split-KV) whose tensors are updated in
+    place from the page table, so a captured CUDA graph sees every step's pages without being
+    rebuilt."""
 
-    def __init__(self, n: int, cache_pages: int, device):
-        self.n, self.cache_pages = n, cache_pages
-        self.full_num = torch.zeros(1, 1, n, dtype=torch.int32, device=device)
+    def __init__(self, n: int, cache_pages: int, device, splits: int = 1):
+        self.n, self.cache_pages, self.splits = n, cache_pages, splits
+        tiles = n * splits
+        self.full_num = torch.zeros(1, 1, tiles, dtype=torch.int32, device=device)
         # BlockMask wants index rows as wide as the key sequence has blocks.
-        self.full_idx = torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=device)
-        self.allowed = torch.zeros(n, cache_pages, dtype=torch.bool, device=device)
+        self.full_idx = torch.zeros(1, 1, tiles, cache_pages, dtype=torch.int32, device=device)
+        self.allowed = torch.zeros(tiles, cache_pages, dtype=torch.bool, device=device)
         allowed = self.allowed
 
         # The mask function states the same visibility for paths that evaluate it densely (eager,
@@ -39,38 +46,66 @@ class PagedBlockMask:
             return allowed[q_idx // PAGE, kv_idx // PAGE]
 
         self.block_mask = BlockMask.from_kv_blocks(
-            torch.zeros(1, 1, n, dtype=torch.int32, device=device),
-            torch.zeros(1, 1, n, cache_pages, dtype=torch.int32, device=device),
+            torch.zeros(1, 1, tiles, dtype=torch.int32, device=device),
+            torch.zeros(1, 1, tiles, cache_pages, dtype=torch.int32, device=device),
             full_kv_num_blocks=self.full_num,
             full_kv_indices=self.full_idx,
             BLOCK_SIZE=PAGE,
             mask_mod=page_visible,
-            seq_lengths=(n * PAGE, cache_pages * PAGE),
+            seq_lengths=(tiles * PAGE, cache_pages * PAGE),
             compute_q_blocks=False,
         )
 
     def update(self, page_table: torch.Tensor, n_pages: torch.Tensor) -> None:
         """page_table [N, W] page ids (entries past n_pages[i] are ignored), n_pages [N]."""
-        width = page_table.shape[1]
-        self.full_num.copy_(n_pages.view(1, 1, -1))
-        self.full_idx[0, 0, :, :width].copy_(page_table)
-        visible = torch.arange(width, device=page_table.device)[None, :] < n_pages[:, None]
-        hits = torch.zeros(self.n, self.cache_pages, dtype=torch.int32, device=page_table.device)
-        hits.scatter_add_(1, page_table.long(), visible.to(torch.int32))  # padding may repeat a page id
+        n, width = page_table.shape
+        dev, s = page_table.device, self.splits
+        # Tile (i, j) takes pages [j * share_i, (j + 1) * share_i) of item i (none past its end).
+        share = (n_pages + s - 1) // s
+        start = share[:, None] * torch.arange(s, device=dev)
+        count = torch.minimum((n_pages[:, None] - start).clamp(min=0), share[:, None])  # [N, S]
+        cols = (start[:, :, None] + torch.arange(width, device=dev)).clamp(max=width - 1)
+        pages = page_table.gather(1, cols.view(n, s * width)).view(n * s, width)
+        self.full_num.copy_(count.view(1, 1, -1))
+        self.full_idx[0, 0, :, :width].copy_(pages)
+        visible = torch.arange(width, device=dev)[None, :] < count.view(-1, 1)
+        hits = torch.zeros(n * s, self.cache_pages, dtype=torch.int32, device=dev)
+        hits.scatter_add_(1, pages.long(), visible.to(torch.int32))  # padding may repeat a page id
         torch.gt(hits, 0, out=self.allowed)
 
 
 def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse: bool = False):
     """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp
-    [N, H, 64] in fp32 when asked; a tile with no pages gives 0 and -inf)."""
+    [N, H, 64] in fp32 when asked; a tile with no pages gives 0 and -inf). The block mask's
+    number of query tiles (N, or N * S) tells whether the keys are split S ways."""
     n, h, t, d = q.shape
     kvh, p = k_cache.shape[:2]
-    qf = q.transpose(0, 1).reshape(1, h, n * t, d)
+    splits = block_mask.full_kv_num_blocks.shape[-1] // n
+    if splits > 1:
+        q = q.repeat_interleave(splits, dim=0)
+    qf = q.transpose(0, 1).reshape(1, h, n * splits * t, d)
+    need_lse = return_lse or splits > 1
     out = flex_attention(
         qf, k_cache.view(1, kvh, p * t, d), v_cache.view(1, kvh, p * t, d),
-        block_mask=block_mask, enable_gqa=True, kernel_options=KERNEL_OPTIONS, return_lse=return_lse,
+        block_mask=block_mask, enable_gqa=True, kernel_options=KERNEL_OPTIONS, return_lse=need_lse,
     )
-    if not return_lse:
+    if not need_lse:
         return out.reshape(h, n, t, d).transpose(0, 1)
     out, lse = out
-    return out.reshape(h, n, t, d).transpose(0, 1), lse.reshape(h, n, t).transpose(0, 1)
+    out = out.reshape(h, n * splits, t, d).transpose(0, 1)
+    lse = lse.reshape(h, n * splits, t).transpose(0, 1)
+    if splits > 1:
+        out, lse = merge_splits(out.reshape(n, splits, h, t, d), lse.reshape(n, splits, h, t))
+    return (out, lse) if return_lse else out
+
+
+def merge_splits(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attentions over disjoint key shares [N, S, H, T, D] with their log-sum-exps
+    [N, S, H, T] -> the attention over all of them, and its log-sum-exp (fp32 math). Shares
+    without keys weigh nothing; an item with no keys at all gives 0 and -inf."""
+    top = lse.amax(dim=1, keepdim=True)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    w = torch.exp(lse - top)
+    total = w.sum(dim=1)
+    merged = (w[..., None] * out.float()).sum(dim=1) / total.clamp(min=torch.finfo(torch.float32).tiny)[..., None]
+    return merged.to(out.dtype), top[:, 0] + torch.log(total)

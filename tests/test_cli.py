@@ -66,3 +66,6 @@ def test_cli_errors(tmp_path):
     assert res.returncode != 0 and "CheckpointError" in res.stderr and "does not exist" in res.stderr
     res = cde("make-model", "--preset", "nope", str(tmp_path / "x"))
     assert res.returncode == 2 and "invalid choice" in res.stderr
+    for command in ("serve", "worker"):
+        res = cde(command, "--kv-splits", "0")
+        assert res.returncode == 1 and "--kv-splits must be >= 1" in res.stderr

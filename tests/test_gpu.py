@@ -13,8 +13,9 @@ from worker.engine import Engine, EngineArgs
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-def test_flex_paged_attention_matches_dense(dtype, tol):
+def test_flex_paged_attention_matches_dense(dtype, tol, splits):
     torch.manual_seed(0)
     kvh, h, d, cache_pages = 4, 32, 128, 40
     lengths = [1, 3, 7, 2]  # blocks per request: mixed lengths in one batch
@@ -29,7 +30,7 @@ def test_flex_paged_attention_matches_dense(dtype, tol):
     table = torch.zeros(len(seqs), max(lengths), dtype=torch.long, device="cuda")
     for i, p in enumerate(seqs):
         table[i, : len(p)] = torch.tensor(p)
-    mask = PagedBlockMask(len(seqs), cache_pages, "cuda")
+    mask = PagedBlockMask(len(seqs), cache_pages, "cuda", splits)
     mask.update(table, torch.tensor(lengths, device="cuda"))
     out = torch.compile(flex_paged_attention)(q, k_cache, v_cache, mask.block_mask)
     for i, pages in enumerate(seqs):
@@ -51,14 +52,15 @@ def test_float32_greedy_matches_official_generator_on_gpu(small_dir):
     gen = official_generator(small_dir)
     gen.model.cuda()
     gen.device = torch.device("cuda")
-    engine = Engine(EngineArgs(str(small_dir), device="cuda", dtype="float32"))
+    engines = [Engine(EngineArgs(str(small_dir), device="cuda", dtype="float32", kv_splits=s)) for s in (1, 8)]
     g = torch.Generator().manual_seed(5)
     for n in (64, 128, 192):
         prompt = torch.randint(0, 100000, (n,), generator=g).tolist()
         ref = gen.generate_full(torch.tensor([prompt]), GenerationConfig(
             max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1))
-        ours = engine.generate([GenerateRequest(f"p{n}", prompt, max_tokens=128)])[f"p{n}"]
-        assert ours == ref.tokens[n:].tolist()
+        for engine in engines:  # unsplit, and split-KV 8 ways at batch 1
+            ours = engine.generate([GenerateRequest(f"p{n}", prompt, max_tokens=128)])[f"p{n}"]
+            assert ours == ref.tokens[n:].tolist()
 
 
 def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_change(small_dir):

@@ -47,8 +47,9 @@ class _Bucket:
 
 
 class GraphedForward:
-    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int, scratch_slot: int):
+    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int, scratch_slot: int, kv_splits: int = 1):
         self.model, self.cfg, self.caches = model, cfg, caches
+        self.kv_splits = kv_splits
         self.split_caches: list[tuple] | None = None
         self.scratch, self.scratch_slot = scratch_page, scratch_slot
         self.cos, self.sin = cos, sin
@@ -75,10 +76,15 @@ class GraphedForward:
             ints=torch.zeros(size, dtype=torch.long, device=self.device),
             host=torch.zeros(size, dtype=torch.long, pin_memory=True),
             steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
-            mask=PagedBlockMask(n, self.cache_pages, self.device),
+            mask=PagedBlockMask(n, self.cache_pages, self.device, self.splits(n)),
         )
         self._fill(b, [], [], [], [], [], None)  # all padding items
         return b
+
+    def splits(self, n: int) -> int:
+        """Split-KV ways for a bucket of n items: kv_splits at batch 1, halving as the batch
+        doubles, so small batches fill about as many SMs as batch kv_splits would."""
+        return max(1, self.kv_splits // n)
 
     def _run(self, b: _Bucket) -> torch.Tensor:
         tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = b.views(self.width)

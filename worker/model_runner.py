@@ -26,7 +26,7 @@ ATTRIBUTION_BUCKETS = (8, 32, 128, 512, 2048, 8192)
 
 class ModelRunner:
     def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, kv_splits: int = 1):
         self.model, self.cfg = model, cfg
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -57,7 +57,7 @@ class ModelRunner:
             # are hundreds of tiny kernels whose launches alone cost milliseconds.
             self._attribute_fn = torch.compile(attribute, mode="reduce-overhead", dynamic=False)
             self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages,
-                                          scratch_slot=max_running)
+                                          scratch_slot=max_running, kv_splits=kv_splits)
         self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
     # ---- per-request state ------------------------------------------------------------------

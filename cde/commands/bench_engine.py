@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)")
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--profile", metavar="DIR",
                    help="also profile 32 steps in each of the first two blocks of every level; op tables to DIR/profile-c{N}.txt")
@@ -157,7 +158,7 @@ def run(args) -> int:
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
     t0 = time.perf_counter()
     engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
-                               cuda_graphs=not args.no_cuda_graphs))
+                               cuda_graphs=not args.no_cuda_graphs, kv_splits=args.kv_splits))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     results = []
     for plen, c in [(p, c) for p in prompt_lens for c in levels]:

@@ -81,7 +81,7 @@ def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
         paged_attention(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [ctx_pages] * n, None, split))
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
-    mask = PagedBlockMask(n, cache_pages, dev)
+    mask = PagedBlockMask(n, cache_pages, dev, runner.graphed.splits(n) if runner.graphed else 1)
 
     def layer():
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from cde.commands.gateway import add_http_arguments, build_state
-from cde.commands.worker import add_flashblock_arguments, flashblock_default, flashblock_flags
+from cde.commands.worker import add_attention_arguments, attention_flags, flashblock_default
 from shared.logs import setup_logging
 
 
@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
-    add_flashblock_arguments(p)
+    add_attention_arguments(p)
     add_http_arguments(p)
 
 
@@ -53,7 +53,7 @@ def _spawn(args, model: str, n: int, gpus: list[str], sockdir: str):
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
         cmd = [sys.executable, "-m", "cde", "worker", "--model", model, "--bind", endpoint,
                "--device", "cuda" if gpus else "cpu", "--dtype", args.dtype,
-               "--max-running", str(args.max_running), "--parent-pid", str(os.getpid()), *flashblock_flags(args)]
+               "--max-running", str(args.max_running), "--parent-pid", str(os.getpid()), *attention_flags(args)]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
@@ -87,6 +87,7 @@ def run(args) -> int:
 
         args.model = str(demo_model_dir())
     flashblock_default(args)  # bad flags fail here, not in every worker
+    attention_flags(args)
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
     sockdir = tempfile.mkdtemp(prefix="cde-")

@@ -21,10 +21,13 @@ def add_arguments(p) -> None:
     p.add_argument("--curve-authorized-keys", metavar="FILE|DIR",
                    help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR")
     p.add_argument("--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)")
-    add_flashblock_arguments(p)
+    add_attention_arguments(p)
 
 
-def add_flashblock_arguments(p) -> None:
+def add_attention_arguments(p) -> None:
+    p.add_argument("--kv-splits", type=int, default=1, metavar="S",
+                   help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "
+                        "attention at small batches; exact (default: 1, off)")
     p.add_argument("--flashblock-tau", type=int,
                    help="FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens (default: off, exact)")
     p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
@@ -41,11 +44,18 @@ def flashblock_default(args):
     return FlashBlockSpec(tau=args.flashblock_tau, max_reuse=args.flashblock_max_reuse)
 
 
-def flashblock_flags(args) -> list[str]:
+def kv_splits(args) -> int:
+    if args.kv_splits < 1:
+        raise SystemExit("--kv-splits must be >= 1")
+    return args.kv_splits
+
+
+def attention_flags(args) -> list[str]:
     """The same flags again, for a worker process `cde serve` starts."""
+    flags = ["--kv-splits", str(kv_splits(args))]
     if args.flashblock_tau is None:
-        return []
-    return ["--flashblock-tau", str(args.flashblock_tau), "--flashblock-max-reuse", str(args.flashblock_max_reuse)]
+        return flags
+    return flags + ["--flashblock-tau", str(args.flashblock_tau), "--flashblock-max-reuse", str(args.flashblock_max_reuse)]
 
 
 def run(args) -> int:
@@ -62,7 +72,8 @@ def run(args) -> int:
         raise SystemExit(f"cde worker: {exc}") from None
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype,
-                               max_running=args.max_running, flashblock=flashblock_default(args)))
+                               max_running=args.max_running, flashblock=flashblock_default(args),
+                               kv_splits=kv_splits(args)))
     run_worker(engine, args.bind, args.served_model_name, args.parent_pid, curve)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
