@@ -1,32 +1,31 @@
-"""The measurement behind kernels/flex_paged_attention.py's KERNEL_OPTIONS (GPU only): one
-layer's paged attention on the 8b shape (32 heads, 8 KV heads, head dim 128, bfloat16) per kernel
-option set, at batch 1/4/16/32 over 5 and 64 pages, replayed as a CUDA graph. Prints us per layer
-and the max relative difference to the engine's options.
+"""The measurement behind kernels/flex_paged_attention.py's KERNEL_OPTIONS and `--kv-splits`
+(GPU only): one layer's paged attention on the 8b shape (32 heads, 8 KV heads, head dim 128,
+bfloat16) per variant, at several batch sizes and page counts, replayed as a CUDA graph. Prints
+us per layer and the max relative difference to the engine's default.
 
 Run: PYTHONPATH=. python3 scripts/flex_kernel_options.py
 """
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from kernels.flex_paged_attention import KERNEL_OPTIONS, PagedBlockMask
+from kernels.flex_paged_attention import KERNEL_OPTIONS, PagedBlockMask, flex_paged_attention
 from shared.config import PAGE
 
-H, KVH, D, P = 32, 8, 128, 2200
-VARIANTS = {
+H, KVH, D = 32, 8, 128
+CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (4, 64), (4, 1024), (16, 64), (32, 64)]  # (batch, pages)
+P = max(n * pages for n, pages in CASES) + 1
+OPTIONS = {  # kernel options, unsplit
     "engine": KERNEL_OPTIONS,
     "flex's choice": {"BLOCK_M": PAGE, "BLOCK_N": PAGE},  # 64 queries: its split-KV decoding kernel
-    "BLOCK_M 32": {**KERNEL_OPTIONS, "BLOCK_M": 32},
-    "BLOCK_M 16": {**KERNEL_OPTIONS, "BLOCK_M": 16},
     "BLOCK_M 16, 2 warps": {**KERNEL_OPTIONS, "BLOCK_M": 16, "num_warps": 2},
 }
+SPLITS = (2, 4, 8)  # the engine's kernel with --kv-splits S at this batch
 
 
-def compiled(options, k, v):
+def with_options(options, k, v):
     def attend(q, block_mask):
         n = q.shape[0]
         out = flex_attention(q.transpose(0, 1).reshape(1, H, n * PAGE, D), k, v, block_mask=block_mask,
@@ -55,18 +54,27 @@ def time_us(fn, *args) -> tuple[float, torch.Tensor]:
 def main() -> None:
     torch._dynamo.config.cache_size_limit = 256
     dev = "cuda"
-    k, v = (torch.randn(1, KVH, P * PAGE, D, device=dev, dtype=torch.bfloat16) for _ in "kv")
-    fns = {name: compiled(opts, k, v) for name, opts in VARIANTS.items()}
-    print("batch | pages | " + " | ".join(VARIANTS) + "   (us per layer, max rel. difference to the engine)")
-    for n, pages in itertools.product((1, 4, 16, 32), (5, 64)):
+    k_cache, v_cache = (torch.randn(KVH, P, PAGE, D, device=dev, dtype=torch.bfloat16) for _ in "kv")
+    k, v = (c.view(1, KVH, P * PAGE, D) for c in (k_cache, v_cache))
+    fns = {name: with_options(opts, k, v) for name, opts in OPTIONS.items()}
+    split_fn = torch.compile(flex_paged_attention)
+    names = list(OPTIONS) + [f"kv-splits {s}" for s in SPLITS]
+    print("batch | pages | " + " | ".join(names) + "   (us per layer, max rel. difference to the engine)")
+    for n, pages in CASES:
         q = torch.randn(n, H, PAGE, D, device=dev, dtype=torch.bfloat16)
-        mask = PagedBlockMask(n, P, dev)
-        mask.update(torch.randperm(P, device=dev)[: n * pages].view(n, pages), torch.full((n,), pages, device=dev))
+        table = torch.randperm(P, device=dev)[: n * pages].view(n, pages)
+        lengths = torch.full((n,), pages, device=dev)
+        masks = {}
+        for s in (1, *SPLITS):
+            masks[s] = PagedBlockMask(n, P, dev, s)
+            masks[s].update(table, lengths)
+        runs = [(fn, masks[1]) for fn in fns.values()]
+        runs += [(lambda q, m: split_fn(q, k_cache, v_cache, m), masks[s]) for s in SPLITS]
         row, ref = [], None
-        for fn in fns.values():
+        for fn, mask in runs:
             try:
                 us, out = time_us(fn, q, mask.block_mask)
-            except Exception as ex:  # noqa: BLE001 - an option set the kernel rejects is a table entry
+            except Exception as ex:  # noqa: BLE001 - a variant the kernel rejects is a table entry
                 row.append(f"rejected: {type(ex).__name__}")
                 continue
             ref = out if ref is None else ref

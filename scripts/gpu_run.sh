@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
-# Usage: scripts/gpu_run.sh STAGE...   (tests bench fb long compare; default: all of them)
+# Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare; default: all of them)
 # Env: CONC (bench levels), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -13,12 +13,14 @@ export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
-STAGES=${*:-tests bench fb long compare}
+STAGES=${*:-tests kernels bench fb long compare}
 for STAGE in $STAGES; do
   echo "== $STAGE $(date +%T)"
   case $STAGE in
   tests)
     python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+  kernels)  # one layer's attention: kernel options and split-KV ways, batch x pages
+    python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
     python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
       --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT"} 2>&1 | tee "$OUT/bench_8b.log" ;;
