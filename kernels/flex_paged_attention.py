@@ -24,6 +24,9 @@ from shared.config import PAGE
 # its split-KV decoding kernel, which (with its separate reduction) ran 6x slower per layer on an
 # H200 than the plain kernel at batch 1 (67 vs 11 us over 5 pages, 343 vs 88 us over 64 pages).
 KERNEL_OPTIONS = {"BLOCK_M": PAGE, "BLOCK_N": PAGE, "FORCE_USE_FLEX_ATTENTION": True}
+# A pass of one query tile (batch 1, unsplit): 16-row tiles on 2 warps give 4x the CTAs, 9.0 vs
+# 11.1 us over 5 pages and 66.5 vs 88.3 us over 64 (they lose from batch 4 on: 149 vs 103 us).
+SINGLE_TILE_OPTIONS = {**KERNEL_OPTIONS, "BLOCK_M": 16, "num_warps": 2}
 
 
 class PagedBlockMask:
@@ -87,7 +90,8 @@ def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse:
     need_lse = return_lse or splits > 1
     out = flex_attention(
         qf, k_cache.view(1, kvh, p * t, d), v_cache.view(1, kvh, p * t, d),
-        block_mask=block_mask, enable_gqa=True, kernel_options=KERNEL_OPTIONS, return_lse=need_lse,
+        block_mask=block_mask, enable_gqa=True, return_lse=need_lse,
+        kernel_options=SINGLE_TILE_OPTIONS if n * splits == 1 else KERNEL_OPTIONS,
     )
     if not need_lse:
         return out.reshape(h, n, t, d).transpose(0, 1)
