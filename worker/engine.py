@@ -29,7 +29,6 @@ class EngineArgs:
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
-    warmup: bool = True  # CUDA: capture every graph bucket at startup, not on first use
     kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
 
 
@@ -49,8 +48,8 @@ class Engine:
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
-        if args.warmup:
-            self.runner.warmup(flashblock=args.flashblock is not None)
+        # CUDA: every graph bucket is captured now, not when the first request of its size stalls the others.
+        self.runner.warmup(flashblock=args.flashblock is not None)
         self.forward_passes = 0
 
     # ---- requests ---------------------------------------------------------------------------
