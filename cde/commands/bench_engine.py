@@ -87,7 +87,7 @@ def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | N
             f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(prompt_len or args.prompt_len)], max_tokens=args.max_tokens,
             tokens_per_step=args.tokens_per_step,
             attribution=AttributionSpec() if attribution else None,
-            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=8) if steer and i % 2 == 0 else None,
+            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=args.steer_layer) if steer and i % 2 == 0 else None,
             flashblock=flashblock,
         ))
     return reqs
@@ -102,12 +102,14 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         engine.add_request(r)
     blocks: dict[str, list[float]] = {r.request_id: [] for r in reqs}
     outputs: dict[str, list[int]] = {r.request_id: [] for r in reqs}
-    generated, decode_s = 0, 0.0
+    generated, decode_s, first_block_passes = 0, 0.0, None
     while engine.has_work():
         t0 = time.perf_counter()
         results = engine.step()
         if clock.last_decode:
             decode_s += time.perf_counter() - t0
+        if results and first_block_passes is None:
+            first_block_passes = len(clock.spans)
         for res in results:
             blocks[res.request_id].append(time.perf_counter() - start)
             outputs[res.request_id] += res.token_ids
@@ -127,6 +129,10 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "output_tok_per_s": generated / wall,
         "decode_tok_per_s": generated / decode_s if decode_s else None,  # passes without prefill only
         "ms_per_forward": sum(device) / steps,
+        # Passes up to the first completed block, and after it: a step that grows dearer as the
+        # context grows shows here.
+        "ms_per_forward_first_block": _mean(device[:first_block_passes]),
+        "ms_per_forward_after": _mean(device[first_block_passes:]),
         "forward_passes_per_block": steps * len(reqs) / n_blocks,
         "gpu_idle_fraction": max(0.0, 1 - sum(device) / 1e3 / wall),
         "forward_passes": steps,
@@ -135,6 +141,10 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "peak_device_gb": torch.cuda.max_memory_allocated() / 2**30 if clock.cuda else None,
         "outputs": outputs,
     }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def _compile_count() -> int:
@@ -160,6 +170,7 @@ def run(args) -> int:
     engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
                                cuda_graphs=not args.no_cuda_graphs, kv_splits=args.kv_splits))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
+    args.steer_layer = engine.cfg.n_layers // 4  # layer 8 of the 8B's 32
     results = []
     for plen, c in [(p, c) for p in prompt_lens for c in levels]:
         args.prompt_len = plen
@@ -225,11 +236,12 @@ def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
 
 def print_table(results: list[dict]) -> None:
     cols = [("concurrency", "conc", "{:d}"), ("output_tok_per_s", "tok/s", "{:.1f}"),
-            ("ms_per_forward", "ms/fwd", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
+            ("ms_per_forward", "ms/fwd", "{:.2f}"), ("ms_per_forward_first_block", "ms/fwd 1st block", "{:.2f}"),
+            ("ms_per_forward_after", "ms/fwd after", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
             ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
             ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
             ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}"),
             ("attribution", "attr", "{}"), ("peak_device_gb", "peak GB", "{}")]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:
-        print(" | ".join(f.format(r[k]) for k, _, f in cols))
+        print(" | ".join("—" if r[k] is None else f.format(r[k]) for k, _, f in cols))
