@@ -83,7 +83,10 @@ def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse:
     number of query tiles (N, or N * S) tells whether the keys are split S ways."""
     n, h, t, d = q.shape
     kvh, p = k_cache.shape[:2]
-    splits = block_mask.full_kv_num_blocks.shape[-1] // n
+    tiles = block_mask.full_kv_num_blocks.shape[-1]
+    if tiles % n:
+        raise ValueError(f"a block mask of {tiles} query tiles does not fit {n} items")
+    splits = tiles // n
     if splits > 1:
         q = q.repeat_interleave(splits, dim=0)
     qf = q.transpose(0, 1).reshape(1, h, n * splits * t, d)

@@ -67,5 +67,6 @@ def test_cli_errors(tmp_path):
     res = cde("make-model", "--preset", "nope", str(tmp_path / "x"))
     assert res.returncode == 2 and "invalid choice" in res.stderr
     for command in ("serve", "worker"):
-        res = cde(command, "--kv-splits", "0")
-        assert res.returncode == 1 and "--kv-splits must be >= 1" in res.stderr
+        for bad in ("0", "65"):
+            res = cde(command, "--kv-splits", bad)
+            assert res.returncode == 1 and "--kv-splits must be in [1, 64]" in res.stderr

@@ -82,12 +82,12 @@ def run(args) -> int:
     from gateway.server import serve_http
 
     setup_logging("gateway", args.log_level)
+    flashblock_default(args)  # bad flags fail here, before any model work, not in every worker
+    attention_flags(args)
     if args.model is None:
         from worker.checkpoint import demo_model_dir
 
         args.model = str(demo_model_dir())
-    flashblock_default(args)  # bad flags fail here, not in every worker
-    attention_flags(args)
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
     sockdir = tempfile.mkdtemp(prefix="cde-")

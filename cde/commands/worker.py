@@ -44,9 +44,12 @@ def flashblock_default(args):
     return FlashBlockSpec(tau=args.flashblock_tau, max_reuse=args.flashblock_max_reuse)
 
 
+MAX_KV_SPLITS = 64  # a 4096-token context is 64 pages: more shares than pages would stay empty
+
+
 def kv_splits(args) -> int:
-    if args.kv_splits < 1:
-        raise SystemExit("--kv-splits must be >= 1")
+    if not 1 <= args.kv_splits <= MAX_KV_SPLITS:
+        raise SystemExit(f"--kv-splits must be in [1, {MAX_KV_SPLITS}]")
     return args.kv_splits
 
 
@@ -70,10 +73,10 @@ def run(args) -> int:
         curve = CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
+    splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype,
-                               max_running=args.max_running, flashblock=flashblock_default(args),
-                               kv_splits=kv_splits(args)))
+                               max_running=args.max_running, flashblock=flashblock, kv_splits=splits))
     run_worker(engine, args.bind, args.served_model_name, args.parent_pid, curve)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
