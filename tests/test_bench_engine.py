@@ -37,7 +37,7 @@ def test_latency_table_and_profile(tmp_path):
            "--max-tokens", "128", "--steering", "--attribution", "--json", str(out), "--profile", str(prof)]
     res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     header = next(line for line in res.stdout.splitlines() if line.startswith("conc |"))
-    assert "ms/fwd 1st block" in header and "ms/fwd after" in header
+    assert "ms/fwd 1st block" in header and "ms/fwd after" in header and "GC ms" in header
     results = json.loads(out.read_text())["results"]
     assert [(r["concurrency"], r["steering_half"]) for r in results] == [(1, False), (1, True), (3, False), (3, True)]
     for r in results:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -93,8 +94,27 @@ def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | N
     return reqs
 
 
+class _GcClock:
+    """Python garbage collections during a run and the time they took (they stall the step they
+    interrupt)."""
+
+    def __init__(self):
+        self.count, self.seconds, self._t0 = 0, 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on)
+
+
 def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
-    clock = _StepClock(engine)
+    clock, gc_clock = _StepClock(engine), _GcClock()
     if clock.cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -117,6 +137,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
     wall = time.perf_counter() - start
     device = clock.device_ms()
     clock.restore()
+    gc_clock.stop()
     first = [b[0] for b in blocks.values()]
     gaps = [y - x for b in blocks.values() for x, y in zip(b, b[1:])]
     steps = len(device)
@@ -139,6 +160,8 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "generated_tokens": generated,
         "wall_s": wall,
         "peak_device_gb": torch.cuda.max_memory_allocated() / 2**30 if clock.cuda else None,
+        "gc_collections": gc_clock.count,
+        "gc_ms": gc_clock.seconds * 1e3,
         "outputs": outputs,
     }
 
@@ -241,7 +264,7 @@ def print_table(results: list[dict]) -> None:
             ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
             ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
             ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}"),
-            ("attribution", "attr", "{}"), ("peak_device_gb", "peak GB", "{}")]
+            ("attribution", "attr", "{}"), ("gc_ms", "GC ms", "{:.1f}"), ("peak_device_gb", "peak GB", "{}")]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:
         print(" | ".join("—" if r[k] is None else f.format(r[k]) for k, _, f in cols))
