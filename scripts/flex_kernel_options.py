@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from cde.commands.bench_flashblock import graph_replay_ms
 from kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
 from shared.config import PAGE
 
@@ -35,22 +36,6 @@ def with_options(options, k, v):
     return torch.compile(attend, fullgraph=True)
 
 
-def time_us(fn, *args) -> tuple[float, torch.Tensor]:
-    for _ in range(2):
-        fn(*args)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*args)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(50):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 50 * 1e3, out.float()
-
-
 def main() -> None:
     torch._dynamo.config.cache_size_limit = 256
     dev = "cuda"
@@ -73,12 +58,13 @@ def main() -> None:
         row, ref = [], None
         for fn, mask in runs:
             try:
-                us, out = time_us(fn, q, mask.block_mask)
+                ms, out = graph_replay_ms(lambda: fn(q, mask.block_mask), iters=50)
             except Exception as ex:  # noqa: BLE001 - a variant the kernel rejects is a table entry
                 row.append(f"rejected: {type(ex).__name__}")
                 continue
+            out = out.float()
             ref = out if ref is None else ref
-            row.append(f"{us:.1f} ({((out - ref).abs().max() / ref.abs().max()).item():.0e})")
+            row.append(f"{ms * 1e3:.1f} ({((out - ref).abs().max() / ref.abs().max()).item():.0e})")
         print(f"{n} | {pages} | " + " | ".join(row), flush=True)
 
 

@@ -112,10 +112,8 @@ class GraphedForward:
         given), so no request ever waits for a compile or a capture."""
         self.split_caches = split_caches
         for size in BUCKETS:
-            key = (size, split_caches is not None)
-            if key not in self.buckets:
-                self.buckets[key] = self._new_bucket(size, split_caches is not None)
-                self._capture(self.buckets[key])
+            b = self.buckets[(size, split_caches is not None)] = self._new_bucket(size, split_caches is not None)
+            self._capture(b)
 
     def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None,
                  split_caches=None) -> torch.Tensor:
@@ -124,14 +122,10 @@ class GraphedForward:
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
-        key = (size, split is not None)
         if size is None:
             b = self._new_bucket(n, split is not None)  # a prefill burst beyond the largest bucket: run uncaptured
-        elif key in self.buckets:
-            b = self.buckets[key]
         else:
-            b = self.buckets[key] = self._new_bucket(size, split is not None)
-            self._capture(b)
+            b = self.buckets[(size, split is not None)]  # captured by capture_all
         self._fill(b, tokens, blocks, write_pages, pages, steer_from, split)
         b.steer_vec.zero_()
         b.steer_vec[:n] = steer_vec

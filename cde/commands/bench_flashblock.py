@@ -87,20 +87,26 @@ def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
         return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask.block_mask, split))
 
+    return graph_replay_ms(layer)[0]
+
+
+def graph_replay_ms(fn, iters: int = 20) -> tuple[float, torch.Tensor]:
+    """fn() run twice (compiling it), captured as a CUDA graph and replayed: ms per replay, and
+    the captured output."""
     for _ in range(2):
-        layer()
+        fn()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        layer()
+        out = fn()
     for _ in range(3):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(20):
+    for _ in range(iters):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / 20
+    return start.elapsed_time(end) / iters, out
 
 
 def run_level(engine, args, level: int, make_requests, run) -> list[dict]:
