@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
-# Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare; default: all of them)
-# Env: CONC (bench levels), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
+# Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of them)
+# Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
+# steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -13,7 +14,7 @@ export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
-STAGES=${*:-tests kernels bench fb long compare}
+STAGES=${*:-tests kernels bench fb long compare official}
 for STAGE in $STAGES; do
   echo "== $STAGE $(date +%T)"
   case $STAGE in
@@ -23,7 +24,7 @@ for STAGE in $STAGES; do
     python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
     python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
-      --attribution --json "$OUT/bench_8b.json" ${PROFILE:+--profile "$OUT"} 2>&1 | tee "$OUT/bench_8b.log" ;;
+      --attribution --json "$OUT/bench_8b.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT"} 2>&1 | tee "$OUT/bench_8b.log" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;
@@ -31,11 +32,13 @@ for STAGE in $STAGES; do
     python3 -m cde bench engine --preset 8b --set n_layers=4 --set block_size=131072 --concurrency 1,8 \
       --prompt-len ${LONG_PROMPTS:-16256,65408,130944} --max-tokens 128 --flashblock-tau 2 --flashblock-max-reuse 4,16,63 \
       --json "$OUT/fb_long.json" 2>&1 | tee "$OUT/fb_long.log" ;;
-  compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost, the official generator
+  compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
       --json "$OUT/bench_16_steer.json" 2>&1 | tail -3 | tee "$OUT/bench_16_steer.log"
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --compare-attribution \
       --json "$OUT/bench_16_attr.json" 2>&1 | tail -3 | tee "$OUT/bench_16_attr.log"
+      ;;
+  official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac
 done

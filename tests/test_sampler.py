@@ -231,7 +231,7 @@ def run_checked(engine, reqs, check):
             eligible = [it.seq.eligible() for it in batch.steps]
             context = [list(it.seq.req.prompt_ids) + it.seq.generated + [t for t in it.seq.tokens if t != MASK_ID]
                        for it in batch.steps]
-            picks = engine.runner.execute(batch)
+            picks = engine.runner.picks(engine.runner.launch(batch))
             hidden = captured["hidden"]
             step_idx = [i for i, it in enumerate(batch.items) if it.step]
             with torch.inference_mode():

@@ -15,7 +15,7 @@ from shared.config import PAGE
 from shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from shared.tokenizer import get_tokenizer
 from worker.checkpoint import DTYPES, load_checkpoint
-from worker.model_runner import ModelRunner
+from worker.model_runner import ModelRunner, Pass
 from worker.scheduler import Scheduler
 from worker.steering import concept_top_tokens
 
@@ -57,6 +57,7 @@ class Engine:
         gc.collect()
         gc.freeze()
         self.forward_passes = 0
+        self._in_flight: Pass | None = None  # launched by the last step(), finished by the next
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, req: GenerateRequest) -> None:
@@ -95,7 +96,7 @@ class Engine:
         return self.scheduler.abort(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._in_flight is not None or self.scheduler.has_work()
 
     def concept_top_tokens(self, concept_id: int, k: int) -> tuple[list[int], list[float]]:
         """Raise ValueError for an id or k the model cannot answer (the gateway checks the same)."""
@@ -107,16 +108,37 @@ class Engine:
 
     # ---- one iteration ----------------------------------------------------------------------
     def step(self) -> list[BlockResult | StepResult]:
-        """One forward pass: the blocks it completed, preceded by the step events of requests
-        with `stream_denoise`."""
+        """Finish one forward pass: the blocks it completed, preceded by the step events of
+        requests with `stream_denoise`.
+
+        Pipelined: as soon as the pass's picks are on the host and applied, the next pass is
+        scheduled and launched, and only then is this pass's attribution read (it ran on a side
+        stream), turned into records and returned. The GPU starts the next step while the host
+        finishes this one, instead of idling through attribution and the host's bookkeeping."""
+        current = self._in_flight or self._launch()
+        if current is None:
+            return []
+        picks = self.runner.picks(current)
+        # From here to the next launch the GPU waits for the host: a garbage collection landing
+        # here (a full one scans every attribution record still held) would stall it. The
+        # collection runs instead at the first allocation after it, while the GPU computes.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            results = self.scheduler.update(current.batch, picks)
+            self.forward_passes += 1
+            self._in_flight = self._launch()
+        finally:
+            if collecting:
+                gc.enable()
+        self.scheduler.attach(self.runner.records(current))
+        return results
+
+    def _launch(self) -> Pass | None:
         batch, admitted = self.scheduler.schedule()
         for seq in admitted:
             self.runner.start(seq)
-        if not batch.items:
-            return []
-        picks = self.runner.execute(batch)
-        self.forward_passes += 1
-        return self.scheduler.update(batch, picks, self.runner.attribution)
+        return self.runner.launch(batch) if batch.items else None
 
     def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
         """Run requests to completion; returns the generated token ids of each."""

@@ -1,9 +1,12 @@
 """The one place where device tensors live: weights, the paged KV cache, rope tables and the
 per-request device state (repetition-penalty token sets, steering vectors). Turns a scheduled
-batch into tensors, runs the forward pass, and returns the chosen positions and tokens with a
-single device-to-host copy per step."""
+batch into tensors and launches the pass (forward, selection, attribution) without waiting for
+the GPU; its chosen positions and tokens, then its attribution, come back as asynchronous
+device-to-host copies that the engine reads when it needs them."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -11,17 +14,28 @@ import torch.nn.functional as F
 from kernels.flashblock import FlashBlockBatch
 from kernels.paged_attention import PagedBatch
 from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
-from worker.attribution import attribute, unpack
+from worker.attribution import unpack
+from worker.attribution_runner import AttributionRunner
 from worker.cuda_graphs import GraphedForward
 from worker.model import SteerlingModel, rope_tables
 from worker.sampler import select_and_sample
 from worker.scheduler import Batch, Item
 from worker.sequence import Sequence
-from worker.staging import Staging
+from worker.staging import HostCopy, Staging, to_host
 from worker.step_inputs import StepInputBuilder, eligible_rows
 from worker.steering import SteeringState, alpha_now, prepare_steering
 
-ATTRIBUTION_BUCKETS = (8, 32, 128, 512, 2048, 8192)
+
+@dataclass
+class Pass:
+    """One launched forward pass and its results on their way to the host."""
+
+    batch: Batch
+    steps: list[int]  # indices of the step items in batch.items
+    picks: HostCopy | None = None  # [3, S, K]: positions, tokens, valid
+    attributed: list[int] = field(default_factory=list)  # step items (indices into steps) that asked
+    seq_steps: list[int] = field(default_factory=list)  # each step item's step counter when launched
+    attribution: HostCopy | None = None  # [A * K, width] packed rows
 
 
 class ModelRunner:
@@ -39,26 +53,25 @@ class ModelRunner:
         self.flashblock_cache: list[tuple] | None = None  # allocated by the first FlashBlock request
         # Tokens each request slot has seen (repetition penalty); the last row takes the writes of
         # selection slots that commit nothing, so the update needs no host-side filtering.
-        self.seen = torch.zeros(max_running + 1, cfg.vocab_size, dtype=torch.bool, device=self.device)
-        self.steering: dict[int, SteeringState] = {}
-        self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID], device=self.device)
         # The vocabulary (100281) is odd; padded to a multiple of 128 rows the LM head runs on
-        # the tensor-core GEMM kernels instead of a slow unaligned fallback.
+        # the tensor-core GEMM kernels instead of a slow unaligned fallback. Selection works on
+        # the padded width too, with the padding banned: a [:, :V] view of the logits would cost
+        # a strided copy of all of them on every step.
         self.lm_head = model.transformer.lm_head.weight
         if self.device.type == "cuda":
             self.lm_head = F.pad(self.lm_head, (0, 0, 0, -cfg.vocab_size % 128))
+        width = self.lm_head.shape[0]
+        self.seen = torch.zeros(max_running + 1, width, dtype=torch.bool, device=self.device)
+        self.steering: dict[int, SteeringState] = {}
+        self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.vocab_size, width)], device=self.device)
         self.inputs = StepInputBuilder(self.device, self.banned, self.seen)
         self.attr_inputs = Staging(self.device, torch.int64)
         self.deviation: dict | None = None  # set by `cde bench engine --flashblock-*`: KL of reuse vs exact
         self.graphed = None
-        self._attribute_fn = attribute
+        self.attribution = AttributionRunner(model, cfg, max_rows=max_running * PAGE)
         if self.device.type == "cuda" and cuda_graphs:
-            # Compiled and replayed as CUDA graphs (one per row bucket): the chunked top-k loops
-            # are hundreds of tiny kernels whose launches alone cost milliseconds.
-            self._attribute_fn = torch.compile(attribute, mode="reduce-overhead", dynamic=False)
             self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages,
                                           scratch_slot=max_running, kv_splits=kv_splits)
-        self.attribution: list[list[dict] | None] = []  # per step item of the last execute()
 
     # ---- per-request state ------------------------------------------------------------------
     @torch.inference_mode()
@@ -68,28 +81,25 @@ class ModelRunner:
             self.seen[seq.slot, torch.tensor(seq.req.prompt_ids, device=self.device)] = True
         self.steering.pop(seq.slot, None)
         if seq.req.steering is not None:
-            self.steering[seq.slot] = prepare_steering(self.model, self.cfg, seq.req.steering)
+            state = prepare_steering(self.model, self.cfg, seq.req.steering)
+            if state.relu_mask is not None:  # to the logits' padded width
+                state.relu_mask = F.pad(state.relu_mask, (0, self.seen.shape[1] - state.relu_mask.shape[0]))
+            self.steering[seq.slot] = state
         if seq.req.flashblock and self.flashblock_cache is None:
             self._allocate_flashblock_cache()
 
     @torch.inference_mode()
     def warmup(self, flashblock: bool) -> None:
         """CUDA: compile and capture every forward bucket (and FlashBlock's family when the
-        server enables it by default) and every attribution row bucket a batch of max_running
-        requests can reach, at startup: the first request of each size would otherwise stall
-        every running request for seconds."""
+        server enables it by default) at startup: the first request of each size would otherwise
+        stall every running request for seconds. (The attribution graphs are captured when the
+        runner is built.)"""
         if self.graphed is None:
             return
         self.graphed.capture_all()
+        self.attribution.capture_all()
         if flashblock:
             self._allocate_flashblock_cache()
-        top = next((b for b in ATTRIBUTION_BUCKETS if b >= self.max_running * PAGE), ATTRIBUTION_BUCKETS[-1])
-        for size in ATTRIBUTION_BUCKETS[: ATTRIBUTION_BUCKETS.index(top) + 1]:
-            h = torch.zeros(size, self.cfg.n_embd, dtype=self.dtype, device=self.device)
-            tok = torch.zeros(size, dtype=torch.long, device=self.device)
-            for _ in range(2):  # "reduce-overhead" runs a new size once plain, then records its graph
-                torch.compiler.cudagraph_mark_step_begin()
-                self._attribute_fn(self.model, self.cfg, h, tok, torch.zeros(size, dtype=self.dtype, device=self.device))
 
     @torch.inference_mode()
     def _allocate_flashblock_cache(self) -> None:
@@ -107,7 +117,10 @@ class ModelRunner:
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: Batch) -> list[tuple[list[int], list[int]]]:
+    def launch(self, batch: Batch) -> Pass:
+        """Queue a pass: forward, logits, selection and (on a side stream) attribution, with their
+        device-to-host copies. Never waits for the GPU, so the engine can schedule and launch the
+        next pass while this one's attribution finishes."""
         items = batch.items
         steer_vec, steer_from = self._steering_inputs(items)
         split = self._split_inputs(items)
@@ -117,7 +130,7 @@ class ModelRunner:
         hidden = self._forward(items, steer_vec, steer_from, split)
         steps = [i for i, it in enumerate(items) if it.step]
         if not steps:
-            return []
+            return Pass(batch, steps)
         step_seqs = [items[i].seq for i in steps]
         relu = [self.steering[s.slot].relu_mask if s.slot in self.steering else None for s in step_seqs]
         inp = self.inputs.build(steps, step_seqs, relu)
@@ -129,25 +142,44 @@ class ModelRunner:
         if sb.rep_penalty is not None:
             slots = torch.where(valid, inp.slots[:, None], self.max_running)
             self.seen[slots, chosen] = True
-        picks = torch.stack([positions, chosen, valid.long()])
-        attributed = [n for n, s in enumerate(step_seqs) if s.req.attribution is not None]
-        if not attributed:
-            self.attribution = [None] * len(steps)
-            host = picks.cpu().tolist()  # the one D2H copy
-        else:
-            packed = self._attribute(hidden, [steps[n] for n in attributed], attributed, logits, sb.grid, positions, chosen)
-            # One D2H copy for picks and attribution (float64 holds the small ints exactly).
-            flat = torch.cat([picks.flatten().double(), packed.flatten()]).cpu()
-            host = flat[: picks.numel()].long().reshape(picks.shape).tolist()
-            rows = flat[picks.numel():].reshape(len(attributed), positions.shape[1], -1).tolist()
-            self.attribution = self._records(batch, steps, attributed, host, rows)
+        p = Pass(batch, steps, picks=to_host(torch.stack([positions, chosen, valid.long()])),
+                 attributed=[n for n, s in enumerate(step_seqs) if s.req.attribution is not None],
+                 seq_steps=[s.step for s in step_seqs])
+        if p.attributed:
+            p.attribution = self._attribute(hidden, [steps[n] for n in p.attributed], p.attributed, logits,
+                                            sb.grid, positions, chosen)
+        return p
+
+    def picks(self, p: Pass) -> list[tuple[list[int], list[int]]]:
+        """Per step item of the pass: the (positions, tokens) it unmasked. Waits for its selection."""
+        if not p.steps:
+            return []
+        host = p.picks.tolist()
         return [
-            ([p for p, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
+            ([q for q, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
 
+    def records(self, p: Pass) -> list[list[dict] | None]:
+        """Per step item of the pass: the attribution records of the tokens it committed (None:
+        not asked). Waits for the pass's attribution."""
+        out: list[list[dict] | None] = [None] * len(p.steps)
+        if not p.attributed:
+            return out
+        host = p.picks.tolist()
+        rows = p.attribution.tolist()
+        k = len(host[0][0])
+        for a, n in enumerate(p.attributed):
+            item = p.batch.items[p.steps[n]]
+            out[n] = [
+                {"token_id": tok, "position": item.block * PAGE + pos, "step": p.seq_steps[n], **unpack(row, self.cfg)}
+                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], rows[a * k : (a + 1) * k]) if ok
+            ]
+        return out
+
     def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)[:, : self.cfg.vocab_size]
+        """[R, padded vocabulary] logits of the hidden rows (the padding columns are banned in selection)."""
+        return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
     def _forward(self, items: list[Item], steer_vec, steer_from: list[int], split) -> torch.Tensor:
         if self.graphed is not None:
@@ -161,8 +193,9 @@ class ModelRunner:
         _, _, owner = eligible_rows(steps, [items[i].seq for i in steps])
         reused = [r for r, n in enumerate(owner) if items[steps[n]].attention == ATTN_REUSE]
         idx = torch.tensor(reused, device=self.device)
-        p_log = torch.log_softmax(reference[idx].float(), -1)
-        q_log = torch.log_softmax(logits[idx].float(), -1)
+        v = self.cfg.vocab_size
+        p_log = torch.log_softmax(reference[idx, :v].float(), -1)
+        q_log = torch.log_softmax(logits[idx, :v].float(), -1)
         kl = (p_log.exp() * (p_log - q_log)).sum(-1)
         self.deviation["kl_sum"] += kl.sum().item()
         self.deviation["rows"] += len(reused)
@@ -198,34 +231,16 @@ class ModelRunner:
         return self.model(tokens, self.cos[abs_pos][:, None], self.sin[abs_pos][:, None], caches, paged,
                           steer_vec, torch.tensor(steer_from, device=dev), tokens == MASK_ID)
 
-    def _attribute(self, hidden, items, attributed, logits, grid, positions, chosen) -> torch.Tensor:
+    def _attribute(self, hidden, items, attributed, logits, grid, positions, chosen) -> HostCopy:
         """Attribution of every selection slot of the step items that asked (`attributed`, their
-        pass indices `items`), in one batched pass: [A * K, width]. Slots that commit nothing
-        are computed too (static shapes, no sync) and dropped on the host; on CUDA the rows are
-        padded to a bucket so each bucket is one captured graph."""
+        pass indices `items`), in one batched pass: [A * K, width] rows on their way to the host.
+        Slots that commit nothing are computed too (static shapes, no sync) and dropped there."""
         a, item_idx = self.attr_inputs.stage(attributed, items)
         pos, tok = positions[a], chosen[a]  # [A, K]
         rows = (item_idx[:, None] * PAGE + pos).reshape(-1)
         target = logits[grid[a].gather(1, pos).clamp(min=0).reshape(-1), tok.reshape(-1)]
-        tok = tok.reshape(-1)
-        n = rows.numel()
-        if self.graphed is not None:
-            size = next((b for b in ATTRIBUTION_BUCKETS if b >= n), n)
-            rows, tok, target = (F.pad(t, (0, size - n)) for t in (rows, tok, target))
-            torch.compiler.cudagraph_mark_step_begin()
-        h = hidden.reshape(-1, self.cfg.n_embd)[rows]
-        return self._attribute_fn(self.model, self.cfg, h, tok, target)[:n]  # read before the next replay
-
-    def _records(self, batch, steps, attributed, host, rows) -> list[list[dict] | None]:
-        """Per step item: the wire records of the tokens it committed (None: not asked)."""
-        out: list[list[dict] | None] = [None] * len(steps)
-        for n, packed_rows in zip(attributed, rows):
-            item = batch.items[steps[n]]
-            out[n] = [
-                {"token_id": tok, "position": item.block * PAGE + pos, "step": item.seq.step, **unpack(row, self.cfg)}
-                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], packed_rows) if ok
-            ]
-        return out
+        h = hidden.reshape(-1, self.cfg.n_embd)[rows]  # a copy: the next pass overwrites `hidden`
+        return self.attribution.launch(h, tok.reshape(-1), target)
 
     def _steering_inputs(self, items: list[Item]) -> tuple[torch.Tensor, list[int]]:
         vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)

@@ -46,8 +46,11 @@ class SamplingBatch:
 
 
 def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    """logits [R, V] -> float32 logits after ReLU mask, repetition penalty and bans (in place
-    when the logits are already float32: they are a fresh tensor nobody else reads)."""
+    """logits [R, V] -> logits after ReLU mask, repetition penalty and bans. Float32 when a mask
+    or a penalty applies; otherwise the logits themselves with the bans written in place (a fresh
+    tensor: no full-vocabulary float32 copy per step)."""
+    if sb.relu_mask is None and sb.rep_penalty is None:
+        return logits.index_fill_(-1, sb.banned, NEG_INF)
     x = logits.float()
     if sb.relu_mask is not None:
         x = x - sb.relu_mask[sb.row_item]
@@ -60,7 +63,7 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 def select_positions(adjusted: torch.Tensor, sb: SamplingBatch):
     """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first.
     Confidence is the reference's max softmax probability."""
-    row_conf = torch.softmax(adjusted, -1).amax(-1)
+    row_conf = torch.softmax(adjusted, -1, dtype=torch.float32).amax(-1)
     eligible = sb.grid >= 0
     conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
     k = min(sb.max_select, conf.shape[1])
@@ -123,7 +126,7 @@ def select_and_sample(logits: torch.Tensor, sb: SamplingBatch, compact: bool | N
     `compact` (default: on the CPU) samples only the slots that commit."""
     adjusted = adjust_logits(logits, sb)
     positions, valid = select_positions(adjusted, sb)
-    rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)]  # [S, K, V]
+    rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)].float()  # [S, K, V]
     tokens = rows.argmax(-1)
     if sb.any_sampling:
         s, k = positions.shape

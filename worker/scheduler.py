@@ -50,6 +50,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
         self.block_attribution: dict[str, list[dict]] = {}  # request id -> records of its active block
+        self._awaiting: list[tuple] = []  # update() -> attach(): the last pass's results that want attribution
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest) -> Sequence:
@@ -125,36 +126,55 @@ class Scheduler:
         return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step, mode)
 
     # ---- update ---------------------------------------------------------------------------
-    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]],
-               attribution: list[list[dict] | None] | None = None) -> list[BlockResult | StepResult]:
-        """Apply the (positions, tokens) chosen for each step item, in batch.steps order, and
-        keep the attribution records of the committed tokens (when the request asked). Requests
-        that stream the denoising get a StepResult per step, before their BlockResult."""
+    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]]) -> list[BlockResult | StepResult]:
+        """Apply the (positions, tokens) chosen for each step item, in batch.steps order.
+        Requests that stream the denoising get a StepResult per step, before their BlockResult.
+        The results of requests that asked for attribution get it from `attach`, which the
+        engine calls once the pass's attribution has reached the host."""
         results = []
+        self._awaiting = []
         for n, (item, (positions, tokens)) in enumerate(zip(batch.steps, picks)):
             seq = item.seq
             if seq.status is not Status.RUNNING:
                 continue  # aborted while its step was in flight
             seq.step += 1
             ended_by_eot = seq.place(positions, tokens)
-            records = attribution[n] if attribution else None
-            if records:
-                self.block_attribution.setdefault(seq.id, []).extend(records)
+            step_result = block_result = kept = None
+            earlier: list[dict] = []  # a completed block's records from its earlier steps
             if seq.req.stream_denoise:
-                results.append(self._step_result(seq, positions, tokens, records, ended_by_eot))
+                step_result = self._step_result(seq, positions, tokens, ended_by_eot)
+                results.append(step_result)
             if ended_by_eot or seq.block_done():
-                results.append(self._complete_block(seq, ended_by_eot))
+                earlier = self.block_attribution.pop(seq.id, [])
+                block_result, kept = self._complete_block(seq, ended_by_eot)
+                results.append(block_result)
+            if seq.req.attribution is not None:
+                self._awaiting.append((n, seq.id, step_result, block_result, kept, earlier))
         return results
 
-    def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], records: list[dict] | None,
-                     ended_by_eot: bool) -> StepResult:
-        # Picks after an EOT were discarded by place(); records are in pick order too.
+    def attach(self, attribution: list[list[dict] | None]) -> None:
+        """The attribution records of the last update's pass, per step item: kept with the
+        request's active block, and given to the results that update() returned for it."""
+        for n, request_id, step_result, block_result, kept, earlier in self._awaiting:
+            records = attribution[n] or []
+            if step_result is not None:
+                step_result.attribution = records[: len(step_result.token_ids)]
+            if block_result is None:
+                self.block_attribution.setdefault(request_id, []).extend(records)
+            else:
+                block_result.attribution = sorted((r for r in earlier + records if r["position"] in kept),
+                                                  key=lambda r: r["position"])
+        self._awaiting = []
+
+    def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], ended_by_eot: bool) -> StepResult:
+        # Picks after an EOT were discarded by place(); attach() cuts the records (in pick order) alike.
         n = tokens.index(self.eot_id) + 1 if ended_by_eot else len(tokens)
         base = seq.block * PAGE
-        return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n],
-                          records[:n] if records is not None else None)
+        return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n])
 
-    def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> BlockResult:
+    def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> tuple[BlockResult, set[int] | None]:
+        """The block's result, and the positions of the tokens it keeps (for attach; None when
+        the request did not ask for attribution)."""
         new = seq.block_output()
         reason = None
         if ended_by_eot:
@@ -173,23 +193,21 @@ class Scheduler:
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
         result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
-        if seq.req.attribution is not None:
-            result.attribution = self._kept_attribution(seq, len(new))
+        kept = self._kept_positions(seq, len(new)) if seq.req.attribution is not None else None
         if reason is None:
             seq.advance()
         else:
             self._finish(seq, reason)
             result.finished, result.finish_reason, result.stop_str = True, reason, seq.stop_str
-        return result
+        return result, kept
 
-    def _kept_attribution(self, seq: Sequence, n_kept: int) -> list[dict]:
-        """The block's records for the tokens the result keeps (the first n_kept generated
-        positions), in position order: whatever EOT or a stop cut off has no record."""
+    @staticmethod
+    def _kept_positions(seq: Sequence, n_kept: int) -> set[int]:
+        """The positions of the first n_kept generated tokens of the active block: whatever EOT
+        or a stop cut off gets no attribution record."""
         base = seq.block * PAGE
         generated = [base + i for i in range(max(seq.prompt_len - base, 0), PAGE) if seq.tokens[i] != MASK_ID]
-        kept = set(generated[:n_kept])
-        records = self.block_attribution.pop(seq.id, [])
-        return sorted((r for r in records if r["position"] in kept), key=lambda r: r["position"])
+        return set(generated[:n_kept])
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.block_attribution.pop(seq.id, None)

@@ -1,4 +1,4 @@
-"""Host lists -> device tensors without waiting for the GPU.
+"""Host <-> device transfers that never wait for the GPU when they are queued.
 
 A plain `torch.tensor(list, device="cuda")` is a synchronous copy: the host stalls until every
 kernel already queued has run, so the host work of a step could never overlap the forward pass
@@ -38,3 +38,29 @@ class Staging:
         self.copied = torch.cuda.Event()
         self.copied.record()
         return list(self.dev[:n].split(sizes))
+
+
+class HostCopy:
+    """A device tensor on its way to pinned host memory; `tolist()` waits for it (once)."""
+
+    def __init__(self, host: torch.Tensor, ready: torch.cuda.Event | None):
+        self.host, self.ready = host, ready
+        self._list: list | None = None
+
+    def tolist(self) -> list:
+        if self._list is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self._list = self.host.tolist()
+        return self._list
+
+
+def to_host(t: torch.Tensor) -> HostCopy:
+    """Queue the copy of `t` to the host on the current stream."""
+    if t.device.type != "cuda":
+        return HostCopy(t, None)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return HostCopy(host, ready)

@@ -44,38 +44,47 @@ def add_arguments(p) -> None:
 
 
 class _StepClock:
-    """Times every engine step on the host and, on CUDA, its device span with events."""
+    """Times every forward pass: on CUDA from its launch to the next one's on the device's own
+    clock (the engine launches a pass while the last one's attribution runs), on the host
+    otherwise."""
 
     def __init__(self, engine: Engine):
         self.cuda = engine.runner.device.type == "cuda"
-        self.spans: list[tuple] = []
-        self.last_decode = False  # the last pass held no prefill item
-        self.engine = engine
-        self.inner = inner = engine.runner.execute
+        self.runner = runner = engine.runner
+        self.starts: list = []  # per launched pass: an event (CUDA) or a host time
+        self.finished = 0
+        self.last_decode = False  # the last finished pass held no prefill item
+        self.inner = runner.launch, runner.picks
 
-        def timed(batch):
-            start = torch.cuda.Event(enable_timing=True) if self.cuda else None
-            end = torch.cuda.Event(enable_timing=True) if self.cuda else None
-            if self.cuda:
-                start.record()
-            t0 = time.perf_counter()
-            self.last_decode = all(it.step or it.block >= it.seq.n_prompt_blocks for it in batch.items)
-            out = inner(batch)
-            if self.cuda:
-                end.record()
-            self.spans.append((t0, time.perf_counter(), start, end))
+        def launch(batch):
+            self.starts.append(self._mark())
+            return self.inner[0](batch)
+
+        def picks(p):
+            out = self.inner[1](p)
+            self.end = self._mark()
+            self.finished += 1
+            self.last_decode = all(it.step or it.block >= it.seq.n_prompt_blocks for it in p.batch.items)
             return out
 
-        engine.runner.execute = timed
+        runner.launch, runner.picks = launch, picks
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def restore(self) -> None:
-        self.engine.runner.execute = self.inner
+        self.runner.launch, self.runner.picks = self.inner
 
     def device_ms(self) -> list[float]:
+        marks = self.starts + [self.end]
         if not self.cuda:
-            return [(b - a) * 1e3 for a, b, _, _ in self.spans]
+            return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
         torch.cuda.synchronize()
-        return [s.elapsed_time(e) for _, _, s, e in self.spans]
+        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
 
 
 def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None,
@@ -129,7 +138,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         if clock.last_decode:
             decode_s += time.perf_counter() - t0
         if results and first_block_passes is None:
-            first_block_passes = len(clock.spans)
+            first_block_passes = clock.finished
         for res in results:
             blocks[res.request_id].append(time.perf_counter() - start)
             outputs[res.request_id] += res.token_ids
@@ -246,10 +255,17 @@ def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
     for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", 64 - 40 + 8)):
         for _ in range(skip):
             engine.step()
+        t0 = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(32):
                 engine.step()
-        tables.append(f"== {label}\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+        wall_ms = (time.perf_counter() - t0) * 1e3 / 32
+        ops = prof.key_averages()
+        # Kernel time against wall time per step: what is left is the GPU waiting for the host.
+        kernel_ms = sum(e.self_device_time_total for e in ops) / 1e3 / 32
+        tables.append(f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
+                      + ops.table(sort_by="cuda_time_total", row_limit=40)
+                      + "\n-- host side\n" + ops.table(sort_by="self_cpu_time_total", row_limit=25))
     while engine.has_work():
         engine.step()
     with open(path, "w") as f:

@@ -31,7 +31,7 @@ class _ModeCount:
 
     def __init__(self, engine):
         self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
-        self.runner, self.inner = engine.runner, engine.runner.execute
+        self.runner, self.inner = engine.runner, engine.runner.launch
 
         def counted(batch):
             for it in batch.items:
@@ -39,10 +39,10 @@ class _ModeCount:
                     self.counts[it.attention] += 1
             return self.inner(batch)
 
-        self.runner.execute = counted
+        self.runner.launch = counted
 
     def restore(self) -> dict:
-        self.runner.execute = self.inner
+        self.runner.launch = self.inner
         total = sum(self.counts.values()) or 1
         return {m: c / total for m, c in self.counts.items()}
 
