@@ -96,12 +96,16 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, meta):
+    def forward(self, x, cos, sin, cache, meta, inject, gate):
+        """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
+        here, it fuses into the block's last residual add."""
         if self.post_norm:
             x = x + self.ln_1(self.attn(x, cos, sin, cache, meta))
-            return x + self.ln_2(self.mlp(x))
-        x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
-        return x + self.mlp(self.ln_2(x))
+            x = x + self.ln_2(self.mlp(x))
+        else:
+            x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
+            x = x + self.mlp(self.ln_2(x))
+        return x + gate[:, None, None] * inject
 
 
 class Transformer(nn.Module):
@@ -159,11 +163,11 @@ class SteerlingModel(nn.Module):
         (with the epsilon correction the concept heads compose back to exactly this vector)."""
         x = self.transformer.tok_emb(tokens)
         inject = steer_vec[:, None, :] * steer_positions[:, :, None].to(steer_vec.dtype)
+        # Always in the graph: the gates are data, so steering on/off never changes the graph.
+        layers = torch.arange(1, len(self.transformer.blocks) + 1, device=steer_from.device)
+        gates = (steer_from[None, :] <= layers[:, None]).to(x.dtype)  # [L, N]
         for i, block in enumerate(self.transformer.blocks):
-            x = block(x, cos, sin, caches[i], meta)
-            # Always in the graph: the gate is data, so steering on/off never changes the graph.
-            gate = (steer_from <= i + 1).to(x.dtype)[:, None, None]
-            x = x + gate * inject
+            x = block(x, cos, sin, caches[i], meta, inject, gates[i])
         return self.transformer.ln_f(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
