@@ -5,7 +5,7 @@ import random
 import pytest
 
 from shared.config import EOT_ID, PAGE
-from shared.protocol import GenerateRequest
+from shared.protocol import AttributionSpec, GenerateRequest
 from worker.engine import Engine, EngineArgs
 
 PROMPT_LENS = [1, 17, 64, 70, 127, 128, 150, 200]
@@ -159,3 +159,45 @@ def test_startup_freezes_what_it_leaves_behind(tiny_dir):
     engine = Engine(EngineArgs(str(tiny_dir)))
     assert gc.get_freeze_count() > 10_000
     assert engine.generate([GenerateRequest("g", [5] * 64, max_tokens=8)])["g"]
+
+
+def test_abort_while_its_next_pass_is_in_flight(tiny_dir):
+    """step() launches the next pass before it returns, so an abort between two steps lands on a
+    request whose step is already running: the request sends nothing more, its pages come back,
+    and the other request's tokens and attribution records are those it gets alone."""
+    def requests():
+        return [GenerateRequest(rid, [40 + k] * 30, max_tokens=150, tokens_per_step=2, attribution=AttributionSpec())
+                for k, rid in enumerate(("keep", "drop"))]
+
+    alone = Engine(EngineArgs(str(tiny_dir)))
+    alone.add_request(requests()[0])
+    expected = []
+    while alone.has_work():
+        expected += alone.step()
+    engine = Engine(EngineArgs(str(tiny_dir)))
+    for r in requests():
+        engine.add_request(r)
+    got, aborted = [], False
+    while engine.has_work():
+        results = engine.step()
+        got += [r for r in results if r.request_id == "keep"]
+        if aborted:
+            assert all(r.request_id == "keep" for r in results)
+        elif any(r.request_id == "drop" for r in results):  # its first block is out, its next step in flight
+            assert engine.abort("drop")
+            aborted = True
+    assert aborted
+    assert [(r.token_ids, r.finish_reason) for r in got] == [(r.token_ids, r.finish_reason) for r in expected]
+    for ours, ref in zip(got, expected):  # the LM head's rounding varies with the batch: values to 1e-5
+        assert [_ids(r) for r in ours.attribution] == [_ids(r) for r in ref.attribution]
+        for a, b in zip(ours.attribution, ref.attribution):
+            assert _values(a) == pytest.approx(_values(b), rel=1e-5, abs=1e-6)
+    assert engine.stats()["pages_used"] == 0 and engine.stats()["running"] == 0
+
+
+def _ids(record: dict) -> tuple:
+    return record["token_id"], record["position"], record["step"], [[c[0] for c in record[h]] for h in ("known", "discovered")]
+
+
+def _values(record: dict) -> list[float]:
+    return [record["target_logit"], record["epsilon"]] + [x for h in ("known", "discovered") for c in record[h] for x in c[1:]]
