@@ -41,6 +41,7 @@ class AttributionRunner:
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.graphs: dict[int, _Graph] = {}  # empty: eager (CPU, or CUDA without graphs)
+        self._fn = self.pool = None  # set by capture_all (CUDA with graphs)
 
     def capture_all(self) -> None:
         """CUDA: compile and capture every row bucket a batch of max_rows slots reaches."""

@@ -53,6 +53,7 @@ class _StepClock:
         self.runner = runner = engine.runner
         self.starts: list = []  # per launched pass: an event (CUDA) or a host time
         self.finished = 0
+        self.end = None  # marked when a pass's picks reach the host
         self.last_decode = False  # the last finished pass held no prefill item
         self.inner = runner.launch, runner.picks
 
