@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,6 +48,9 @@ def test_latency_table_and_profile(tmp_path):
         assert r["forward_passes_per_block"] == 64.0
         assert r["ms_per_forward_first_block"] > 0 and r["ms_per_forward_after"] > 0
         assert r["time_to_first_block_s"] < r["time_to_last_block_s"] and r["output_tok_per_s"] > 0
+        # The passes tile the run: their times add up to (nearly) the wall time, idle gaps included.
+        assert 0 < r["gpu_idle_fraction"] < 1
+        assert r["ms_per_forward"] * r["forward_passes"] / 1e3 == pytest.approx(r["wall_s"], rel=0.2)
     for c in (1, 3):
         tables = (prof / f"profile-c{c}.txt").read_text()
         assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables

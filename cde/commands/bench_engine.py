@@ -46,12 +46,15 @@ def add_arguments(p) -> None:
 class _StepClock:
     """Times every forward pass: on CUDA from its launch to the next one's on the device's own
     clock (the engine launches a pass while the last one's attribution runs), on the host
-    otherwise."""
+    otherwise. The device idles between the end of a pass's queued work and the start of the
+    next pass's: a mark there reads the time the stream reached it, so an idle gap is the
+    host's lateness in launching."""
 
     def __init__(self, engine: Engine):
         self.cuda = engine.runner.device.type == "cuda"
         self.runner = runner = engine.runner
         self.starts: list = []  # per launched pass: an event (CUDA) or a host time
+        self.queued: list = []  # per launched pass: after the last of its work on the main stream
         self.finished = 0
         self.end = None  # marked when a pass's picks reach the host
         self.last_decode = False  # the last finished pass held no prefill item
@@ -59,7 +62,9 @@ class _StepClock:
 
         def launch(batch):
             self.starts.append(self._mark())
-            return self.inner[0](batch)
+            p = self.inner[0](batch)
+            self.queued.append(self._mark())
+            return p
 
         def picks(p):
             out = self.inner[1](p)
@@ -80,12 +85,17 @@ class _StepClock:
     def restore(self) -> None:
         self.runner.launch, self.runner.picks = self.inner
 
-    def device_ms(self) -> list[float]:
+    def _ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def device_ms(self) -> tuple[list[float], float]:
+        """ms per pass, and the ms the device sat idle waiting for the next launch."""
+        if self.cuda:
+            torch.cuda.synchronize()
         marks = self.starts + [self.end]
-        if not self.cuda:
-            return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        per_pass = [self._ms(a, b) for a, b in zip(marks, marks[1:])]
+        idle = sum(max(0.0, self._ms(q, s)) for q, s in zip(self.queued, self.starts[1:]))
+        return per_pass, idle
 
 
 def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None,
@@ -145,7 +155,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
             outputs[res.request_id] += res.token_ids
             generated += len(res.token_ids)
     wall = time.perf_counter() - start
-    device = clock.device_ms()
+    device, idle_ms = clock.device_ms()
     clock.restore()
     gc_clock.stop()
     first = [b[0] for b in blocks.values()]
@@ -165,7 +175,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "ms_per_forward_first_block": _mean(device[:first_block_passes]),
         "ms_per_forward_after": _mean(device[first_block_passes:]),
         "forward_passes_per_block": steps * len(reqs) / n_blocks,
-        "gpu_idle_fraction": max(0.0, 1 - sum(device) / 1e3 / wall),
+        "gpu_idle_fraction": idle_ms / 1e3 / wall,  # between passes, waiting for the host's launch
         "forward_passes": steps,
         "generated_tokens": generated,
         "wall_s": wall,
