@@ -11,7 +11,7 @@ import tempfile
 import time
 
 from cde.commands.gateway import add_http_arguments, build_state
-from cde.commands.worker import add_attention_arguments, attention_flags, flashblock_default
+from cde.commands.worker import add_attention_arguments, attention_flags, flashblock_default, kv_splits
 from shared.logs import setup_logging
 
 
@@ -82,8 +82,9 @@ def run(args) -> int:
     from gateway.server import serve_http
 
     setup_logging("gateway", args.log_level)
-    flashblock_default(args)  # bad flags fail here, before any model work, not in every worker
-    attention_flags(args)
+    # Bad flags fail here, before any model work, not in every worker.
+    flashblock_default(args)
+    kv_splits(args)
     if args.model is None:
         from worker.checkpoint import demo_model_dir
 
