@@ -1,0 +1,223 @@
+"""The concept catalog: the official `concept_labels.parquet` (ten columns, reference:
+`steerling.concepts.ConceptCatalog`), or a legacy labels CSV. Torch-free: the gateway searches
+it, labels attribution with it and resolves steering labels and groups through it.
+
+Search and groups follow the official code line by line in meaning: whole-word matches of each
+query term, name weighted 3 and description 1, steerable known concepts by default, ties in the
+order pandas' (unstable) sort leaves them, group members in file order with the focal id first.
+The official package pins pandas 2.2, whose string methods are Python's `re` and `str.lower`,
+which is what this module uses.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = ("concept_id", "concept_name", "concept_description", "head", "public_group_id", "group_name",
+           "is_steerable", "is_tone", "is_alignment", "is_demographic")
+FILENAME = "concept_labels.parquet"
+LEGACY_FILENAME = "concept_labels.csv"
+ENV_VAR = "STEERLING_CONCEPTS_PATH"
+HUB_REPO = "guidelabs/steerling"
+
+
+class CatalogError(ValueError):
+    """A catalog file that is missing or does not have the columns it needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Concept:
+    """One row, with the official `Concept`'s field names."""
+
+    concept_id: int
+    name: str
+    description: str | None
+    head: str | None  # "known" or "unknown"; None: a legacy file without the column
+    group_id: int | None
+    group_name: str | None
+    is_steerable: bool
+    is_tone: bool
+    is_alignment: bool
+    is_demographic: bool
+
+
+def _flag(value, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, str):  # CSV cells
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _optional_int(value) -> int | None:
+    # pandas reads a nullable integer column as float64 with NaN for the nulls.
+    if value is None or value == "" or value != value:
+        return None
+    return int(float(value))
+
+
+def _concept(row: Mapping) -> Concept:
+    cid = row.get("concept_id", row.get("concept_idx"))  # legacy CSVs say concept_idx
+    if cid is None or row.get("concept_name") is None:
+        raise CatalogError("every row needs concept_id and concept_name")
+    description, group_name = row.get("concept_description"), row.get("group_name")
+    return Concept(
+        concept_id=int(cid), name=str(row["concept_name"]),
+        description=None if description is None else str(description),
+        # Legacy label files had no steerability flag: every known concept in them could be
+        # steered by label.
+        head=row.get("head") or None, group_id=_optional_int(row.get("public_group_id")),
+        group_name=None if group_name in (None, "") else str(group_name),
+        is_steerable=_flag(row.get("is_steerable"), True), is_tone=_flag(row.get("is_tone"), False),
+        is_alignment=_flag(row.get("is_alignment"), False), is_demographic=_flag(row.get("is_demographic"), False),
+    )
+
+
+def matches_head(c: Concept, head: str | None) -> bool:
+    """`head` None matches any; a row without a head (a legacy file) matches either."""
+    return head is None or c.head is None or c.head == head
+
+
+def _ties_as_pandas(scores: list[int]) -> list[int]:
+    """Indices of `scores` from highest to lowest, equal scores in the order that
+    `DataFrame.sort_values(ascending=False)` leaves them: pandas reverses the int64 column,
+    argsorts it with numpy's (unstable, hardware-dispatched) quicksort and reverses the result,
+    so the same numpy call on the same values gives the official order."""
+    reversed_scores = np.asarray(scores, dtype=np.int64)[::-1]
+    positions = np.arange(len(scores))[::-1]
+    return positions[reversed_scores.argsort(kind="quicksort")][::-1].tolist()
+
+
+class Catalog:
+    def __init__(self, concepts: Iterable[Concept] = ()):
+        self.concepts = list(concepts)  # file order: search ties and group members follow it
+        self.by_id: dict[int, Concept] = {}
+        self._groups: dict[int, list[int]] = {}
+        for c in self.concepts:
+            if c.concept_id in self.by_id:
+                raise CatalogError(f"concept_id {c.concept_id} appears more than once")
+            self.by_id[c.concept_id] = c
+            if c.group_id is not None:
+                self._groups.setdefault(c.group_id, []).append(c.concept_id)
+        self._lower = [(c.name.lower(), (c.description or "").lower()) for c in self.concepts]
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping]) -> Catalog:
+        return cls(_concept(r) for r in rows)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Catalog:
+        """`concept_labels.parquet` (the official schema), or a CSV with at least concept_id
+        (or concept_idx) and concept_name; absent columns take the legacy defaults."""
+        path = Path(path)
+        try:
+            if path.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                columns = pq.read_table(path).to_pydict()
+                rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+            else:
+                with path.open(newline="") as f:
+                    rows = list(csv.DictReader(f))
+            return cls.from_rows(rows)
+        except CatalogError as exc:
+            raise CatalogError(f"{path}: {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise CatalogError(f"{path}: not a readable concept catalog ({exc})") from None
+
+    def __len__(self) -> int:
+        return len(self.concepts)
+
+    def __iter__(self) -> Iterator[Concept]:
+        return iter(self.concepts)
+
+    def get(self, concept_id: int) -> Concept | None:
+        return self.by_id.get(concept_id)
+
+    def search(self, query: str, *, limit: int = 10, steerable_only: bool = True,
+               head: str | None = "known") -> list[Concept]:
+        """`ConceptCatalog.search`: `head=None` searches both heads."""
+        patterns = [(t, re.compile(rf"\b{re.escape(t)}\b")) for t in query.lower().split()]
+        hits, scores = [], []
+        for i, c in enumerate(self.concepts):
+            if not matches_head(c, head) or (steerable_only and not c.is_steerable):
+                continue
+            name, desc = self._lower[i]
+            score = 0
+            for term, pattern in patterns:
+                # A whole-word match is a substring first: the cheap test skips most rows.
+                if term in name:
+                    score += 3 * len(pattern.findall(name))
+                if term in desc:
+                    score += len(pattern.findall(desc))
+            if score > 0:
+                hits.append(c)
+                scores.append(score)
+        return [hits[i] for i in _ties_as_pandas(scores)[:limit]]
+
+    def group(self, concept_id: int) -> list[int]:
+        """`ConceptCatalog.group`: the ids sharing this concept's group, the focal id first (just
+        the focal id when it has no group). KeyError for an id the catalog lacks."""
+        focal = self.by_id[concept_id]
+        if focal.group_id is None:
+            return [concept_id]
+        return [concept_id] + [m for m in self._groups[focal.group_id] if m != concept_id]
+
+
+def _hub_cached() -> Path | None:
+    """`concept_labels.parquet` of the Hub repo, only if the local Hugging Face cache has it: the
+    catalog is never downloaded at startup (`huggingface-cli download guidelabs/steerling
+    concept_labels.parquet` puts it there)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(HUB_REPO, FILENAME)
+    return Path(found) if isinstance(found, str) else None
+
+
+def find_catalog(explicit: str | Path | None, model_dir: str | Path | None) -> Path | None:
+    """The official lookup order, with the model directory before the Hub: an explicit path
+    (`--concept-labels`), $STEERLING_CONCEPTS_PATH, `concept_labels.parquet` (or the legacy
+    `.csv`) beside the weights, then the Hub cache. A path named explicitly must exist."""
+    for source, given in (("--concept-labels", explicit), (ENV_VAR, os.environ.get(ENV_VAR) or None)):
+        if given is not None:
+            if not Path(given).is_file():
+                raise CatalogError(f"{source}: no concept catalog at {given}")
+            return Path(given)
+    if model_dir is not None:
+        for name in (FILENAME, LEGACY_FILENAME):
+            if (Path(model_dir) / name).is_file():
+                return Path(model_dir) / name
+    return _hub_cached()
+
+
+def write_catalog(path: str | Path, rows: Iterable[Mapping]) -> Path:
+    """Write rows (mappings keyed by the official column names; concept_id and concept_name
+    required; head defaults to "known", is_steerable to true, the other flags to false and the
+    rest to null) as a parquet file in the official schema. Written beside and renamed into place, so a reader never sees half a file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    concepts = Catalog.from_rows(rows).concepts
+    table = pa.table({
+        "concept_id": pa.array([c.concept_id for c in concepts], pa.int64()),
+        "concept_name": pa.array([c.name for c in concepts], pa.string()),
+        "concept_description": pa.array([c.description for c in concepts], pa.string()),
+        "head": pa.array([c.head or "known" for c in concepts], pa.string()),
+        "public_group_id": pa.array([c.group_id for c in concepts], pa.int64()),
+        "group_name": pa.array([c.group_name for c in concepts], pa.string()),
+        **{flag: pa.array([getattr(c, flag) for c in concepts], pa.bool_()) for flag in COLUMNS[6:]},
+    })
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
