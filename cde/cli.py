@@ -7,6 +7,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
+
+from shared.home import use_compile_caches
+
+STARTED = time.monotonic()  # the process's start, near enough: what "ready in" counts from
 
 # name -> (module in cde.commands, one-line help); each module has `add_arguments(parser)` and
 # `run(args) -> int`.
@@ -21,14 +26,27 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default after its help, unless the help already says it or there is
+    none worth showing (unset, off)."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Before any command imports torch: compiled kernels are kept under CDE_HOME and reused.
+    use_compile_caches()
     parser = argparse.ArgumentParser(prog="cde", description="CDE, the Causal Diffusion Engine")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None
     for name, (mod, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             module = importlib.import_module(f"cde.commands.{mod}")
             p.description = module.__doc__

@@ -185,16 +185,22 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-# Keys that describe the layout but that CDE does not need (token ids are fixed by the tokenizer).
+# Keys that describe the layout but that CDE does not need: Hub bookkeeping (the official loader
+# strips the same four), token ids (fixed by the tokenizer; the instruct variant adds its chat
+# header and end-of-turn ids), the checkpoint's storage dtype (the server picks one), training-time
+# switches, and the default steering layer and alpha (CDE's steering presets set them per request).
 _IGNORED = {
     "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "model_type_hf",
     "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id", "endofchunk_token_id",
-    "eot_token_id", "start_header_token_id", "end_header_token_id", "concept_dim",
-    "max_concepts", "store_unknown_weights", "inject_layer", "inject_alpha", "rope_full_precision",
+    "eot_token_id", "start_header_token_id", "end_header_token_id", "eot_id", "start_header_id",
+    "end_header_id", "concept_dim", "max_concepts", "store_unknown_weights", "inject_layer",
+    "inject_alpha", "rope_full_precision",
 }
 # Architecture switches whose other values CDE does not implement.
 _FIXED = {
-    "model_type": {"causal_diffusion"},
+    # "steerling": the published Hub config (its Hugging Face file builder); "causal_diffusion":
+    # the official package's own configs.
+    "model_type": {"causal_diffusion", "steerling"},
     "use_rms_norm": {True},
     "use_rope": {True},
     "mlp_type": {"swiglu"},

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 _CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
@@ -51,19 +51,18 @@ def official_configs(raw: dict):
 
 
 def official_model(model_dir: str | Path, device: str = "cpu", dtype=None):
-    """InterpretableCausalDiffusionLM loaded strictly from a CDE-format checkpoint (float32, or
-    `dtype`), built directly on `device` (an 8B model initialises in seconds on a GPU)."""
+    """InterpretableCausalDiffusionLM loaded strictly from a checkpoint in the published layout
+    (float32, or `dtype`), built directly on `device` (an 8B model initialises in seconds on a
+    GPU). `model_dir` is a directory or a Hub id: the official loader reads either (from the
+    Hub cache) and strips the Hub's bookkeeping keys from config.json."""
+    from steerling.inference.checkpoint_utils import load_config, load_state_dict
     from steerling.models.interpretable.interpretable_causal_diffusion import InterpretableCausalDiffusionLM
 
-    model_dir = Path(model_dir)
-    raw = json.loads((model_dir / "config.json").read_text())
+    raw = load_config(str(model_dir))
     model_cfg, concept_cfg = official_configs(raw)
     with torch.device(device):
         model = InterpretableCausalDiffusionLM(model_cfg, concept_cfg, raw["vocab_size"])
-    state = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(load_state_dict(str(model_dir)), strict=False)
     assert not unexpected, unexpected
     assert all("lm_head" in k for k in missing), missing
     model.transformer._restore_weight_tying()

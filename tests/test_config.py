@@ -8,6 +8,23 @@ import pytest
 from shared.config import (
     EOT_ID, INSTRUCT_VOCAB, PAGE, PRESETS, ConfigError, ModelConfig, preset,
 )
+from tests.published import published, published_instruct
+
+
+def test_published_8b_config_loads_as_is():
+    raw = published()
+    assert raw["model_type"] == "steerling" and raw["architectures"] == ["SteerlingForCausalLM"]
+    c = ModelConfig.from_dict(raw)
+    # The 8b shape, except that the published head reports 16 known concepts out of the 32 it
+    # composes features from (the official ConceptHead's topk / topk_features).
+    assert c == dataclasses.replace(preset("8b"), topk_known=16)
+    assert (c.topk_known, c.known_topk_features) == (16, 32)
+
+
+def test_published_instruct_config_loads_as_is():
+    c = ModelConfig.from_dict(published_instruct())
+    assert c == dataclasses.replace(preset("8b", instruct=True), topk_known=16)
+    assert c.eot_id == EOT_ID
 
 
 def test_8b_preset_is_steerling_8b():
@@ -81,10 +98,11 @@ def test_instruct_flag_defaults_vocab():
     ("use_attention_known", True), ("use_unknown", False), ("norm_order", "sandwich"),
     ("diff_block_size", 32),
 ])
-def test_unsupported_architecture_values(key, value):
-    raw = {**preset("tiny").to_published_dict(), key: value}
+@pytest.mark.parametrize("layout", ["cde", "published"])
+def test_unsupported_architecture_values(key, value, layout):
+    base = preset("tiny").to_published_dict() if layout == "cde" else published()
     with pytest.raises(ConfigError, match=f"unsupported architecture value {key}="):
-        ModelConfig.from_dict(raw)
+        ModelConfig.from_dict({**base, key: value})
 
 
 def test_unsupported_value_in_nested_block():

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -14,10 +17,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shared.config import ConfigError, ModelConfig, preset
+from shared.home import cde_home
 from worker.model import SteerlingModel
 
 TIED = "transformer.lm_head.weight"
+EMBEDDING = "transformer.tok_emb.weight"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+log = logging.getLogger("cde.checkpoint")
 
 
 class CheckpointError(ValueError):
@@ -46,41 +54,65 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
-    """Returns (config, model in eval mode). Every tensor must be present with its exact shape."""
+    """Returns (config, model in eval mode). Every tensor must be present with its exact shape:
+    that is checked from the safetensors headers before any memory is allocated. The weights are
+    then read straight onto `device` one tensor at a time (safetensors maps the file and copies to
+    the GPU), never staged as a whole model in host memory."""
     path = Path(path)
+    t0 = time.perf_counter()
     cfg = load_config(path)
     with torch.device("meta"):
         model = SteerlingModel(cfg)
-    expected = {k: v for k, v in model.state_dict().items()}
-    tensors: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for name in sf.keys():
-                if name not in expected:
-                    raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
-                t = sf.get_tensor(name)
-                if tuple(t.shape) != tuple(expected[name].shape):
-                    raise CheckpointError(
-                        f"{f.name}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
-                    )
-                tensors[name] = t
-    if cfg.weight_sharing and TIED not in tensors and "transformer.tok_emb.weight" in tensors:
-        tensors[TIED] = tensors["transformer.tok_emb.weight"]
-    if cfg.weight_sharing and "transformer.tok_emb.weight" not in tensors and TIED in tensors:
-        tensors["transformer.tok_emb.weight"] = tensors[TIED]
-    missing = sorted(set(expected) - set(tensors))
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    plan = _plan(_weight_files(path), expected)
+    names = set(plan)
+    if cfg.weight_sharing and names & {TIED, EMBEDDING}:
+        names |= {TIED, EMBEDDING}  # one tensor fills both
+    missing = sorted(set(expected) - names)
     if missing:
         raise CheckpointError(f"checkpoint is missing tensor(s): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    dtype = dtype or next(iter(tensors.values())).dtype
+    dtype = dtype or next(iter(plan.values()))[1]
     # Allocate in the target dtype directly: a bf16 8b model never exists in float32.
     model = model.to(dtype).to_empty(device=device)
     if cfg.weight_sharing:
         model.transformer.tok_emb.weight = model.transformer.lm_head.weight
-    with torch.no_grad():
-        state = model.state_dict()
-        for name, t in tensors.items():
-            state[name].copy_(t)
+    nbytes = sum(size for _, _, size in plan.values())
+    state = model.state_dict()
+    with torch.no_grad(), _progress(nbytes, "loading weights") as bar:
+        for f in sorted({f for f, _, _ in plan.values()}):
+            with safe_open(str(f), framework="pt", device=str(device)) as sf:
+                for name in (n for n, (g, _, _) in plan.items() if g == f):
+                    state[name].copy_(sf.get_tensor(name))
+                    bar.update(plan[name][2])
+    seconds = time.perf_counter() - t0
+    log.info("weights loaded in %.1f s (%.2f GB, %.2f GB/s) to %s", seconds, nbytes / 1e9, nbytes / 1e9 / seconds, device,
+             extra={"load_s": round(seconds, 3), "bytes": nbytes})
     return cfg, model.eval()
+
+
+def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path, torch.dtype, int]]:
+    """name -> (file, stored dtype, bytes), from the headers alone; rejects what does not fit."""
+    plan = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                if name not in expected:
+                    raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
+                meta = sf.get_slice(name)
+                shape, stored = tuple(meta.get_shape()), _STORED.get(meta.get_dtype())
+                if shape != expected[name]:
+                    raise CheckpointError(f"{f.name}: tensor {name!r} has shape {shape}, expected {expected[name]}")
+                if stored is None:
+                    raise CheckpointError(f"{f.name}: tensor {name!r} is stored as {meta.get_dtype()}, not a float type")
+                plan[name] = (f, stored, math.prod(shape) * stored.itemsize)
+    return plan
+
+
+def _progress(total: int, what: str):
+    """A byte progress bar on stderr, shown on a terminal only (a log file gets the timing line)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=None, leave=False)
 
 
 def random_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SteerlingModel:
@@ -98,7 +130,7 @@ def random_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32
             noise = torch.randn(p.shape, generator=gen, device=device)
             if name.endswith("norm.weight") or ".ln_" in name or name.endswith("ln_f.weight"):
                 p.copy_(1.0 + 0.1 * noise)
-            elif name in (TIED, "transformer.tok_emb.weight") or "predictor" in name:
+            elif name in (TIED, EMBEDDING) or "predictor" in name:
                 p.copy_(noise * (3.0 / p.shape[-1] ** 0.5))
             else:
                 p.copy_(noise * 0.02)
@@ -149,7 +181,7 @@ def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str =
 
 def demo_model_dir() -> Path:
     """The built-in demo model (tiny instruct preset, seed 0), written on first use."""
-    root = Path(os.environ.get("CDE_HOME", Path.home() / ".cache" / "cde"))
+    root = cde_home()
     path = root / "demo-tiny-instruct"
     if not (path / "config.json").is_file():
         tmp = root / f".demo-{os.getpid()}"

@@ -32,7 +32,7 @@ class _LazySubcommands(argparse._SubParsersAction):
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="bench", required=True, action=_LazySubcommands)
     for name, (_, help_text) in SUBCOMMANDS.items():
-        sub.add_parser(name, help=help_text)
+        sub.add_parser(name, help=help_text, formatter_class=p.formatter_class)
 
 
 def run(args) -> int:

@@ -12,6 +12,7 @@ import time
 import torch
 
 from cde.commands import bench_flashblock
+from cde.commands.model_args import add_model_arguments, resolve_model_args
 from shared.config import PAGE
 from shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from worker.checkpoint import make_model
@@ -19,20 +20,20 @@ from worker.engine import Engine, EngineArgs, resolve_device
 
 
 def add_arguments(p) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="checkpoint directory")
+    src = p.add_mutually_exclusive_group()
+    add_model_arguments(p, into=src)
     src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
     p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated request counts")
     p.add_argument("--prompt-len", default="64", help="comma-separated prompt lengths, each run at every concurrency")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--tokens-per-step", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates")
+    p.add_argument("--tokens-per-step", type=int, default=1, help="tokens unmasked per denoising step")
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
     p.add_argument("--compare-attribution", action="store_true",
                    help="run each level twice in the same engine: without, then with attribution")
     p.add_argument("--steering", action="store_true",
                    help="run each level twice in the same engine: no steering, then half of the requests steering")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda; auto: cuda when a GPU is visible")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--no-cuda-graphs", action="store_true")
     p.add_argument("--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)")
     p.add_argument("--json", help="write the results as JSON here")
@@ -198,6 +199,8 @@ def _compile_count() -> int:
 
 def run(args) -> int:
     device = resolve_device(args.device)
+    if args.preset is None:
+        resolve_model_args(args, "bench engine")
     model_dir = args.model
     if model_dir is None:
         model_dir = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")

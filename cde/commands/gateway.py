@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 
+from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 from shared.logs import setup_logging
 
 
 def add_http_arguments(p) -> None:
     """Options shared with `cde serve`."""
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
-    p.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"), help="require `Authorization: Bearer KEY` (env CDE_API_KEY)")
+    p.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` (default: env CDE_API_KEY, never shown here)")
     p.add_argument("--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
@@ -36,19 +38,25 @@ def add_arguments(p) -> None:
     p.add_argument("--curve-secret-key", metavar="FILE", help="this gateway's CURVE key pair (NAME.key_secret): "
                    "encrypt and authenticate the worker links; needs --curve-server-key")
     p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key)")
-    p.add_argument("--model", help="checkpoint directory, only read for concept labels (optional)")
+    add_model_arguments(p, MODEL_HELP + ", only read for its concept labels (optional)")
     p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
     add_http_arguments(p)
 
 
-def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
+def concept_labels(args, model_dir):
+    """The concept labels a server (or `cde generate`) names concepts by."""
     from gateway.concepts import ConceptLabels
+
+    return ConceptLabels.load(model_dir, args.concept_labels)
+
+
+def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
     from gateway.router import Router
     from gateway.state import ServerState
 
     router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue,
                     **router_options)
-    return ServerState(router, args.served_model_name, args.api_key or None, ConceptLabels.load(model_dir, args.concept_labels),
+    return ServerState(router, args.served_model_name, args.api_key or None, concept_labels(args, model_dir),
                        max_model_len=args.max_model_len, log_requests=args.log_requests)
 
 
@@ -68,6 +76,7 @@ def run(args) -> int:
     except CurveKeyError as exc:
         raise SystemExit(f"cde gateway: {exc}") from None
     discovery = DnsDiscovery(args.worker_dns, args.dns_interval) if args.worker_dns else None
+    resolve_model_args(args, "gateway", demo=False)
     setup_logging("gateway", args.log_level)
     state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
     app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes)

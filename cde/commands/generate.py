@@ -1,38 +1,48 @@
-"""Generate from one prompt with the offline engine (no server)."""
+"""Generate from one prompt with the offline engine (no server). `--steering` and `--attribution`
+take the JSON of the API's `steering` and `attribution` fields, checked by the gateway's own code."""
 
 from __future__ import annotations
 
 import json
 import uuid
 
+from cde.commands.model_args import add_model_arguments, resolve_model_args
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    add_model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt", help="prompt text (encoded as is: no chat template)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--tokens-per-step", type=int, default=1)
-    p.add_argument("--confidence-threshold", type=float)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0: off")
+    p.add_argument("--seed", type=int, help="sampling seed (default: random)")
+    p.add_argument("--tokens-per-step", type=int, default=1, help="tokens unmasked per denoising step")
+    p.add_argument("--confidence-threshold", type=float, help="also unmask every position at least this confident")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
     p.add_argument("--entropy-sampling", action="store_true", help="the reference's entropy-adaptive sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--steering", metavar="JSON",
+                   help='the API\'s `steering` object, e.g. \'{"concepts": ["ocean"], "preset": "amplify"}\'')
+    p.add_argument("--attribution", metavar="JSON",
+                   help="the API's `attribution` field: true, or e.g. '{\"top_k\": 5, \"per_token\": true}'")
+    p.add_argument("--concept-labels", metavar="PATH", help="concept labels for steering by name and for attribution "
+                   "(default: as `cde serve` finds them)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
-    p.add_argument("--json", action="store_true", help='print {"token_ids": [...], "text": "..."}')
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--json", action="store_true",
+                   help='print {"token_ids": [...], "text": "..."}, plus "attribution" as the API renders it')
 
 
 def run(args) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
-    from shared.protocol import GenerateRequest
-    from worker.checkpoint import demo_model_dir
+    from shared.protocol import BlockResult, GenerateRequest
     from worker.engine import Engine, EngineArgs
 
-    engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype, max_running=1))
+    resolve_model_args(args, "generate")
+    engine = Engine(EngineArgs(args.model, device=args.device, dtype=args.dtype, max_running=1))
     tok = engine.tokenizer
     if args.prompt is not None:
         prompt_ids = tok.encode(args.prompt)
@@ -44,7 +54,16 @@ def run(args) -> int:
         confidence_threshold=args.confidence_threshold, repetition_penalty=args.repetition_penalty,
         entropy_sampling=args.entropy_sampling, stop=args.stop,
     )
-    ids = engine.generate([req])[req.request_id]
+    render = None
+    if args.steering is not None or args.attribution is not None:
+        req.steering, req.attribution, render = _api_fields(args, engine, prompt_ids)
+    engine.add_request(req)
+    ids, records = [], []
+    while engine.has_work():
+        for res in engine.step():
+            if isinstance(res, BlockResult):
+                ids += res.token_ids
+                records += res.attribution or []
     text = tok.decode(ids)
     if args.stop:
         from shared.stops import find_stop
@@ -52,5 +71,47 @@ def run(args) -> int:
         found = find_stop(text, args.stop)
         if found is not None:
             text = text[: found[0]]
-    print(json.dumps({"token_ids": ids, "text": text}) if args.json else text)
+    attribution = render(records) if render else None
+    if args.json:
+        print(json.dumps({"token_ids": ids, "text": text, **({"attribution": attribution} if attribution else {})}))
+    else:
+        print(text)
+        if attribution:
+            print(json.dumps(attribution, indent=2))
     return 0
+
+
+def _api_fields(args, engine, prompt_ids: list[int]):
+    """The request's steering and attribution specs, parsed and checked as the API parses and
+    checks them (labels, presets, bounds), and the API's attribution renderer."""
+    from pydantic import ValidationError
+
+    from cde.commands.gateway import concept_labels
+    from gateway.attribution import renderer
+    from gateway.errors import ApiError, from_validation_error
+    from gateway.params import generate_requests
+    from gateway.schemas import CompletionRequest
+    from shared.protocol import Heartbeat
+
+    body = {"model": "cli", "prompt": prompt_ids}
+    for field in ("steering", "attribution"):
+        raw = getattr(args, field)
+        if raw is not None:
+            try:
+                body[field] = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"cde generate: --{field} is not JSON: {exc}") from None
+    cfg = engine.cfg
+    info = Heartbeat(boot_id="cli", model="cli", block_size=cfg.block_size, vocab_size=cfg.vocab_size,
+                     instruct=cfg.instruct, n_layers=cfg.n_layers, n_concepts=cfg.n_concepts, max_running=1)
+    labels = concept_labels(args, args.model)
+    try:
+        try:
+            parsed = CompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        [api] = generate_requests(parsed, [prompt_ids], args.max_tokens, info, labels, "cli")
+    except ApiError as exc:
+        raise SystemExit(f"cde generate: {exc.message}" + (f" (param: {exc.param})" if exc.param else "")) from None
+    render = renderer([api], engine.tokenizer, labels, info)
+    return api.steering, api.attribution, lambda records: render(0, records)

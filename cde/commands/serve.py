@@ -11,15 +11,18 @@ import tempfile
 import time
 
 from cde.commands.gateway import add_http_arguments, build_state
-from cde.commands.worker import add_attention_arguments, attention_flags, flashblock_default, kv_splits
+from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.worker import (
+    DEVICE_HELP, DTYPE_HELP, add_attention_arguments, attention_flags, flashblock_default, kv_splits,
+)
 from shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    add_model_arguments(p)
     p.add_argument("--workers", type=int, help="worker processes (default: one per GPU, or 1 on CPU)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=DTYPE_HELP)
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
     add_attention_arguments(p)
@@ -77,7 +80,19 @@ def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
             p.wait()
 
 
+class _ReadyBanner:
+    """The startup line: `serve_http` formats it once the workers are ready and the port is
+    bound, so the time to ready it reports is the one a client sees."""
+
+    def __init__(self, text: str, t0: float):
+        self.text, self.t0 = text, t0
+
+    def format(self, url: str) -> str:
+        return self.text.format(url=url) + f" (ready in {time.monotonic() - self.t0:.1f} s)"
+
+
 def run(args) -> int:
+    from cde.cli import STARTED
     from gateway.app import create_app
     from gateway.server import serve_http
 
@@ -85,10 +100,10 @@ def run(args) -> int:
     # Bad flags fail here, before any model work, not in every worker.
     flashblock_default(args)
     kv_splits(args)
-    if args.model is None:
-        from worker.checkpoint import demo_model_dir
-
-        args.model = str(demo_model_dir())
+    # Resolved once here (one download, one progress bar); the workers get the local directory.
+    name = args.model
+    hub_id = resolve_model_args(args, "serve")
+    args.served_model_name = args.served_model_name or hub_id
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
     sockdir = tempfile.mkdtemp(prefix="cde-")
@@ -97,7 +112,8 @@ def run(args) -> int:
         state = build_state(args, endpoints, procs, model_dir=args.model)
         app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes)
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
-        return serve_http(app, args.host, args.port, banner=f"CDE serving {args.model} ({where}) at {{url}}/v1",
+        banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
+        return serve_http(app, args.host, args.port, banner=banner,
                           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
     finally:
         _stop(procs)

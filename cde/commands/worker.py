@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 
+from cde.commands.model_args import add_model_arguments, resolve_model_args
 from shared.logs import setup_logging
+
+DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
+DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    add_model_arguments(p)
     p.add_argument("--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
     p.add_argument("--max-running", type=int, default=16, help="requests decoded concurrently")
-    p.add_argument("--served-model-name", help="model name reported to the gateway (default: the checkpoint directory's name)")
+    p.add_argument("--served-model-name",
+                   help="model name reported to the gateway (default: the Hub id as given, or the directory's name)")
     p.add_argument("--curve-secret-key", metavar="FILE", help="this worker's CURVE key pair (NAME.key_secret): "
                    "encrypt the link and admit only --curve-authorized-keys")
     p.add_argument("--curve-authorized-keys", metavar="FILE|DIR",
@@ -62,8 +69,8 @@ def attention_flags(args) -> list[str]:
 
 
 def run(args) -> int:
+    from cde.cli import STARTED
     from shared.curve import CurveKeyError, CurveServer
-    from worker.checkpoint import demo_model_dir
     from worker.engine import Engine, EngineArgs
     from worker.server import run_worker
 
@@ -75,9 +82,13 @@ def run(args) -> int:
         raise SystemExit(f"cde worker: {exc}") from None
     splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
-    engine = Engine(EngineArgs(args.model or str(demo_model_dir()), device=args.device, dtype=args.dtype,
+    served = resolve_model_args(args, "worker")
+    engine = Engine(EngineArgs(args.model, device=args.device, dtype=args.dtype,
                                max_running=args.max_running, flashblock=flashblock, kv_splits=splits))
-    run_worker(engine, args.bind, args.served_model_name, args.parent_pid, curve)
+    # From the process's start: imports, weights, compilation and graph capture.
+    ready_s = time.monotonic() - STARTED
+    logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})
+    run_worker(engine, args.bind, args.served_model_name or served, args.parent_pid, curve)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

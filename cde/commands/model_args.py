@@ -1,0 +1,34 @@
+"""`--model` / `--revision`, the same on every command that loads a model: a checkpoint directory
+or a Hugging Face Hub id, resolved to a local directory before any model work."""
+
+from __future__ import annotations
+
+MODEL_HELP = "checkpoint directory, or Hugging Face Hub id org/name (fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
+
+
+def add_model_arguments(p, model_help: str = MODEL_HELP + " (default: the built-in demo model)", into=None) -> None:
+    """`into`: a mutually exclusive group of `p` that --model joins (`bench engine --preset`)."""
+    (into or p).add_argument("--model", help=model_help)
+    p.add_argument("--revision", help="branch, tag or commit of a Hub id (default: main)")
+
+
+def resolve_model_args(args, command: str, demo: bool = True) -> str | None:
+    """Points `args.model` at a local directory (the demo model when absent and `demo`) and
+    returns the name to serve it under by default: a Hub id as given (as vLLM does), else None
+    (a directory is served under its own name)."""
+    from shared.hub import HubError, is_hub_id, resolve_model
+
+    if args.model is None:
+        if args.revision is not None:
+            raise SystemExit(f"cde {command}: --revision needs --model ORG/NAME")
+        if demo:
+            from worker.checkpoint import demo_model_dir
+
+            args.model = str(demo_model_dir())
+        return None
+    hub_id = args.model if is_hub_id(args.model) else None
+    try:
+        args.model = str(resolve_model(args.model, args.revision))
+    except HubError as exc:
+        raise SystemExit(f"cde {command}: {exc}") from None
+    return hub_id
