@@ -116,6 +116,9 @@ class Engine:
         stream), turned into records and returned. The GPU starts the next step while the host
         finishes this one, instead of idling through attribution and the host's bookkeeping."""
         current = self._in_flight or self._launch()
+        # Taken off before it is read: a pass whose reading raises is dropped with the requests
+        # the worker then fails, instead of being read (and failing) again at every later step.
+        self._in_flight = None
         if current is None:
             return []
         picks = self.runner.picks(current)

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Mutation canaries: plant each small deliberate bug of scripts/canaries.toml in a scratch copy
+of the repository, run the tests that should catch it, and fail if any bug survives.
+
+A test suite that passes says nothing about the bugs it would miss; each canary is one such bug
+that once went unnoticed (or that guards an important module), kept here so the tests that now
+catch it cannot quietly stop doing so.
+
+The working tree is never touched (others edit it while this runs): the files git knows about
+(tracked, plus untracked ones that are not ignored) are copied into a temporary directory per
+canary, and pytest runs there with that copy first on the import path. The package is installed
+editable from the real checkout, but its import hook comes after the path entries, so the copy's
+modules win; `check_isolation` proves it before anything runs.
+
+A canary whose snippet is no longer found exactly once fails loudly (the code moved: update the
+canary), and so does one whose tests error out instead of failing (exit status other than 1).
+
+    python scripts/mutation_canaries.py            # all, two at a time
+    python scripts/mutation_canaries.py -k sampler # names containing "sampler"
+    python scripts/mutation_canaries.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CANARIES = Path(__file__).with_name("canaries.toml")
+PACKAGES = ("cde", "gateway", "kernels", "shared", "worker", "tests")
+TIMEOUT_S = 150  # per canary: a mutation that makes a test hang must still end
+
+
+@dataclass
+class Canary:
+    name: str
+    file: str
+    find: str
+    replace: str
+    tests: list[str]
+    why: str = ""
+
+
+@dataclass
+class Outcome:
+    canary: Canary
+    verdict: str  # "caught" | "SURVIVED" | "BROKEN"
+    seconds: float
+    detail: str = ""
+
+
+def load(path: Path = CANARIES) -> list[Canary]:
+    return [Canary(**c) for c in tomllib.loads(path.read_text())["canary"]]
+
+
+def repo_files() -> list[str]:
+    """What git knows about (tracked, and untracked but not ignored); outside a git checkout (an
+    exported tree) every file but caches."""
+    res = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=REPO, capture_output=True)
+    if res.returncode != 0:
+        return [str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                if p.is_file() and not {"__pycache__", ".cache", ".pytest_cache"} & set(p.parts)]
+    return [f for f in res.stdout.decode().split("\0") if f and (REPO / f).is_file()]  # deleted files are still listed
+
+
+def copy_tree(files: list[str], dest: Path) -> None:
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
+
+
+def env_for(tree: Path) -> dict[str, str]:
+    # One torch thread per run: the canaries run side by side on small CI machines.
+    return {**os.environ, "PYTHONPATH": str(tree), "CDE_HOME": str(tree / ".cache" / "cde"),
+            "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def check_isolation(tree: Path) -> None:
+    code = f"import {', '.join(PACKAGES)}; print('\\n'.join(m.__file__ for m in ({', '.join(PACKAGES)},)))"
+    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env_for(tree), check=True,
+                         capture_output=True, text=True).stdout.split()
+    outside = [f for f in got if not Path(f).resolve().is_relative_to(tree.resolve())]
+    if outside:
+        raise SystemExit(f"the scratch copy does not shadow the installed package: {outside}")
+
+
+def mutate(tree: Path, c: Canary) -> None:
+    path = tree / c.file
+    if not path.exists():
+        raise LookupError(f"{c.file} does not exist")
+    text = path.read_text()
+    n = text.count(c.find)
+    if n != 1:
+        raise LookupError(f"snippet found {n} times in {c.file} (expected once): update the canary\n{c.find}")
+    path.write_text(text.replace(c.find, c.replace))
+
+
+def pytest(tree: Path, tests: list[str]) -> tuple[int | None, str]:
+    """pytest's exit status (None: it ran past TIMEOUT_S) and the tail of its output."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        res = subprocess.run(cmd, cwd=tree, env=env_for(tree), capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, f"tests ran past {TIMEOUT_S} s"
+    return res.returncode, "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+
+
+def run_one(files: list[str], c: Canary, keep: bool, baseline: bool) -> Outcome:
+    t0 = time.monotonic()
+    tree = Path(tempfile.mkdtemp(prefix="cde-canary-"))
+    try:
+        copy_tree(files, tree)
+        if baseline:
+            rc, tail = pytest(tree, c.tests)
+            if rc != 0:
+                return Outcome(c, "BROKEN", time.monotonic() - t0, f"fails without the mutation (exit {rc})\n{tail}")
+        try:
+            mutate(tree, c)
+        except LookupError as exc:
+            return Outcome(c, "BROKEN", time.monotonic() - t0, str(exc))
+        rc, tail = pytest(tree, c.tests)
+        # 1: tests failed (caught); 0: all passed (the bug survived); anything else: the
+        # selection did not run (bad node id, collection error, a hang) and proves nothing.
+        verdict = {0: "SURVIVED", 1: "caught"}.get(rc, "BROKEN")
+        return Outcome(c, verdict, time.monotonic() - t0, f"pytest exit {rc}\n{tail}")
+    finally:
+        if keep:
+            print(f"kept {tree} ({c.name})", flush=True)
+        else:
+            shutil.rmtree(tree, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-k", dest="match", default="", help="only canaries whose name contains this")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="canaries run at once (default 2)")
+    ap.add_argument("--list", action="store_true", help="list the canaries and exit")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch copies (their paths are printed)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first check that each canary's tests pass without its mutation (twice the time)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print the test output of every canary")
+    args = ap.parse_args(argv)
+    canaries = [c for c in load() if args.match in c.name]
+    if args.list:
+        for c in canaries:
+            print(f"{c.name}: {c.file} -> {' '.join(c.tests)}")
+        return 0
+    if not canaries:
+        print(f"no canary matches {args.match!r}", file=sys.stderr)
+        return 2
+    files = repo_files()
+    with tempfile.TemporaryDirectory(prefix="cde-canary-probe-") as probe:
+        copy_tree([f for f in files if f.split("/")[0] in PACKAGES], Path(probe))
+        check_isolation(Path(probe))
+    t0 = time.monotonic()
+    failed = 0
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for o in pool.map(lambda c: run_one(files, c, args.keep, args.baseline), canaries):
+            failed += o.verdict != "caught"
+            print(f"{o.verdict:8} {o.seconds:6.1f}s  {o.canary.name}", flush=True)
+            if o.verdict != "caught" or args.verbose:
+                print("    " + o.detail.replace("\n", "\n    "), flush=True)
+    print(f"{len(canaries) - failed}/{len(canaries)} canaries caught in {time.monotonic() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The worker's engine-failure path with real processes: a `cde gateway` and a worker process
+over ZeroMQ, the worker with a planted fault (tests/faulty_worker.py). When an engine step
+raises, every request in flight on that worker fails (a stream gets an error event, a plain
+request a 500), its pages are freed, and the same worker process keeps serving: a request sent
+afterwards decodes exactly as the official generator does."""
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+import torch
+
+from cde.commands.load_client import metric_samples
+from tests.cde_procs import CdeProcess, Gateway, free_port
+from tests.faulty_worker import LAUNCH_FAULT, SYNC_FAULT
+
+N_NEW, PER_STEP = 64, 8
+PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(11)).tolist()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_dir):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    worker = CdeProcess("--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu", "--served-model-name", "tiny",
+                        "--max-running", "4", module="tests.faulty_worker")
+    gateway = None
+    try:
+        worker.wait_for("worker ready")
+        gateway = Gateway("--worker", endpoint, "--heartbeat-timeout", "5")
+        gateway.wait_health(200)
+        yield worker, gateway
+    finally:
+        for p in (gateway, worker):
+            if p is not None:
+                p.stop()
+
+
+@pytest.fixture(scope="module")
+def official_tokens(tiny_dir) -> list[int]:
+    from steerling.configs.generation import GenerationConfig
+
+    from tests.oracle import official_generator
+
+    cfg = GenerationConfig(max_new_tokens=N_NEW, steps=N_NEW // PER_STEP, temperature=0, use_entropy_sampling=False,
+                           top_p=0, repetition_penalty=1)
+    return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT):].tolist()
+
+
+def body(prompt: list[int], max_tokens: int, **extra) -> dict:
+    return {"model": "tiny", "prompt": [prompt], "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+async def stream_until_error(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> dict:
+    """A long stream: sets `started` at its first block, returns its error event."""
+    async with http.stream("POST", url, json=body([5, 6, 7], 900, stream=True)) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                return event["error"]
+            started.set()
+    raise AssertionError("the stream ended without an error")
+
+
+@pytest.mark.parametrize("fault", [LAUNCH_FAULT, SYNC_FAULT], ids=["launch", "sync"])
+async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_serving(cluster, official_tokens, fault):
+    worker, gateway = cluster
+    url = gateway.url + "/v1/completions"
+    failures = worker.output.count("engine step failed")
+    async with httpx.AsyncClient(timeout=120) as http:
+        started = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(stream_until_error(http, url, e)) for e in started]
+        for e in started:
+            await asyncio.wait_for(e.wait(), 60)
+        faulty = await http.post(url, json=body([fault, 1, 2], 16))
+        errors = await asyncio.wait_for(asyncio.gather(*streams), 60)
+
+        assert faulty.status_code == 500 and faulty.json()["error"]["code"] == "generation_failed"
+        for err in [faulty.json()["error"], *errors]:
+            assert "engine error during generation" in err["message"], err
+        assert worker.proc.poll() is None
+        health = gateway.wait_health(200)
+        assert [w["alive"] for w in health["workers"]] == [True]
+
+        # The same process serves on, from a clean state, and decodes as the reference does.
+        r = await http.post(url, json=body(PROMPT, N_NEW, tokens_per_step=PER_STEP, return_token_ids=True))
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == official_tokens
+    # Every page back (the gateway learns it from the next heartbeats).
+    deadline = time.monotonic() + 10
+    while (m := metric_samples(httpx.get(gateway.url + "/metrics", timeout=10).text))["cde_kv_pages_used"]:
+        assert time.monotonic() < deadline, m
+        time.sleep(0.2)
+    assert m["cde_num_requests_running"] == 0
+    # One failed step, not one per step from then on.
+    assert worker.output.count("engine step failed") == failures + 1, worker.output
