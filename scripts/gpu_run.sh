@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
-# Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of them)
+# Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of
+# them; also `startup`: 8b load and time to ready, cold then with warm compile caches)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
@@ -38,6 +39,17 @@ for STAGE in $STAGES; do
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --compare-attribution \
       --json "$OUT/bench_16_attr.json" 2>&1 | tail -3 | tee "$OUT/bench_16_attr.log"
       ;;
+  startup)  # `cde serve` of the 8b: weights loaded (page cache warm), then ready; cold compile caches, then a restart
+    rm -rf /tmp/cde-startup
+    for RUN in cold warm; do
+      CDE_HOME=/tmp/cde-startup python3 -m cde serve --model /tmp/m8b --port 0 > "$OUT/startup_$RUN.log" 2>&1 &
+      PID=$!
+      until grep -q "ready in" "$OUT/startup_$RUN.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
+      URL=$(grep -o "at http://[^ ]*/v1" "$OUT/startup_$RUN.log" | cut -c4-)
+      python3 -c "import httpx, sys; r = httpx.post(sys.argv[1] + '/completions', timeout=120, json={'model': 'm8b', 'prompt': 'Hello', 'max_tokens': 64}); print(r.status_code, r.json().get('usage'))" "$URL"
+      kill -TERM $PID; wait $PID
+      echo "$RUN: $(grep -o 'weights loaded in [^"]*' "$OUT/startup_$RUN.log") | $(grep -o 'CDE serving.*' "$OUT/startup_$RUN.log")"
+    done 2>&1 | tee "$OUT/startup.txt" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

@@ -203,6 +203,21 @@ def test_misshaped_tensor(tiny, tmp_path):
         load_checkpoint(rewrite(tiny, tmp_path / "s", state))
 
 
+def test_integer_tensor(tiny, tmp_path):
+    state = tensors_of(tiny)
+    state["transformer.ln_f.weight"] = torch.ones(64, dtype=torch.int32)
+    with pytest.raises(CheckpointError, match="'transformer.ln_f.weight' is stored as I32, not a float type"):
+        load_checkpoint(rewrite(tiny, tmp_path / "i", state))
+
+
+def test_load_reports_its_time_and_size(tiny, caplog):
+    caplog.set_level("INFO", logger="cde.checkpoint")
+    load_checkpoint(tiny)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("weights loaded in")]
+    assert record.bytes == sum(t.numel() * t.element_size() for t in tensors_of(tiny).values())
+    assert record.load_s > 0 and "to cpu" in record.getMessage()
+
+
 @pytest.mark.parametrize("key,value", [("mlp_type", "standard"), ("norm_order", "sandwich"),
                                        ("use_rope", False), ("factorize_unknown", False)])
 def test_unsupported_architecture(tiny, tmp_path, key, value):
