@@ -1,5 +1,6 @@
-"""GET /v1/concepts (search the concept labels) and GET /v1/concepts/{id} (what a known concept
-promotes: the vocabulary tokens its embedding aligns with most, computed by a worker)."""
+"""GET /v1/concepts (list or search the concept catalog) and GET /v1/concepts/{id} (a known
+concept's catalog fields, its group, and what it promotes: the vocabulary tokens its embedding
+aligns with most, computed by a worker)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from shared.tokenizer import get_tokenizer
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000
 DEFAULT_K, MAX_K = 15, 100
+MAX_SEARCH_CHARS = 1000  # every term is a regex over every row: bound the work one request buys
+HEADS = {"known": "known", "unknown": "unknown", "any": None}
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -30,6 +34,24 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return value
 
 
+def _bool_param(request: Request, name: str, default: bool) -> bool:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in _BOOLS:
+        raise invalid(f"Invalid value for '{name}': expected true or false, got {raw!r}", name)
+    return _BOOLS[raw.lower()]
+
+
+def _head_param(request: Request, default: str | None) -> str | None:
+    raw = request.query_params.get("head")
+    if raw is None:
+        return default
+    if raw not in HEADS:
+        raise invalid(f"Invalid value for 'head': expected one of {sorted(HEADS)}, got {raw!r}", "head")
+    return HEADS[raw]
+
+
 def _live_info(state: ServerState) -> Heartbeat:
     info = state.router.info
     if info is None:
@@ -40,10 +62,19 @@ def _live_info(state: ServerState) -> Heartbeat:
 async def list_concepts(request: Request) -> Response:
     state: ServerState = request.app.state.cde
     limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    search = request.query_params.get("search", "").lower()
-    catalog = state.labels.catalog(_live_info(state).n_concepts)
-    hits = (c for c in catalog if search in c["label"].lower())
-    return JSONResponse({"object": "list", "data": list(islice(hits, limit))})
+    search = request.query_params.get("search", "")
+    if len(search) > MAX_SEARCH_CHARS:
+        raise invalid(f"Invalid value for 'search': at most {MAX_SEARCH_CHARS} characters, got {len(search)}", "search")
+    n_concepts = _live_info(state).n_concepts
+    # A search ranks steerable known concepts unless told otherwise, as the official one does;
+    # a plain listing is the whole catalog unless filtered.
+    head = _head_param(request, "known" if search else None)
+    steerable_only = _bool_param(request, "steerable_only", bool(search))
+    if search:
+        data = state.labels.search(search, n_concepts, limit=limit, steerable_only=steerable_only, head=head)
+    else:
+        data = list(islice(state.labels.listing(n_concepts, steerable_only=steerable_only, head=head), limit))
+    return JSONResponse({"object": "list", "data": data})
 
 
 def _known_concept_id(raw: str, n_concepts: int) -> int:
@@ -65,4 +96,5 @@ async def get_concept(request: Request) -> Response:
     reply = await state.router.concept_top_tokens(concept_id, k)
     tok = get_tokenizer(info.instruct)
     top = [{"token": tok.decode([t]), "token_id": t, "score": s} for t, s in zip(reply.token_ids, reply.scores)]
-    return JSONResponse({"id": concept_id, "type": "known", "label": state.labels.label(concept_id), "top_tokens": top})
+    return JSONResponse(state.labels.entry(concept_id, info.n_concepts)
+                        | {"group": state.labels.group(concept_id), "top_tokens": top})

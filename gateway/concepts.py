@@ -1,62 +1,123 @@
-"""Concept labels from the checkpoint's optional `concept_labels.parquet` / `.csv`: names for
-steering by label, and the labels attribution output shows. Without the file, concepts are
-named by id: `12`, `#12` or `Known: #12`."""
+"""The served concept catalog as the API sees it: listing and search entries, steering labels and
+groups resolved to known-concept ids (400 naming the field otherwise), and the labels attribution
+output shows. Without a catalog, concepts are known by id: `12`, `#12` or `Known: #12`."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.errors import invalid
 from shared.attribution import ConceptLabels as AttributionLabels
-from shared.attribution import load_concept_labels
+from shared.catalog import Catalog, Concept, find_catalog, matches_head
 
 _BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d{1,18})$")  # more digits: a label, not an id
+_PREFIX = "Known: "  # how attribution output labels a known concept
 
 
 class ConceptLabels:
-    def __init__(self, labels: AttributionLabels | None = None):
-        self.labels = labels or AttributionLabels()
-        # Steering acts on the known head; in the labels file discovered concepts are the ids
-        # past the known ones (or rows whose head is "unknown"), so they are not steering names.
-        self.names = {name: cid for cid, (name, head) in self.labels.names.items() if head != "unknown"}
+    def __init__(self, catalog: Catalog | None = None):
+        self.catalog = catalog or Catalog()
+        self.labels = AttributionLabels({c.concept_id: (c.name, c.head) for c in self.catalog})
+        # Steering acts on the known head, so only known concepts are steering names.
+        self._names: dict[str, list[Concept]] = {}
+        self._folded: dict[str, list[Concept]] = {}
+        for c in self.catalog:
+            if c.head != "unknown":
+                self._names.setdefault(c.name, []).append(c)
+                self._folded.setdefault(c.name.casefold(), []).append(c)
 
     @classmethod
     def load(cls, model_dir: str | Path | None, labels_path: str | Path | None = None) -> ConceptLabels:
-        """`labels_path` (a parquet/CSV anywhere) wins over the file in the model directory."""
-        if labels_path is not None:
-            return cls(load_concept_labels(labels_path))
-        for name in ("concept_labels.parquet", "concept_labels.csv"):
-            path = Path(model_dir or "") / name
-            if model_dir is not None and path.is_file():
-                return cls(load_concept_labels(path))
-        return cls()
+        """The catalog in the official lookup order (`shared.catalog.find_catalog`), or none."""
+        path = find_catalog(labels_path, model_dir)
+        return cls(Catalog.read(path) if path is not None else None)
 
     def resolve(self, concept: int | str, n_concepts: int, param: str) -> int:
+        """An id, `#id`, `Known: #id`, or a known concept's catalog name (also as `Known: name`,
+        the attribution label; case-insensitive when no name matches exactly)."""
         if isinstance(concept, str):
             m = _BY_ID.match(concept.strip())
-            if m:
-                concept = int(m.group(1))
-            elif concept in self.names:
-                concept = self.names[concept]
-            else:
-                raise invalid(f"unknown concept label {concept!r}", param)
+            concept = int(m.group(1)) if m else self._by_name(concept, param)
         if not 0 <= concept < n_concepts:
             raise invalid(f"concept id {concept} is outside [0, {n_concepts})", param)
         return concept
 
+    def _by_name(self, label: str, param: str) -> int:
+        name = label.removeprefix(_PREFIX)
+        found = self._names.get(name) or self._folded.get(name.casefold(), [])
+        if len(found) > 1:  # prefer the steerable one when only one is
+            found = [c for c in found if c.is_steerable] or found
+        if len(found) == 1:
+            return found[0].concept_id
+        if found:
+            ids = ", ".join(str(c.concept_id) for c in found[:8])
+            raise invalid(f"concept label {label!r} names several known concepts ({ids}): give the id", param)
+        near = [f"{c.name!r} (#{c.concept_id})" for c in self.catalog.search(name, limit=3)]
+        hint = f"; search finds {', '.join(near)}" if near else "; find names with GET /v1/concepts?search="
+        raise invalid(f"unknown concept label {label!r}{hint}", param)
+
+    def expand_groups(self, concepts: list[int], n_concepts: int, param: str = "steering.group") -> list[int]:
+        """Each concept followed by the rest of its catalog group (`ConceptCatalog.group`), without
+        repeats, so the first concept stays first (the focal one of a suppress mask)."""
+        if not len(self.catalog):
+            raise invalid("group steering needs a concept catalog, and none is loaded (give --concept-labels, "
+                          "set STEERLING_CONCEPTS_PATH, or put concept_labels.parquet beside the weights)", param)
+        if not concepts:
+            raise invalid("group expands steering.concepts to their groups, and none are given", param)
+        out: list[int] = []
+        for cid in concepts:
+            focal = self.catalog.get(cid)
+            if focal is None or focal.group_id is None:
+                what = "is not in the concept catalog" if focal is None else f"({focal.name!r}) belongs to no group"
+                raise invalid(f"concept {cid} {what}: steer it without \"group\": true", param)
+            for member in self.catalog.group(cid):
+                if self.catalog.get(member).head == "unknown" or not 0 <= member < n_concepts:
+                    raise invalid(f"group {focal.group_id} ({focal.group_name!r}) of concept {cid} includes concept "
+                                  f"{member}, which is not a known concept in [0, {n_concepts}): only known "
+                                  f"concepts steer", param)
+                if member not in out:
+                    out.append(member)
+        return out
+
     def label(self, concept_id: int) -> str:
-        entry = self.labels.names.get(concept_id)
-        return entry[0] if entry else f"Known: #{concept_id}"
+        c = self.catalog.get(concept_id)
+        return c.name if c else f"Known: #{concept_id}"
 
-    def catalog(self, n_concepts: int) -> list[dict]:
-        """Every labelled concept by id; without a labels file, the known ids by number."""
-        if not self.labels.names:
-            return [{"id": cid, "type": "known", "label": self.label(cid)} for cid in range(n_concepts)]
-        return [{"id": cid, "type": _concept_type(cid, head, n_concepts), "label": name}
-                for cid, (name, head) in sorted(self.labels.names.items())]
+    def entry(self, concept_id: int, n_concepts: int) -> dict:
+        """Every catalog field of the concept (null without a catalog row), with the API's id,
+        type ("known" or "discovered") and label."""
+        c = self.catalog.get(concept_id)
+        discovered = (c is not None and c.head == "unknown") or concept_id >= n_concepts
+        out = {"id": concept_id, "type": "discovered" if discovered else "known", "label": self.label(concept_id)}
+        if c is None:
+            return out | dict.fromkeys(("name", "description", "head", "group_id", "group_name", "is_steerable",
+                                        "is_tone", "is_alignment", "is_demographic"))
+        return out | {"name": c.name, "description": c.description, "head": c.head, "group_id": c.group_id,
+                      "group_name": c.group_name, "is_steerable": c.is_steerable, "is_tone": c.is_tone,
+                      "is_alignment": c.is_alignment, "is_demographic": c.is_demographic}
 
+    def group(self, concept_id: int) -> dict | None:
+        c = self.catalog.get(concept_id)
+        if c is None or c.group_id is None:
+            return None
+        return {"id": c.group_id, "name": c.group_name, "concept_ids": self.catalog.group(concept_id)}
 
-def _concept_type(concept_id: int, head: str | None, n_concepts: int) -> str:
-    # The labels file numbers discovered concepts past the known ones, or marks their head.
-    return "discovered" if head == "unknown" or concept_id >= n_concepts else "known"
+    def search(self, query: str, n_concepts: int, *, limit: int, steerable_only: bool, head: str | None) -> list[dict]:
+        """The official ranking over the catalog. Without one there are no names: a query that
+        reads as an id finds that known concept."""
+        if len(self.catalog):
+            hits = self.catalog.search(query, limit=limit, steerable_only=steerable_only, head=head)
+            return [self.entry(c.concept_id, n_concepts) for c in hits]
+        m = _BY_ID.match(query.strip())
+        found = m is not None and int(m.group(1)) < n_concepts and head in (None, "known")
+        return [self.entry(int(m.group(1)), n_concepts)] if found else []
+
+    def listing(self, n_concepts: int, *, steerable_only: bool, head: str | None) -> Iterator[dict]:
+        """Every catalog concept in file order (without a catalog, the known ids), filtered."""
+        if not len(self.catalog):
+            ids = range(n_concepts) if head in (None, "known") else range(0)
+            return (self.entry(cid, n_concepts) for cid in ids)
+        return (self.entry(c.concept_id, n_concepts) for c in self.catalog
+                if matches_head(c, head) and (c.is_steerable or not steerable_only))

@@ -73,12 +73,14 @@ def _static() -> dict:
                 "summary": "One model", "parameters": [_query("model", {"type": "string"}, "path")],
                 "responses": _responses({"description": "model", "content": _json({"type": "object"})}, *_SECURED, 404, 503)}},
             "/v1/concepts": {"get": {
-                "summary": "Search concept labels",
-                "parameters": [_query("search", {"type": "string"}),
-                               _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000})],
+                "summary": "List or search the concept catalog",
+                "parameters": [_query("search", {"type": "string", "maxLength": 1000}),
+                               _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                               _query("head", {"type": "string", "enum": ["known", "unknown", "any"]}),
+                               _query("steerable_only", {"type": "boolean"})],
                 "responses": _responses({"description": "concept list", "content": _json(_LIST)}, 400, *_SECURED, 503)}},
             "/v1/concepts/{concept_id}": {"get": {
-                "summary": "A known concept's top promoted tokens",
+                "summary": "A known concept's catalog fields, group and top promoted tokens",
                 "parameters": [_query("concept_id", {"type": "integer", "minimum": 0}, "path"),
                                _query("k", {"type": "integer", "minimum": 1, "maximum": 100})],
                 "responses": _responses({"description": "concept", "content": _json({"type": "object"})},

@@ -85,13 +85,16 @@ def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dic
 
 def _steering(s: SteeringParams, info: Heartbeat, labels: ConceptLabels) -> SteeringSpec:
     concepts = [labels.resolve(c, info.n_concepts, "steering.concepts") for c in s.concepts]
+    if s.group:  # the official group injection: one summed direction over the group's members
+        concepts = labels.expand_groups(concepts, info.n_concepts)
     mask = None
     if s.relu_logit_mask is not None:
         mask = {labels.resolve(k, info.n_concepts, "steering.relu_logit_mask"): v for k, v in s.relu_logit_mask.items()}
     if not concepts and not mask:
         raise invalid("steering needs at least one concept", "steering.concepts")
     spec = _preset(s.preset, info, concepts[0] if concepts else None)
-    explicit = {k: v for k, v in s.model_dump(exclude={"concepts", "relu_logit_mask", "preset"}).items() if v is not None}
+    fields = s.model_dump(exclude={"concepts", "relu_logit_mask", "preset", "group"})
+    explicit = {k: v for k, v in fields.items() if v is not None}
     spec.update(explicit)
     if mask is not None:
         spec["relu_logit_mask"] = mask

@@ -94,6 +94,8 @@ class SteeringParams(_Body):
     cutoff_tokens: int | None = Field(None, ge=0, le=INT_MAX)
     relu_logit_mask: dict[str, float] | None = Field(None, description="concept id (or label) -> strength")
     preset: Literal["amplify", "suppress"] | None = None
+    group: bool = Field(False, description="expand each concept to its concept-catalog group (ConceptCatalog.group); "
+                        "suppress masks the first concept only")
 
 
 class AttributionParams(_Body):

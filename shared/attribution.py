@@ -16,7 +16,6 @@ single id space for `concept_labels.parquet`.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -42,25 +41,11 @@ class ConceptLabels:
 
 
 def load_concept_labels(path: str | Path) -> ConceptLabels:
-    """Read `concept_labels.parquet` or a CSV with `concept_id` (legacy `concept_idx`),
-    `concept_name` and optionally `head` columns."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise RuntimeError(f"reading {path} needs pyarrow (pip install pyarrow), or give a CSV instead") from exc
-        rows = pq.read_table(path).to_pylist()
-    else:
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    names = {}
-    for row in rows:
-        cid = row.get("concept_id", row.get("concept_idx"))
-        if cid is None or "concept_name" not in row:
-            raise ValueError(f"{path}: needs columns concept_id and concept_name")
-        names[int(cid)] = (str(row["concept_name"]), row.get("head"))
-    return ConceptLabels(names)
+    """The labels of a concept catalog file (`shared.catalog.Catalog.read`: the official parquet,
+    or a CSV with `concept_id` (legacy `concept_idx`), `concept_name` and optionally `head`)."""
+    from shared.catalog import Catalog
+
+    return ConceptLabels({c.concept_id: (c.name, c.head) for c in Catalog.read(path)})
 
 
 def chunk_spans(records: list[dict], prompt_len: int, chunking: str) -> list[tuple[int, int]]:

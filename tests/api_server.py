@@ -21,8 +21,10 @@ _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v
 
 class ServerProcess:
     def __init__(self, model_dir, *args: str, workers: int = 2, timeout: float = 180.0, command: str = "serve"):
-        """`command="gateway"`: only the gateway, with `--worker` endpoints among `args`."""
-        cmd = [sys.executable, "-m", "cde", command, "--model", str(model_dir), "--port", "0", *args]
+        """`command="gateway"`: only the gateway, with `--worker` endpoints among `args`; `model_dir`
+        None: no --model (serve: the built-in demo model)."""
+        model = [] if model_dir is None else ["--model", str(model_dir)]
+        cmd = [sys.executable, "-m", "cde", command, *model, "--port", "0", *args]
         if command == "serve":
             cmd += ["--workers", str(workers), "--device", "cpu"]
         # One torch thread per worker: CI machines are small and often busy.

@@ -1,25 +1,44 @@
-"""GET /v1/concepts and /v1/concepts/{id} of a real `cde serve` (tiny model, CPU, one worker),
-with a labels CSV given by --concept-labels; top tokens checked against the official generator."""
+"""GET /v1/concepts and /v1/concepts/{id} of a real `cde serve` (tiny model, CPU, one worker) with
+a catalog in the official schema given by --concept-labels: search, groups and every field
+against the official `ConceptCatalog` on the same parquet, top tokens against the official
+generator; and the built-in demo model (no --model), whose catalog makes search and steering by
+label work."""
 
-import csv
+import dataclasses
 
 import httpx
 import pytest
 
+from shared.catalog import write_catalog
 from tests.api_server import ServerProcess
+from tests.catalog_fixture import N_KNOWN, QUERIES, catalog_rows
 from tests.oracle import official_generator
 
-LABELS = [(0, "Dogs", "known"), (1, "hot dogs", "known"), (2, "Cats", "known"), (96, "Mystery", "unknown")]
+pytestmark = pytest.mark.reference
+
+# API query parameters -> the official search's keyword arguments
+FILTERS = [({}, {}), ({"steerable_only": "false"}, {"steerable_only": False}), ({"head": "any"}, {"head": None}),
+           ({"head": "unknown", "steerable_only": "0"}, {"head": "unknown", "steerable_only": False})]
+FIELDS = ("name", "description", "head", "group_id", "group_name", "is_steerable", "is_tone", "is_alignment",
+          "is_demographic")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_official_dir, tmp_path_factory):
-    path = tmp_path_factory.mktemp("labels") / "labels.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["concept_id", "concept_name", "head"])
-        writer.writerows(LABELS)
-    srv = ServerProcess(tiny_official_dir, "--concept-labels", str(path), workers=1)
+def catalog_path(tmp_path_factory):
+    return write_catalog(tmp_path_factory.mktemp("catalog") / "labels.parquet", catalog_rows())
+
+
+@pytest.fixture(scope="module")
+def official(catalog_path):
+    import pandas as pd
+    from steerling.concepts import ConceptCatalog
+
+    return ConceptCatalog(pd.read_parquet(catalog_path))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_official_dir, catalog_path):
+    srv = ServerProcess(tiny_official_dir, "--concept-labels", str(catalog_path), workers=1)
     yield srv
     srv.stop()
 
@@ -28,34 +47,42 @@ def get(server, path, **params):
     return httpx.get(server.base_url + path, params=params, timeout=60)
 
 
-def test_search_is_case_insensitive_substring(server):
-    r = get(server, "/concepts", search="DOG")
-    assert r.status_code == 200
-    assert r.json() == {"object": "list", "data": [{"id": 0, "type": "known", "label": "Dogs"},
-                                                    {"id": 1, "type": "known", "label": "hot dogs"}]}
+def as_official(entry: dict) -> dict:
+    """An API entry in the official `Concept`'s fields (which stringifies a null description)."""
+    out = {"concept_id": entry["id"]} | {k: entry[k] for k in FIELDS}
+    return out | ({"description": "nan"} if entry["description"] is None else {})
 
 
-def test_empty_search_lists_first_n_with_discovered_types(server):
-    data = get(server, "/concepts").json()["data"]
-    assert [(c["id"], c["type"]) for c in data] == [(0, "known"), (1, "known"), (2, "known"), (96, "discovered")]
+def test_search_equals_the_official_catalog(server, official):
+    for query in QUERIES:
+        for params, kwargs in FILTERS:
+            data = get(server, "/concepts", search=query, limit=1000, **params).json()["data"]
+            expected = official.search(query, limit=1000, **kwargs)
+            assert [as_official(c) for c in data] == [dataclasses.asdict(c) for c in expected], (query, params)
+            assert all(c["type"] == ("known" if c["head"] == "known" else "discovered") for c in data)
+    default = get(server, "/concepts", search="the").json()["data"]
+    assert [c["id"] for c in default] == [c.concept_id for c in official.search("the", limit=20)]
+
+
+def test_listing_is_the_catalog_in_file_order_filtered_when_asked(server, official):
+    df = official.to_df()
+    everything = get(server, "/concepts", limit=1000).json()["data"]
+    assert [c["id"] for c in everything] == df["concept_id"].tolist()
+    assert [c["label"] for c in everything] == df["concept_name"].tolist()
+    steerable_known = get(server, "/concepts", limit=1000, head="known", steerable_only="true").json()["data"]
+    assert [c["id"] for c in steerable_known] == df[(df["head"] == "known") & df["is_steerable"]]["concept_id"].tolist()
     assert [c["id"] for c in get(server, "/concepts", limit=2).json()["data"]] == [0, 1]
 
 
-@pytest.mark.parametrize("limit", ["0", "1001", "many"])
-def test_bad_limit_is_a_400_on_limit(server, limit):
-    r = get(server, "/concepts", limit=limit)
-    assert r.status_code == 400
-    assert r.json()["error"]["param"] == "limit" and r.json()["error"]["type"] == "invalid_request_error"
-
-
-@pytest.mark.parametrize("concept_id", [2, 5])
-def test_top_tokens_match_the_official_generator(server, tiny_official_dir, concept_id):
+@pytest.mark.parametrize("concept_id", [2, 9, 40])
+def test_one_concept_has_its_fields_group_and_top_tokens(server, official, tiny_official_dir, concept_id):
     expected = official_generator(tiny_official_dir).concept_top_tokens(concept_id, k=10)
-    r = get(server, f"/concepts/{concept_id}", k=10)
-    assert r.status_code == 200
-    body = r.json()
-    assert (body["id"], body["type"]) == (concept_id, "known")
-    assert body["label"] == ("Cats" if concept_id == 2 else "Known: #5")
+    body = get(server, f"/concepts/{concept_id}", k=10).json()
+    assert as_official(body) == dataclasses.asdict(official.get(concept_id))
+    assert (body["id"], body["type"], body["label"]) == (concept_id, "known", official.get(concept_id).name)
+    group = official.get(concept_id).group_id
+    assert body["group"] == (None if group is None else {"id": group, "name": f"group {group}",
+                                                          "concept_ids": official.group(concept_id)})
     assert [t["token"] for t in body["top_tokens"]] == [tok for tok, _ in expected]
     assert [t["score"] for t in body["top_tokens"]] == pytest.approx([s for _, s in expected], rel=1e-5, abs=1e-6)
 
@@ -65,17 +92,54 @@ def test_default_k_is_15(server):
 
 
 @pytest.mark.parametrize(("path", "status", "param"), [
-    ("/concepts/96", 404, "id"), ("/concepts/-1", 404, "id"), ("/concepts/abc", 400, "id"),
+    (f"/concepts/{N_KNOWN}", 404, "id"), ("/concepts/-1", 404, "id"), ("/concepts/abc", 400, "id"),
     ("/concepts/3?k=0", 400, "k"), ("/concepts/3?k=101", 400, "k"),
+    ("/concepts?limit=0", 400, "limit"), ("/concepts?limit=1001", 400, "limit"), ("/concepts?limit=many", 400, "limit"),
+    ("/concepts?head=discovered", 400, "head"), ("/concepts?search=sea&steerable_only=maybe", 400, "steerable_only"),
+    ("/concepts?search=" + "sea+" * 300, 400, "search"),
 ])
 def test_bad_concept_requests(server, path, status, param):
     r = httpx.get(server.base_url + path, timeout=60)
     assert r.status_code == status
-    assert r.json()["error"]["param"] == param
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_without_a_labels_file_known_ids_are_listed_by_number():
+def test_without_a_catalog_known_ids_are_listed_and_found_by_number():
     from gateway.concepts import ConceptLabels
 
-    catalog = ConceptLabels().catalog(3)
-    assert catalog == [{"id": i, "type": "known", "label": f"Known: #{i}"} for i in range(3)]
+    labels = ConceptLabels()
+    assert [c["label"] for c in labels.listing(3, steerable_only=False, head=None)] == ["Known: #0", "Known: #1",
+                                                                                      "Known: #2"]
+    assert [c["id"] for c in labels.search("#2", 3, limit=10, steerable_only=True, head="known")] == [2]
+    assert labels.search("ocean", 3, limit=10, steerable_only=True, head="known") == []
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`cde serve` with no --model: the demo model, written into a fresh CDE_HOME."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDE_HOME", str(tmp_path_factory.mktemp("cde-home")))
+        srv = ServerProcess(None, workers=1)
+    yield srv
+    srv.stop()
+
+
+def test_the_demo_model_searches_and_steers_by_label(demo):
+    from openai import OpenAI
+
+    hits = get(demo, "/concepts", search="ocean").json()["data"]
+    assert [c["name"] for c in hits][:1] == ["ocean"] and len(hits) > 1  # "ocean" in other descriptions too
+    ocean = hits[0]
+    client = OpenAI(base_url=demo.base_url, api_key="none")
+    model = client.models.list().data[0].id
+
+    def steered(steering):
+        out = client.completions.create(model=model, prompt="The weather today", max_tokens=8, temperature=0,
+                                        extra_body={"steering": steering, "return_token_ids": True})
+        return out.choices[0].token_ids
+
+    by_label = steered({"concepts": ["ocean"], "strength": 20})
+    assert by_label == steered({"concepts": [ocean["id"]], "strength": 20})
+    assert by_label != steered({"concepts": [ocean["id"] + 1], "strength": 20})
+    members = get(demo, f"/concepts/{ocean['id']}").json()["group"]["concept_ids"]
+    assert len(members) == 8 and steered({"concepts": ["ocean"], "group": True}) == steered({"concepts": members})

@@ -6,12 +6,13 @@ from gateway.concepts import ConceptLabels
 from gateway.errors import ApiError
 from gateway.params import generate_requests
 from gateway.schemas import CompletionRequest
-from shared.attribution import ConceptLabels as AttributionLabels
+from shared.catalog import Catalog
 from shared.protocol import AttributionSpec, Heartbeat
 
 INFO = Heartbeat("b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100,
                  max_running=16)
-LABELS = ConceptLabels(AttributionLabels({7: ("dogs", "known"), 300: ("cats", "unknown")}))
+LABELS = ConceptLabels(Catalog.from_rows([{"concept_id": 7, "concept_name": "dogs", "head": "known"},
+                                          {"concept_id": 300, "concept_name": "cats", "head": "unknown"}]))
 
 
 def build(**fields):

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from shared.config import ConfigError, ModelConfig, preset
 from shared.home import cde_home
+from worker.demo_catalog import ensure_demo_catalog
 from worker.model import SteerlingModel
 
 TIED = "transformer.lm_head.weight"
@@ -190,4 +191,5 @@ def demo_model_dir() -> Path:
             tmp.rename(path)
         except OSError:  # another process won the race
             pass
+    ensure_demo_catalog(path, preset("tiny").n_concepts)
     return path
