@@ -142,3 +142,11 @@ def test_known_count_matches_the_tiny_preset():
     from shared.config import preset
 
     assert preset("tiny").n_concepts == N_KNOWN
+
+
+def test_a_missing_catalog_stops_the_server_with_a_message(tmp_path):
+    cmd = [sys.executable, "-m", "cde", "gateway", "--worker", "tcp://127.0.0.1:9", "--port", "0",
+           "--concept-labels", str(tmp_path / "nope.parquet")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert f"cde: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr

@@ -19,7 +19,8 @@ def add_http_arguments(p) -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
     p.add_argument("--concept-labels", metavar="PATH",
-                   help="concept labels parquet/CSV (default: concept_labels.* in the model directory)")
+                   help="concept catalog, concept_labels.parquet or a labels CSV (default: $STEERLING_CONCEPTS_PATH, "
+                        "then concept_labels.* in the model directory, then guidelabs/steerling's in the Hub cache)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)")
     p.add_argument("--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)")
     p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
@@ -46,8 +47,12 @@ def add_arguments(p) -> None:
 def concept_labels(args, model_dir):
     """The concept labels a server (or `cde generate`) names concepts by."""
     from gateway.concepts import ConceptLabels
+    from shared.catalog import CatalogError
 
-    return ConceptLabels.load(model_dir, args.concept_labels)
+    try:
+        return ConceptLabels.load(model_dir, args.concept_labels)
+    except CatalogError as exc:
+        raise SystemExit(f"cde: {exc}") from None
 
 
 def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
