@@ -95,6 +95,7 @@ def _prompt() -> list[int]:
     return torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
+@pytest.mark.reference
 def test_generate_steering_matches_official(made):
     from tests.oracle import official_generator
     from tests.test_steering_parity import N_NEW, amplify, reference_steered
@@ -111,6 +112,7 @@ def test_generate_steering_matches_official(made):
     assert got["token_ids"] == reference_steered(official_generator(made), ids, ref)
 
 
+@pytest.mark.reference
 def test_generate_attribution_matches_official_chunks(made):
     import numpy as np
 
