@@ -202,7 +202,8 @@ def find_catalog(explicit: str | Path | None, model_dir: str | Path | None) -> P
 def write_catalog(path: str | Path, rows: Iterable[Mapping]) -> Path:
     """Write rows (mappings keyed by the official column names; concept_id and concept_name
     required; head defaults to "known", is_steerable to true, the other flags to false and the
-    rest to null) as a parquet file in the official schema. Written beside and renamed into place, so a reader never sees half a file."""
+    rest to null) as a parquet file in the official schema. Written beside and renamed into
+    place, so a reader never sees half a file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -91,7 +91,8 @@ def test_bad_catalogs_are_named(tmp_path, rows, message):
 
 def _lookup(env: dict, *args: str) -> str:
     """`find_catalog(*args)` in a fresh process (huggingface_hub reads HF_HOME at import)."""
-    code = "import sys; from shared.catalog import find_catalog; print(find_catalog(*[a or None for a in sys.argv[1:]]))"
+    code = ("import sys; from shared.catalog import find_catalog; "
+            "print(find_catalog(*[a or None for a in sys.argv[1:]]))")
     clean = {k: v for k, v in os.environ.items() if k not in ("STEERLING_CONCEPTS_PATH", "HF_HOME", "HF_HUB_CACHE")}
     out = subprocess.run([sys.executable, "-c", code, *args], env={**clean, "HF_HUB_OFFLINE": "1", **env},
                          capture_output=True, text=True, timeout=120, check=True)
