@@ -23,6 +23,7 @@ COMMANDS = {
     "make-model": ("make_model", "write a random-weight Steerling checkpoint of a preset shape"),
     "keys": ("keys", "`keys generate DIR`: CURVE key pairs for encrypted gateway <-> worker links"),
     "bench": ("bench", "benchmarks: `bench engine` (offline) and `bench serve` (HTTP load)"),
+    "eval": ("eval", "quality of a trained model: held-out accuracy per decoding setting, steering, attribution"),
 }
 
 

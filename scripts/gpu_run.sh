@@ -2,7 +2,8 @@
 # Runs on the lent H200 (device tool): GPU tests, the engine benchmarks on a random 8b checkpoint,
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
 # Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of
-# them; also `startup`: 8b load and time to ready, cold then with warm compile caches)
+# them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
+# `eval`: the reference model of issue 15, see docs/reference-model.md)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
@@ -14,8 +15,11 @@ export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
-[[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null
 STAGES=${*:-tests kernels bench fb long compare official}
+case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*)
+    [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
+esac
 for STAGE in $STAGES; do
   echo "== $STAGE $(date +%T)"
   case $STAGE in
@@ -50,6 +54,27 @@ for STAGE in $STAGES; do
       kill -TERM $PID; wait $PID
       echo "$RUN: $(grep -o 'weights loaded in [^"]*' "$OUT/startup_$RUN.log") | $(grep -o 'CDE serving.*' "$OUT/startup_$RUN.log")"
     done 2>&1 | tee "$OUT/startup.txt" ;;
+  train)  # the reference model. Run it twice: the second call resumes (state.pt while this machine is
+    # warm, else the weights.pt of call 1 carried back as .train/weights.pt). TRAIN_MINUTES of training
+    # in all; each call stops after STOP_AFTER minutes, leaving time to evaluate and export.
+    RUN=${RUN:-/tmp/cde-run}
+    START=()
+    if [[ -f $RUN/state.pt ]]; then START=(--resume); elif [[ -f .train/weights.pt ]]; then START=(--init-weights .train/weights.pt); fi
+    python3 -m cde.train --out "$RUN" --minutes "${TRAIN_MINUTES:-14}" --stop-after "${STOP_AFTER:-7}" --seed "${SEED:-0}" \
+      --rows "${ROWS:-256}" --workers "${WORKERS:-12}" --device cuda --compile "${START[@]}" 2>&1 | tee "$OUT/train.log"
+    cp "$RUN/log.jsonl" "$RUN/weights.pt" "$RUN/model.tar.xz" "$OUT/" ;;
+  eval)  # cde eval on the trained model (this machine's last run, else .train/model.tar.xz carried back)
+    MODEL=${MODEL:-/tmp/cde-run/model}
+    [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('.train/model.tar.xz', '/tmp/cde', 'reference'))")
+    python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
+    if [[ -n ${API:-} ]]; then  # the same rows through the real HTTP API
+      python3 -m cde serve --model "$MODEL" --device cuda --max-running 64 --port 0 > "$OUT/serve.log" 2>&1 &
+      PID=$!
+      until grep -q "ready in" "$OUT/serve.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
+      URL=$(grep -o "at http://[^ ]*/v1" "$OUT/serve.log" | cut -c4- | sed 's|/v1$||')
+      python3 -m cde eval --url "$URL" --limit "${LIMIT:-100}" --sections tasks --json "$OUT/eval_api.json" 2>&1 | tee "$OUT/eval_api.md"
+      kill -TERM $PID; wait $PID
+    fi ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

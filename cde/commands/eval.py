@@ -1,0 +1,119 @@
+"""Quality of a trained reference model: held-out task accuracy per family with one token per
+step and with each speed-up (tokens per step, confidence threshold, FlashBlock), tokens per
+forward pass and tok/s side by side; steering efficacy (amplify, suppress); attribution
+(top known concept of a chunk vs its topic; suppressing the top attributed concept vs another).
+Against a server (`--url`, through the real API) or an engine in this process (`--model`).
+Prints markdown tables; `--json` keeps everything."""
+
+from __future__ import annotations
+
+import json
+
+# name -> the API fields of the decoding setting (the seed's table)
+SETTINGS = {
+    "one token per step": {},
+    "tokens_per_step 2": {"tokens_per_step": 2},
+    "tokens_per_step 4": {"tokens_per_step": 4},
+    "confidence_threshold 0.9": {"confidence_threshold": 0.9},
+    "confidence_threshold 0.7": {"confidence_threshold": 0.7},
+    "FlashBlock (2/16)": {"flashblock": {"tau": 2, "max_reuse": 16}},
+    "FlashBlock (2/63)": {"flashblock": {"tau": 2, "max_reuse": 63}},
+}
+SECTIONS = ("tasks", "steering", "attribution")
+
+
+def add_arguments(p) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint directory: run an engine in this process")
+    src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--served-model", help="with --url: the model name (default: the server's first)")
+    p.add_argument("--api-key", help="with --url: bearer token")
+    p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | auto")
+    p.add_argument("--cuda-graphs", action="store_true", help="with --model on CUDA: the serving configuration")
+    p.add_argument("--max-running", type=int, default=64, help="with --model: concurrent requests")
+    p.add_argument("--limit", type=int, default=100, help="held-out problems per family (and a smaller slice of "
+                   "the steering and attribution prompts when under 16)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated rows of the task table")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    p.add_argument("--strengths", default="0,4,8,16,32", help="amplify strengths (0: unsteered)")
+    p.add_argument("--seed", type=int, default=0, help="which held-out problems")
+    p.add_argument("--json", metavar="PATH", help="write every number (and sample replies) here")
+
+
+def _backend(args):
+    from cde.train.backends import EngineBackend, HttpBackend
+
+    if args.url:
+        return HttpBackend(args.url, args.served_model, args.api_key)
+    return EngineBackend(args.model, device=_device(args), max_running=args.max_running, cuda_graphs=args.cuda_graphs)
+
+
+def _device(args) -> str:
+    from worker.engine import resolve_device
+
+    return resolve_device(args.device)
+
+
+def _tasks(backend, args) -> list[dict]:
+    from cde.train import heldout
+
+    probs = heldout.problems(args.limit, args.seed)
+    rows = []
+    for name in args.settings.split(","):
+        r = heldout.accuracy(backend, probs, SETTINGS[name.strip()])
+        rows.append({"setting": name.strip(), **r})
+    return rows
+
+
+def _task_table(rows: list[dict]) -> str:
+    families = list(rows[0]["accuracy"])
+    base = sum(rows[0]["accuracy"].values()) / len(families)
+    out = ["| setting | " + " | ".join(families) + " | mean | change | tokens/pass | tok/s |",
+           "|---" * (len(families) + 5) + "|"]
+    for r in rows:
+        mean = sum(r["accuracy"].values()) / len(families)
+        cells = [f"{100 * r['accuracy'][f]:.1f}%" for f in families]
+        out.append(f"| {r['setting']} | " + " | ".join(cells) +
+                   f" | {100 * mean:.1f}% | {100 * (mean - base):+.1f} | {r['tokens_per_step']:.2f} | {r['tok_s']:.1f} |")
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from cde.train import concept_eval
+
+    sections = [s.strip() for s in args.sections.split(",")]
+    backend = _backend(args)
+    n_topics = min(16, max(2, args.limit))
+    report: dict = {}
+    if "tasks" in sections:
+        report["tasks"] = _tasks(backend, args)
+        print("## Held-out task accuracy\n\n" + _task_table(report["tasks"]) + "\n")
+    if "steering" in sections:
+        strengths = [float(s) for s in args.strengths.split(",")]
+        report["amplify"] = concept_eval.amplify(backend, strengths, n_topics, n_prompts=min(6, args.limit))
+        report["suppress"] = concept_eval.suppress(backend, n_topics)
+        lines = ["| amplify strength | on-topic share |", "|---|---|"]
+        lines += [f"| {r['strength']:g} | {100 * r['on_topic']:.1f}% |" for r in report["amplify"]]
+        s = report["suppress"]
+        print("## Steering (neutral prompts, one topic concept amplified)\n\n" + "\n".join(lines) +
+              f"\n\nsuppress preset on the asked topic: on-topic share {100 * s['baseline']:.1f}% -> "
+              f"{100 * s['suppressed']:.1f}%\n")
+    if "attribution" in sections:
+        a = concept_eval.attribution(backend, n_topics)
+        report["attribution"] = a
+        print(f"## Attribution\n\ntop known concept of a chunk: its topic {100 * a['top_is_topic']:.1f}%, "
+              f"a concept of the topic's group {100 * a['top_in_topic_group']:.1f}% ({a['chunks']} chunks)")
+        if args.model:
+            from cde.train.export import load
+            from cde.train.faithfulness import logit_drops
+
+            f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
+            report["faithfulness"] = f
+            print(f"suppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
+                  f"another active concept by {f['drop_other']:.3f}; top > other at "
+                  f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions")
+        print()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=2, default=str)
+    return 0

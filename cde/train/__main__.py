@@ -1,0 +1,5 @@
+import sys
+
+from cde.train.program import main
+
+sys.exit(main())

@@ -1,0 +1,126 @@
+"""Where `cde eval` sends its requests: a running server (`--url`, the real HTTP API) or an
+engine in this process (`--model`). Both take the same OpenAI-style request bodies, CDE's
+extensions included (tokens_per_step, confidence_threshold, flashblock, steering, attribution),
+and both count a request's denoising steps from its `step` events (stream_denoise), so tokens
+per forward pass mean the same thing on either side."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: int  # committed tokens, the closing <|eot_id|> included
+    steps: int  # denoising steps (forward passes that committed tokens for this request)
+    attribution: list[dict] | None  # the API's attribution chunks
+
+
+@dataclass
+class Batch:
+    completions: list[Completion]
+    seconds: float
+
+
+class EngineBackend:
+    """An Engine in this process; bodies go through the gateway's own request parsing."""
+
+    def __init__(self, model_dir: str, device: str = "cpu", max_running: int = 64, cuda_graphs: bool = False):
+        from gateway.concepts import ConceptLabels
+        from shared.protocol import Heartbeat
+        from worker.engine import Engine, EngineArgs
+
+        self.engine = Engine(EngineArgs(model_dir, device=device, max_running=max_running, cuda_graphs=cuda_graphs))
+        cfg = self.engine.cfg
+        self.info = Heartbeat(boot_id="eval", model="eval", block_size=cfg.block_size, vocab_size=cfg.vocab_size,
+                              instruct=cfg.instruct, n_layers=cfg.n_layers, n_concepts=cfg.n_concepts,
+                              max_running=max_running)
+        self.labels = ConceptLabels.load(model_dir)
+        self.cfg = cfg
+
+    def _request(self, body: dict):
+        from gateway.attribution import renderer
+        from gateway.params import generate_requests
+        from gateway.schemas import CompletionRequest
+
+        tok = self.engine.tokenizer
+        ids = tok.chat_prompt(body["messages"]) if "messages" in body else tok.encode(body["prompt"])
+        fields = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
+        parsed = CompletionRequest.model_validate({**fields, "model": "eval", "prompt": ids, "stream": True,
+                                                   "stream_denoise": True})
+        [req] = generate_requests(parsed, [ids], parsed.max_tokens, self.info, self.labels, uuid.uuid4().hex)
+        return req, renderer([req], tok, self.labels, self.info)
+
+    def run(self, bodies: list[dict]) -> Batch:
+        from shared.protocol import BlockResult, StepResult
+
+        reqs = [self._request(b) for b in bodies]
+        index = {r.request_id: i for i, (r, _) in enumerate(reqs)}
+        ids: list[list[int]] = [[] for _ in bodies]
+        records: list[list[dict]] = [[] for _ in bodies]
+        steps, tokens = [0] * len(bodies), [0] * len(bodies)
+        start = time.perf_counter()
+        for r, _ in reqs:
+            self.engine.add_request(r)
+        while self.engine.has_work():
+            for res in self.engine.step():
+                i = index[res.request_id]
+                if isinstance(res, StepResult):
+                    steps[i] += 1
+                    tokens[i] += len(res.token_ids)
+                elif isinstance(res, BlockResult):
+                    ids[i] += res.token_ids
+                    records[i] += res.attribution or []
+        seconds = time.perf_counter() - start
+        out = []
+        for i, (req, render) in enumerate(reqs):
+            attribution = render(0, records[i]) if req.attribution is not None else None
+            out.append(Completion(self.engine.tokenizer.decode(ids[i]), tokens[i], steps[i],
+                                  attribution["chunks"] if attribution else None))
+        return Batch(out, seconds)
+
+
+class HttpBackend:
+    """A CDE server: /v1/chat/completions or /v1/completions, streamed with step events."""
+
+    def __init__(self, url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 32):
+        import httpx
+
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=600)
+        self.model = model or self.client.get(f"{self.url}/v1/models").json()["data"][0]["id"]
+        self.concurrency = concurrency
+
+    def _one(self, body: dict) -> Completion:
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        payload = {**body, "model": self.model, "stream": True, "stream_denoise": True}
+        text, steps, tokens, chunks = [], 0, 0, []
+        with self.client.stream("POST", self.url + path, json=payload) as resp:
+            if resp.status_code != 200:
+                raise RuntimeError(f"{path}: HTTP {resp.status_code}: {resp.read().decode()[:300]}")
+            for line in resp.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    raise RuntimeError(f"{path}: {data['error']}")
+                for c in data.get("choices", []):
+                    if data.get("object", "").endswith(".step"):
+                        steps += 1
+                        tokens += len(c["token_ids"])
+                        continue
+                    text.append(c.get("delta", {}).get("content") or c.get("text") or "")
+                    chunks += (c.get("attribution") or {}).get("chunks", [])
+        return Completion("".join(text), tokens, steps, chunks if "attribution" in body else None)
+
+    def run(self, bodies: list[dict]) -> Batch:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            out = list(pool.map(self._one, bodies))
+        return Batch(out, time.perf_counter() - start)
