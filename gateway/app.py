@@ -9,7 +9,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -20,7 +20,8 @@ from gateway.concept_routes import get_concept, list_concepts
 from gateway.errors import (
     ApiError, GenerationError, api_error_handler, http_error_handler, unhandled_error_handler,
 )
-from gateway.middleware import ApiKey, BodyLimit, RequestLog
+from gateway.http_limits import HttpLimits
+from gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
 from gateway.openapi import openapi_schema
 from gateway.state import ServerState
 
@@ -45,8 +46,11 @@ async def model(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     router = request.app.state.cde.router
-    workers = [{"name": w.name, "endpoint": w.endpoint, "alive": w.alive, "outstanding": len(w.inflight),
-                **({"pid": w.process.pid} if w.process else {}),
+    # Endpoints (ipc paths) and pids only for a key holder: the probe is open to anyone.
+    private = request.state.authorized
+    workers = [{"name": w.name, "alive": w.alive, "outstanding": len(w.inflight),
+                **({"endpoint": w.endpoint} if private else {}),
+                **({"pid": w.process.pid} if w.process and private else {}),
                 **({"reason": w.down_reason} if not w.alive else {})} for w in router.links]
     ok = any(w.alive for w in router.links)
     return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers}, status_code=200 if ok else 503)
@@ -71,11 +75,17 @@ async def generation_error_handler(request: Request, exc: GenerationError) -> Re
     return ApiError(500, str(exc), code="generation_failed").response()
 
 
+async def client_gone_handler(request: Request, exc: ClientDisconnect) -> Response:
+    # Hung up while sending the body: not a server error, and nobody receives this answer.
+    return Response(status_code=499)  # nginx's "client closed request"
+
+
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+DEFAULT_LIMITS = HttpLimits()
 
 
 def create_app(state: ServerState, wait_for_workers: float | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Starlette:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, limits: HttpLimits = DEFAULT_LIMITS) -> Starlette:
     """`wait_for_workers`: seconds to wait at startup for every worker to answer (`cde serve`);
     None starts serving at once (a standalone gateway, whose workers may come later)."""
 
@@ -103,11 +113,14 @@ def create_app(state: ServerState, wait_for_workers: float | None = None,
             Route("/", playground, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
-        middleware=[Middleware(RequestLog), Middleware(BodyLimit, max_bytes=max_request_bytes),
+        middleware=[Middleware(RequestLog), Middleware(HostCheck, limits=limits),
+                    Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
                     Middleware(ApiKey, api_key=state.api_key)],
         exception_handlers={ApiError: api_error_handler, GenerationError: generation_error_handler,
-                            HTTPException: http_error_handler, Exception: unhandled_error_handler},
+                            ClientDisconnect: client_gone_handler, HTTPException: http_error_handler,
+                            Exception: unhandled_error_handler},
         lifespan=lifespan,
     )
     app.state.cde = state
+    app.state.limits = limits  # the listener's share (`gateway.server.serve_http`)
     return app

@@ -5,16 +5,18 @@ from __future__ import annotations
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from gateway.attribution import renderer
 from gateway.completions import check_stream_options, usage
 from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
-from gateway.generation import Generation
+from gateway.generation import Generation, encode_requests
 from gateway.http_utils import read_body, until_disconnect
+from gateway.json_out import JsonResponse
 from gateway.logs import ContentLog, response_id
 from gateway.params import check_prompt, generate_requests, stop_list
+from gateway.prompts import encode_chat
 from gateway.schemas import ChatCompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
@@ -32,19 +34,21 @@ async def create_chat_completion(request: Request) -> Response:
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise invalid("set max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     tok = get_tokenizer(True)
-    prompt = tok.chat_prompt([{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                              for m in body.messages])
+    prompt = await encode_chat(tok, [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                                     for m in body.messages], info)
     if len(prompt) >= info.block_size:
         raise invalid(f"the messages take {len(prompt)} tokens; this model's context is {info.block_size}",
                       "messages", "context_length_exceeded")
     # OpenAI's default is "until done": whatever the context leaves.
     max_tokens = body.max_completion_tokens or body.max_tokens or info.block_size - len(prompt)
-    check_prompt(prompt, max_tokens, info, "messages")
+    check_prompt(prompt, max_tokens, info, "messages",
+                 "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
     chat_id = response_id(request, "chatcmpl")
     content = ContentLog(state.log_requests, chat_id)
     content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
     reqs = generate_requests(body, [prompt], max_tokens, info, state.labels, chat_id)
-    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
+    frames = await encode_requests(reqs)
+    gen = Generation(state.router, state.metrics, reqs, frames, tok, stop_list(body),
                      renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
     state.metrics.prompt_tokens.inc(len(prompt))
     created = int(time.time())
@@ -86,7 +90,7 @@ async def create_chat_completion(request: Request) -> Response:
                            "logprobs": None, "finish_reason": c.finish_reason}, c.token_ids, c.attribution, True)
                    for c in await gen.collect()]
         content.answered({c["index"]: c["message"]["content"] for c in choices})
-        return JSONResponse({"id": chat_id, "object": "chat.completion", "created": created, "model": body.model,
+        return JsonResponse({"id": chat_id, "object": "chat.completion", "created": created, "model": body.model,
                              "choices": choices, "usage": usage(len(prompt), gen.completion_tokens)})
 
     try:

@@ -5,28 +5,30 @@ from __future__ import annotations
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from gateway.attribution import renderer
 from gateway.denoise import StepDelta, denoise_views, step_event
 from gateway.errors import invalid
-from gateway.generation import Generation
+from gateway.generation import Generation, encode_requests
 from gateway.http_utils import read_body, until_disconnect
+from gateway.json_out import JsonResponse
 from gateway.logs import ContentLog, response_id
 from gateway.params import check_prompt, generate_requests, stop_list
+from gateway.prompts import encode_prompts
 from gateway.schemas import MAX_CHOICES, CompletionRequest
 from gateway.sse import EventStreamResponse
 from gateway.state import ServerState
 from shared.tokenizer import get_tokenizer
 
 
-def _prompts(prompt, tokenizer) -> list[list[int]]:
+async def _prompts(prompt, tokenizer, info) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [tokenizer.encode(prompt)]
+        return await encode_prompts(tokenizer, [prompt], info)
     if not prompt:
         raise invalid("the prompt must not be empty", "prompt")
     if isinstance(prompt[0], str):
-        return [tokenizer.encode(p) for p in prompt]
+        return await encode_prompts(tokenizer, prompt, info)
     if isinstance(prompt[0], int):
         return [list(prompt)]
     return [list(p) for p in prompt]
@@ -50,7 +52,7 @@ async def create_completion(request: Request) -> Response:
     if body.best_of is not None and body.best_of != body.n:
         raise invalid("best_of must equal n: CDE does not rank candidates (no logprobs)", "best_of")
     tok = get_tokenizer(info.instruct)
-    prompts = _prompts(body.prompt, tok)
+    prompts = await _prompts(body.prompt, tok, info)
     if len(prompts) * body.n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} in one request", "n")
     for ids in prompts:
@@ -59,7 +61,8 @@ async def create_completion(request: Request) -> Response:
     content = ContentLog(state.log_requests, cmpl_id)
     content.asked(prompt=body.prompt)
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
-    gen = Generation(state.router, state.metrics, reqs, tok, stop_list(body),
+    frames = await encode_requests(reqs)
+    gen = Generation(state.router, state.metrics, reqs, frames, tok, stop_list(body),
                      renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
     n_prompt = sum(len(p) for p in prompts)
     state.metrics.prompt_tokens.inc(n_prompt)
@@ -102,7 +105,7 @@ async def create_completion(request: Request) -> Response:
         choices = [choice(c.index, (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text, c.token_ids,
                           c.finish_reason, c.attribution, True) for c in results]
         content.answered({c["index"]: c["text"] for c in choices})
-        return JSONResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
+        return JsonResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
 
     try:
         return await until_disconnect(request, complete())

@@ -12,14 +12,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from shared.limits import clip
+
 log = logging.getLogger("cde.gateway")
 
 _TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 512, 128
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class ApiError(Exception):

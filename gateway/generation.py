@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 from gateway.denoise import DenoiseView, StepDelta
 from gateway.detokenizer import ChoiceText
-from gateway.errors import GenerationError
+from gateway.errors import ApiError, GenerationError
 from gateway.metrics import Metrics
 from gateway.router import Router
 from gateway.worker_link import RequestHandle
 from shared.protocol import GenerateRequest, StepResult
+from shared.wire import WireError, encode_all
 
 
 @dataclass
@@ -36,9 +37,28 @@ class Choice:
     attribution: dict | None = None
 
 
+# Above this many list entries (prompt ids, concepts, mask keys), a request's choices are
+# encoded on a thread: the event loop keeps reading heartbeats and serving other clients.
+LARGE_REQUEST_ITEMS = 20_000
+
+
+async def encode_requests(reqs: list[GenerateRequest]) -> list[bytes]:
+    """The choices of one API request as wire frames: what they share packed once, and off the
+    event loop when large. 413 for a request over the frame limit."""
+    steering = reqs[0].steering  # one object for every choice
+    items = sum(len(r.prompt_ids) for r in reqs)
+    items += len(steering.concepts) + len(steering.relu_logit_mask) if steering else 0
+    try:
+        if items < LARGE_REQUEST_ITEMS:
+            return encode_all(reqs)
+        return await asyncio.to_thread(encode_all, reqs)
+    except WireError as exc:
+        raise ApiError(413, f"the request does not fit the worker link: {exc}", None, "request_too_large") from None
+
+
 class Generation:
-    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], tokenizer, stops: list[str],
-                 render_attribution: Callable[[int, list[dict]], dict | None],
+    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], frames: list[bytes],
+                 tokenizer, stops: list[str], render_attribution: Callable[[int, list[dict]], dict | None],
                  denoise_views: list[DenoiseView | None]):
         self.metrics = metrics
         self._render = render_attribution
@@ -48,8 +68,8 @@ class Generation:
         self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
         self._handles: list[RequestHandle] = []
         try:
-            for req in reqs:
-                self._handles.append(router.submit(req))
+            for req, frame in zip(reqs, frames):
+                self._handles.append(router.submit(req, frame))
         except BaseException:
             self.close()
             raise

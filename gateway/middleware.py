@@ -1,8 +1,10 @@
-"""ASGI middleware around every route: the request id and access log, the body size limit and
-the API key. Each answers in the OpenAI error shape."""
+"""ASGI middleware around every route: the request id and access log with the security headers,
+the Host check, the body's size limit and deadline, and the API key. Each answers in the OpenAI
+error shape."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -10,6 +12,7 @@ import time
 import uuid
 
 from gateway.errors import ApiError
+from gateway.http_limits import HttpLimits
 
 log = logging.getLogger("cde.gateway")
 
@@ -18,8 +21,22 @@ log = logging.getLogger("cde.gateway")
 PUBLIC_PATHS = {"/", "/health", "/metrics", "/openapi.json"}
 
 
+# The playground page holds an API key field: no framing, no inline or foreign script, style or
+# connection, no sniffing, no referrer. Harmless on the JSON routes, so sent with every response.
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
+
+
 def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith("/static/")
+
+
+def header_values(scope, name: bytes) -> list[bytes]:
+    return [v for k, v in scope["headers"] if k == name]
 
 
 class RequestLog:
@@ -40,7 +57,8 @@ class RequestLog:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
-                message = {**message, "headers": [*headers, (b"x-request-id", state["request_id"].encode())]}
+                message = {**message, "headers": [*headers, *SECURITY_HEADERS,
+                                                  (b"x-request-id", state["request_id"].encode())]}
             await send(message)
 
         try:
@@ -51,12 +69,32 @@ class RequestLog:
                                        "duration_ms": round((time.monotonic() - started) * 1000, 1)})
 
 
+class HostCheck:
+    """Answers only the Host names of `limits` (by default, a loopback listener answers only
+    loopback names): a web page whose DNS name an attacker points at 127.0.0.1 (DNS rebinding)
+    gets a 400 instead of the API, and no redirect ever carries a foreign Host."""
+
+    def __init__(self, app, limits: HttpLimits):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            hosts = header_values(scope, b"host")
+            name = hosts[0].decode("latin-1").lower() if hosts else ""
+            name = name[1:].partition("]")[0] if name.startswith("[") else name.rpartition(":")[0] or name
+            if len(hosts) > 1 or hosts and not self.limits.host_allowed(name.rstrip(".")):
+                err = ApiError(400, "this Host header is not served here (see --allowed-hosts)", None, "invalid_host")
+                return await err.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class BodyLimit:
     """Refuses bodies over `max_bytes` with 413: at once when Content-Length says so, else the
-    moment the streamed body passes the limit, without reading the rest."""
+    moment the streamed body passes the limit, without reading the rest; and bodies that take
+    longer than `timeout` seconds to arrive with 408 (a slow client holds no request open)."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, timeout: float):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"Request body too large: the limit is {self.max_bytes} bytes", None,
@@ -68,15 +106,22 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_bytes:
             return await self._too_large().response()(scope, receive, send)
-        seen = 0
+        seen, deadline, done = 0, time.monotonic() + self.timeout, False
 
         async def counted():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done:  # the body is in: a disconnect may be awaited as long as the response runs
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
+            except TimeoutError:  # raised inside request.body(): the route's error handler answers
+                raise ApiError(408, f"the request body did not arrive within {self.timeout:g} s", None,
+                               "request_timeout", {"Connection": "close"}) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise self._too_large()  # inside request.body(): the route's error handler answers
+                    raise self._too_large()
+                done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counted, send)
@@ -98,9 +143,15 @@ class ApiKey:
         return hmac.compare_digest(offered, self.digest) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not is_public(scope["path"]):
-            if not self.authorized(dict(scope["headers"]).get(b"authorization", b"")):
-                err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key",
-                               {"WWW-Authenticate": "Bearer"})
-                return await err.response()(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        offered = header_values(scope, b"authorization")
+        if len(offered) > 1:  # which one counts would depend on the proxy in front: neither does
+            err = ApiError(400, "more than one Authorization header", None, "duplicate_authorization")
+            return await err.response()(scope, receive, send)
+        authorized = self.authorized(offered[0] if offered else b"")
+        if not authorized and not is_public(scope["path"]):
+            err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            return await err.response()(scope, receive, send)
+        scope.setdefault("state", {})["authorized"] = authorized  # public routes show more to a key holder
         await self.app(scope, receive, send)

@@ -14,18 +14,21 @@ def stop_list(body: SamplingParams) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
 
-def check_prompt(ids: list[int], max_tokens: int, info: Heartbeat, param: str) -> None:
+def check_prompt(ids: list[int], max_tokens: int, info: Heartbeat, param: str,
+                 max_tokens_param: str = "max_tokens") -> None:
+    """`param` names the prompt's field, `max_tokens_param` the field max_tokens came from: the
+    error names the one to change (a prompt that alone fills the context: the prompt)."""
     if not ids:
         raise invalid("the prompt must not be empty", param)
+    if len(ids) + max_tokens > info.block_size:  # before the vocabulary check: it walks every id
+        raise invalid(
+            f"This model's maximum context length is {info.block_size} tokens; the prompt has {len(ids)} "
+            f"tokens and {max_tokens_param} is {max_tokens}. Shorten the prompt or lower {max_tokens_param}.",
+            param if len(ids) >= info.block_size else max_tokens_param, "context_length_exceeded",
+        )
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", param)
-    if len(ids) + max_tokens > info.block_size:
-        raise invalid(
-            f"This model's maximum context length is {info.block_size} tokens; the prompt has {len(ids)} "
-            f"tokens and max_tokens is {max_tokens}. Shorten the prompt or lower max_tokens.",
-            "max_tokens", "context_length_exceeded",
-        )
 
 
 def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat,
@@ -84,12 +87,18 @@ def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dic
 
 
 def _steering(s: SteeringParams, info: Heartbeat, labels: ConceptLabels) -> SteeringSpec:
+    # Bounded by what the model can use before any entry is resolved: a longer list only repeats ids.
+    for param, given in (("steering.concepts", s.concepts), ("steering.relu_logit_mask", s.relu_logit_mask or ())):
+        if len(given) > info.n_concepts:
+            raise invalid(f"{len(given)} concepts given; the model has {info.n_concepts}", param)
     concepts = [labels.resolve(c, info.n_concepts, "steering.concepts") for c in s.concepts]
     if s.group:  # the official group injection: one summed direction over the group's members
         concepts = labels.expand_groups(concepts, info.n_concepts)
     mask = None
     if s.relu_logit_mask is not None:
         mask = {labels.resolve(k, info.n_concepts, "steering.relu_logit_mask"): v for k, v in s.relu_logit_mask.items()}
+        if len(mask) < len(s.relu_logit_mask):  # two keys (an id and a label) naming one concept
+            raise invalid("relu_logit_mask names a concept twice", "steering.relu_logit_mask")
     if not concepts and not mask:
         raise invalid("steering needs at least one concept", "steering.concepts")
     spec = _preset(s.preset, info, concepts[0] if concepts else None)

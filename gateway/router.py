@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import subprocess
 import time
 import uuid
@@ -87,9 +88,13 @@ class Router:
 
     async def _monitor_loop(self) -> None:
         while True:
+            slept = time.monotonic()
             await asyncio.sleep(self.heartbeat_interval)
+            # Woken late, the event loop was busy: the heartbeats that came meanwhile wait
+            # unread in the sockets. Judge the workers once the receive loops had their turn.
+            late = time.monotonic() - slept > 2 * self.heartbeat_interval
             for link in self.links:
-                link.check(self.heartbeat_timeout)
+                link.check(math.inf if late else self.heartbeat_timeout)
                 if link.exit_code() is None:
                     link.ping()
 
@@ -113,12 +118,13 @@ class Router:
         order = alive[self._turn:] + alive[: self._turn]
         return min(order, key=lambda w: len(w.inflight))
 
-    def submit(self, req: GenerateRequest) -> RequestHandle:
+    def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
+        """`frame`: `req` encoded (`shared.wire.encode_all`)."""
         link = self._least_loaded()
         if len(link.inflight) >= link.info.max_running + self.max_queue:
             raise ApiError(429, "server overloaded: the request queue is full, retry later",
                            code="overloaded", headers={"Retry-After": "1"})
-        return link.submit(req)
+        return link.submit(req, frame)
 
     async def concept_top_tokens(self, concept_id: int, k: int) -> ConceptInfo:
         """Only a worker holds the weights, so it computes what a concept promotes."""

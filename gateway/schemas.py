@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from shared.limits import MAX_CONCEPT_LIST, MAX_STEERING_STRENGTH, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS
 
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
@@ -56,18 +58,20 @@ def only(*values) -> dict:
     return documented_as({"enum": list(values)})
 
 
-_STOP = {"type": "string", "minLength": 1}
+_STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 
 
 _NonEmpty = Annotated[list[T], Field(min_length=1)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
-def _prompt_shape(v) -> str:
+def _prompt_shape(v) -> str | None:
     """Which of the prompt forms `v` is meant to be, so that its errors name what is wrong with
-    that form (not why it is not one of the others)."""
+    that form (not why it is not one of the others); None for none of them."""
     if isinstance(v, str):
         return "Text"
+    if not isinstance(v, list):
+        return None
     first = v[0] if isinstance(v, list) and v else None
     return "Texts" if isinstance(first, str) else "TokenLists" if isinstance(first, list) else "Tokens"
 
@@ -75,7 +79,9 @@ def _prompt_shape(v) -> str:
 _Prompt = Annotated[
     Annotated[str, Tag("Text")] | Annotated[_Batch[str], Tag("Texts")] | Annotated[_NonEmpty[int], Tag("Tokens")]
     | Annotated[_Batch[_NonEmpty[int]], Tag("TokenLists")],
-    Discriminator(_prompt_shape),
+    Discriminator(_prompt_shape, custom_error_type="prompt_type",
+                  custom_error_message="a prompt is a string, an array of strings, an array of token ids "
+                                       "or an array of token-id arrays"),
 ]
 
 
@@ -83,16 +89,21 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+_Strength = Annotated[float, Field(ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_STRENGTH)]
+
+
 class SteeringParams(_Body):
     """Concept steering. A preset fills defaults; explicit fields override it."""
 
-    concepts: list[int | str] = Field(default_factory=list, description="known-concept ids, or labels")
-    strength: float | None = None
+    concepts: list[int | str] = Field(default_factory=list, max_length=MAX_CONCEPT_LIST,
+                                      description="known-concept ids, or labels (at most the model's n_concepts)")
+    strength: float | None = Field(None, ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_STRENGTH)
     normalize: bool | None = None
     inject_layer: int | None = Field(None, ge=0, le=INT_MAX)
     schedule: Literal["fixed", "hard_cutoff"] | None = None
     cutoff_tokens: int | None = Field(None, ge=0, le=INT_MAX)
-    relu_logit_mask: dict[str, float] | None = Field(None, description="concept id (or label) -> strength")
+    relu_logit_mask: dict[str, _Strength] | None = Field(None, max_length=MAX_CONCEPT_LIST,
+                                                         description="concept id (or label) -> strength")
     preset: Literal["amplify", "suppress"] | None = None
     group: bool = Field(False, description="expand each concept to its concept-catalog group (ConceptCatalog.group); "
                         "suppress masks the first concept only")
@@ -120,7 +131,7 @@ class SamplingParams(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, **documented_as({"anyOf": [
-        _STOP, {"type": "array", "items": _STOP, "maxItems": 16}, {"type": "null"}]}))
+        _STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}, {"type": "null"}]}))
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     user: str | None = None
     presence_penalty: float | None = Field(0.0, **only(0, None))
@@ -130,7 +141,7 @@ class SamplingParams(_Body):
     # CDE / vLLM extensions
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
-    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     tokens_per_step: int = Field(1, ge=1, le=64, description="tokens unmasked per denoising step")
     confidence_threshold: float | None = Field(None, gt=0.0, le=1.0)
     entropy_sampling: bool = False
@@ -148,10 +159,10 @@ class SamplingParams(_Body):
     @classmethod
     def _stops(cls, v):
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop sequences")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must be non-empty strings")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
+        if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must be non-empty strings of at most {MAX_STOP_CHARS} characters")
         return v
 
 
@@ -183,6 +194,15 @@ class ChatMessage(_Body):
 
 class ResponseFormat(_Body):
     type: Literal["text"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, v):
+        # Named before its other fields (a json_schema) are refused as unknown: the type is the mistake.
+        if isinstance(v, dict) and v.get("type") != "text":
+            raise ValueError(f"type {str(v.get('type'))[:40]!r} is not supported: CDE has no JSON mode or "
+                             "structured outputs; the only format is {\"type\": \"text\"}")
+        return v
 
 
 class ChatCompletionRequest(SamplingParams):

@@ -3,7 +3,10 @@
 Draining: the first SIGTERM/SIGINT keeps the socket open but answers every new request 503 (so a
 load balancer or a retrying client moves on instead of meeting a refused connection), lets the
 requests in flight finish for up to `shutdown_timeout` seconds, then ends the stragglers with an
-explicit error and exits. A second signal exits at once."""
+explicit error and exits. A second signal exits at once.
+
+uvicorn's HTTP/1.1 protocol is extended with what it lacks against slow or many clients: a
+deadline for a request's headers and a cap on open connections (`gateway.http_limits`)."""
 
 from __future__ import annotations
 
@@ -12,10 +15,16 @@ import contextlib
 import logging
 import time
 
+import functools
+import json
+
+import h11
 import uvicorn
 from starlette.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.errors import ApiError
+from gateway.http_limits import HttpLimits
 
 log = logging.getLogger("cde.gateway")
 
@@ -41,6 +50,63 @@ class DrainGate:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+class GuardedH11Protocol(H11Protocol):
+    """A connection must deliver each request's line and headers within `header_timeout` of its
+    first byte (or of the connection's start): else a 408 if it sent something, and closed.
+    Beyond `max_connections` open at once, a connection's request gets a 503 and it is closed."""
+
+    def __init__(self, *args, limits: HttpLimits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = False
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self.app = _too_many_connections
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # a request's head still (or newly) incomplete
+            self._head_bytes = True
+            if self._head_timer is None:
+                self._arm()
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer, self._head_bytes = None, False
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self._head_bytes:  # written raw: h11 answers no request it has not parsed
+            err = ApiError(408, f"the request headers did not arrive within {self.limits.header_timeout:g} s",
+                           None, "request_timeout")
+            body = json.dumps(err.body()).encode()
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+
+
+async def _too_many_connections(scope, receive, send) -> None:
+    err = ApiError(503, "too many connections, retry later", None, "too_many_connections",
+                   {"Connection": "close", "Retry-After": "1"})
+    await err.response()(scope, receive, send)
 
 
 class DrainingServer(uvicorn.Server):
@@ -79,8 +145,11 @@ def serve_http(app, host: str, port: int, *, banner: str, shutdown_timeout: floa
     gate = DrainGate(app)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
+    limits: HttpLimits = app.state.limits
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=STRAGGLER_GRACE_S, log_config=None, access_log=False)
+                            timeout_graceful_shutdown=STRAGGLER_GRACE_S, log_config=None, access_log=False,
+                            http=functools.partial(GuardedH11Protocol, limits=limits),
+                            timeout_keep_alive=limits.keep_alive_timeout)
     server = DrainingServer(config, gate)
 
     async def main() -> int:

@@ -5,7 +5,6 @@ that only know OpenAI's unnamed events can tell them apart."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import anyio
 from starlette.responses import StreamingResponse
 
 from gateway.errors import ApiError, GenerationError
+from gateway.json_out import dumps
 
 log = logging.getLogger("cde.gateway")
 
@@ -28,7 +28,7 @@ class SseEvent:
 
 def event(obj: dict, kind: str | None = None) -> bytes:
     head = b"event: " + kind.encode() + b"\n" if kind else b""
-    return head + b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    return head + b"data: " + dumps(obj) + b"\n\n"
 
 
 async def events(chunks: AsyncIterator[dict | SseEvent]) -> AsyncIterator[bytes]:

@@ -1,5 +1,7 @@
 """The gateway's connection to one worker: a DEALER socket, the requests in flight on it, and
-what its last heartbeat said."""
+what its last heartbeat said. The worker end may be anything that listens on its endpoint: no
+frame it sends can end the receive loop (each is handled under its own `except`, its error text
+clipped), and frames over `MAX_FRAME_BYTES` are refused by the socket itself."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import zmq
 import zmq.asyncio
 
 from shared.curve import CurveClient
+from shared.limits import clip
 from shared.protocol import (
     PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
     StepResult,
 )
-from shared.wire import WireError, decode, encode
+from shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
 
 log = logging.getLogger("cde.gateway")
 
@@ -70,6 +73,7 @@ class WorkerLink:
         # A fixed identity keeps the worker's replies routable across reconnects.
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         if curve is not None:
             curve.secure(self.sock)
         self.sock.connect(endpoint)
@@ -102,10 +106,11 @@ class WorkerLink:
         if self._outbox.empty():
             self.send(Ping(time.time()))
 
-    def submit(self, req: GenerateRequest) -> RequestHandle:
+    def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
+        """`frame`: `req` encoded (by `shared.wire.encode_all`, with the other choices of its API request)."""
         handle = RequestHandle(req.request_id, self)
         self.inflight[req.request_id] = handle
-        self.send(req)
+        self._outbox.put_nowait(frame)
         return handle
 
     async def query_concept(self, concept_id: int, k: int, timeout: float) -> ConceptInfo:
@@ -141,18 +146,22 @@ class WorkerLink:
         while True:
             frame = await self.sock.recv()
             try:
-                msg = decode(frame)
+                self._on_frame(frame)
             except WireError as exc:
                 log.warning("%s: dropped bad frame: %s", self.name, exc)
-                continue
-            if isinstance(msg, BlockResult | StepResult):
-                handle = self.inflight.get(msg.request_id)
-                if handle is not None:
-                    handle.deliver(msg)
-            elif isinstance(msg, ConceptInfo):
-                self._answer(msg)
-            elif isinstance(msg, Heartbeat):
-                self._on_heartbeat(msg)
+            except Exception as exc:  # a bug on one frame: the heartbeats after it must still count
+                log.error("%s: frame failed: %s", self.name, clip(repr(exc), 300))
+
+    def _on_frame(self, frame: bytes) -> None:
+        msg = decode(frame)
+        if isinstance(msg, BlockResult | StepResult):
+            handle = self.inflight.get(msg.request_id)
+            if handle is not None:
+                handle.deliver(msg)
+        elif isinstance(msg, ConceptInfo):
+            self._answer(msg)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg)
 
     def _on_heartbeat(self, hb: Heartbeat) -> None:
         if hb.protocol_version != PROTOCOL_VERSION:

@@ -82,14 +82,14 @@ def _status_and_error(reply: bytes) -> tuple[int, dict]:
 
 
 def test_content_length_over_limit_is_413_before_any_body(server):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % (LIMIT + 1))
     status, err = _status_and_error(_http(server, head)[0])  # no body sent at all
     assert status == 413 and err["code"] == "request_too_large" and str(LIMIT) in err["message"]
 
 
 def test_streamed_body_over_limit_is_413_without_reading_it_all(server):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n")
     piece = b" " * 65536
     total = 64 * MB

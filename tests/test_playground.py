@@ -4,6 +4,7 @@ steered concept, attribution on. Screenshots go to $CDE_PLAYGROUND_SHOTS (defaul
 temporary directory)."""
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
@@ -70,6 +71,8 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     pool = ThreadPoolExecutor(2)
     steered, unsteered = pool.submit(api_choice, server, STEERING), pool.submit(api_choice, server, None)
     page = browser.new_page(viewport={"width": 1500, "height": 1150})
+    blocked = []  # what the page's Content-Security-Policy refused: the page must need none of it
+    page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
     page.add_init_script(FRAME_PROBE)
     page.goto(server.url + "/")
     page.wait_for_selector("#model:has-text('model: tiny')")
@@ -88,7 +91,11 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.focus("#prompt")
     page.keyboard.press("Control+Enter")
 
-    page.wait_for_function("document.querySelectorAll('#run-steered .cell.tok').length >= 90")
+    # Polled from here: wait_for_function evals its predicate in the page, which the CSP forbids.
+    deadline = time.monotonic() + 180
+    while page.evaluate("document.querySelectorAll('#run-steered .cell.tok').length") < 90:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     page.screenshot(path=str(shots / "playground-denoising.png"))
     page.wait_for_selector("#run-steered.done", timeout=180_000)
     page.wait_for_selector("#status:has-text('done')")
@@ -133,4 +140,5 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     assert page.text_content("#run-steered .final-text") == expected["text"]
     assert page.text_content("#run-unsteered .final-text") == unsteered.result()["text"]
     print("compare runs:", page.text_content("#perf"))
+    assert not blocked, blocked
     print("screenshots:", shots)

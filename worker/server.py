@@ -5,6 +5,12 @@ BlockResults`, blocking only while idle. An I/O thread owns the sockets and answ
 a stats snapshot, so liveness does not depend on how long one forward pass takes (a big batch on
 a busy CPU, or a first CUDA-graph capture, can take seconds). The ROUTER side lets several
 gateways share a worker: each request remembers which peer sent it.
+
+A peer on the worker port need not be our gateway: no frame may end either thread. The I/O thread
+decodes only small frames (a Ping is ~30 bytes) and hands large ones undecoded to the engine
+thread, so that no request, however heavy, delays a heartbeat; every frame and message is
+handled under its own `except`, and a request is checked against the model's bounds (and for a
+request id already in flight) before the engine sees it.
 """
 
 from __future__ import annotations
@@ -22,15 +28,18 @@ from pathlib import Path
 import zmq
 
 from shared.curve import CurveServer
+from shared.limits import check_request, clip
 from shared.protocol import (
     AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
 )
-from shared.wire import WireError, decode, encode
+from shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
 from worker.engine import Engine
 
 log = logging.getLogger("cde.worker")
 
 IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
+SMALL_FRAME_BYTES = 4096  # decoded on the I/O thread; larger frames are decoded by the engine thread
+LOG_CHARS = 300  # of an error text quoting a peer's frame
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -51,6 +60,7 @@ class WorkerServer:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a larger frame disconnects its sender
         self._auth = curve.secure(self.ctx, self.sock) if curve is not None else None
         self.sock.bind(bind)
         # Engine thread -> I/O thread: [peer, frame] to forward (zmq sockets are single-threaded).
@@ -59,6 +69,7 @@ class WorkerServer:
         self._out_pull.bind(outbox)
         self._out_push = self.ctx.socket(zmq.PUSH)
         self._out_push.connect(outbox)
+        # [peer, message], or [peer, frame] still to decode (a large one)
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
         self.stopping = False
@@ -98,22 +109,44 @@ class WorkerServer:
             pass
 
     def _handle(self, peer: bytes, msg) -> None:
+        try:
+            if isinstance(msg, bytes):
+                msg = decode(msg)
+            self._dispatch(peer, msg)
+        except WireError as exc:
+            log.warning("dropped bad frame: %s", exc)
+        except Exception as exc:  # a bug on one message must not stop the engine thread
+            log.error("message failed: %s", clip(repr(exc), LOG_CHARS))
+        self._stats = self.engine.stats()
+
+    def _dispatch(self, peer: bytes, msg) -> None:
         if isinstance(msg, GenerateRequest):
-            try:
-                self.engine.add_request(msg)
-            except ValueError as exc:
-                log.warning("request refused", extra={"request_id": msg.request_id, "error": str(exc)})
-                self._send(peer, BlockResult(msg.request_id, [], True, "error", error=str(exc)))
-                return
-            log.info("request admitted", extra={"request_id": msg.request_id, "prompt_tokens": len(msg.prompt_ids),
-                                                "max_tokens": msg.max_tokens})
-            self.owner[msg.request_id] = peer
+            self._admit(peer, msg)
         elif isinstance(msg, AbortRequest):
-            self.engine.abort(msg.request_id)
-            self.owner.pop(msg.request_id, None)
+            if self.owner.get(msg.request_id) == peer:  # only its sender stops a request
+                self.engine.abort(msg.request_id)
+                del self.owner[msg.request_id]
         elif isinstance(msg, ConceptQuery):
             self._send(peer, self._concept_info(msg))
-        self._stats = self.engine.stats()
+
+    def _admit(self, peer: bytes, req: GenerateRequest) -> None:
+        rid = clip(req.request_id, 100)
+        try:
+            # A second request under an id in flight would share its pages and results: refused
+            # alone, before the engine (whose step would fail for every request it runs).
+            if req.request_id in self.owner:
+                raise ValueError(f"request id {rid!r} is already in flight")
+            check_request(req, self.engine.cfg.n_concepts)
+            self.engine.add_request(req)
+        except ValueError as exc:
+            error = clip(str(exc), LOG_CHARS)
+            log.warning("request refused", extra={"request_id": rid, "error": error})
+            # Its error goes only to its sender; a duplicate's never reaches the original's owner.
+            self._send(peer, BlockResult(req.request_id, [], True, "error", error=error))
+            return
+        log.info("request admitted", extra={"request_id": rid, "prompt_tokens": len(req.prompt_ids),
+                                            "max_tokens": req.max_tokens})
+        self.owner[req.request_id] = peer
 
     def _concept_info(self, query: ConceptQuery) -> ConceptInfo:
         # On the engine thread: it owns the model and the device.
@@ -167,20 +200,25 @@ class WorkerServer:
     def _read_requests(self) -> None:
         while True:
             try:
-                peer, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+                parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:  # not a [peer, frame] message
-                continue
             try:
-                msg = decode(frame)
+                self._route(*parts)
             except WireError as exc:
                 log.warning("dropped bad frame: %s", exc)
-                continue
-            if isinstance(msg, Ping):
-                self.sock.send_multipart([peer, encode(self._heartbeat())])
-            else:
-                self.inbox.put((peer, msg))
+            except Exception as exc:  # not a [peer, frame] message, or a bug: the next frame still comes
+                log.error("frame failed: %s", clip(repr(exc), LOG_CHARS))
+
+    def _route(self, peer: bytes, frame: bytes) -> None:
+        if len(frame) > SMALL_FRAME_BYTES:
+            self.inbox.put((peer, frame))
+            return
+        msg = decode(frame)
+        if isinstance(msg, Ping):
+            self.sock.send_multipart([peer, encode(self._heartbeat())])
+        else:
+            self.inbox.put((peer, msg))
 
     def _forward_results(self) -> None:
         while True:

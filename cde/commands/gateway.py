@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
+from gateway.http_limits import add_arguments as add_limit_arguments
 from shared.logs import setup_logging
 
 
@@ -13,8 +15,11 @@ def add_http_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
-    p.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` (default: env CDE_API_KEY, never shown here)")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"), help="require `Authorization: Bearer KEY` "
+                     "(default: env CDE_API_KEY, never shown here); prefer the env or --api-key-file: "
+                     "a command line is readable by every local user")
+    key.add_argument("--api-key-file", dest="api_key", type=_read_key, metavar="FILE", help="the API key, read from FILE")
     p.add_argument("--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
@@ -25,6 +30,17 @@ def add_http_arguments(p) -> None:
     p.add_argument("--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)")
     p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
     p.add_argument("--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)")
+    add_limit_arguments(p)
+
+
+def _read_key(path: str) -> str:
+    try:
+        key = open(path, encoding="utf-8").read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read the API key: {exc}") from None
+    if not key:
+        raise argparse.ArgumentTypeError(f"{path} is empty")
+    return key
 
 
 def add_arguments(p) -> None:
@@ -67,6 +83,7 @@ def build_state(args, endpoints, processes=None, model_dir=None, **router_option
 
 def run(args) -> int:
     from gateway.app import create_app
+    from gateway.http_limits import from_args as limits_from_args
     from gateway.server import serve_http
 
     from gateway.discovery import DnsDiscovery
@@ -84,6 +101,7 @@ def run(args) -> int:
     resolve_model_args(args, "gateway", demo=False)
     setup_logging("gateway", args.log_level)
     state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
-    app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes)
+    app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes,
+                     limits=limits_from_args(args))
     return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)

@@ -94,6 +94,7 @@ class _ReadyBanner:
 def run(args) -> int:
     from cde.cli import STARTED
     from gateway.app import create_app
+    from gateway.http_limits import from_args as limits_from_args
     from gateway.server import serve_http
 
     setup_logging("gateway", args.log_level)
@@ -110,7 +111,8 @@ def run(args) -> int:
     endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
     try:
         state = build_state(args, endpoints, procs, model_dir=args.model)
-        app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes)
+        app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes,
+                         limits=limits_from_args(args))
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
         return serve_http(app, args.host, args.port, banner=banner,

@@ -1,0 +1,60 @@
+"""How long and how many: the HTTP listener's timeouts, its connection cap and the Host names it
+answers, as `cde serve` and `cde gateway` flags. All of them apply before the API key is
+checked, so an unauthenticated client can hold neither a connection nor a request open for long."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    header_timeout: float = 10.0  # a request's line and headers, from its first byte (or the connection's start)
+    body_timeout: float = 30.0  # the whole body, from the end of the headers
+    keep_alive_timeout: float = 5.0  # an idle connection between requests
+    max_connections: int = 1024  # open at once; the next ones get 503
+    allowed_hosts: frozenset[str] | None = None  # Host header names; None: any
+
+    def host_allowed(self, host: str) -> bool:
+        """`host`: the Host header without its port, lower case."""
+        return self.allowed_hosts is None or host in self.allowed_hosts
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_arguments(p) -> None:
+    d = HttpLimits()
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help="seconds a client has to send a request's headers")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help="seconds a client has to send a request's whole body; later: 408")
+    p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
+                   help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open HTTP connections at once; more get 503")
+    p.add_argument("--allowed-hosts", metavar="NAMES",
+                   help="comma-separated Host header names to answer, `*` for any (default: loopback names "
+                        "when --host is a loopback address, against DNS rebinding; any otherwise)")
+
+
+def from_args(args) -> HttpLimits:
+    if args.allowed_hosts is not None:
+        names = {n.strip().lower().rstrip(".") for n in args.allowed_hosts.split(",") if n.strip()}
+        hosts = None if "*" in names else frozenset(names)
+    else:
+        hosts = LOOPBACK_NAMES | {args.host.lower()} if is_loopback(args.host) else None
+    for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be positive")
+    return HttpLimits(args.header_timeout, args.body_timeout, args.keep_alive_timeout, args.max_connections, hosts)
