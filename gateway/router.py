@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import subprocess
 import time
 import uuid
@@ -90,11 +89,13 @@ class Router:
         while True:
             slept = time.monotonic()
             await asyncio.sleep(self.heartbeat_interval)
-            # Woken late, the event loop was busy: the heartbeats that came meanwhile wait
-            # unread in the sockets. Judge the workers once the receive loops had their turn.
-            late = time.monotonic() - slept > 2 * self.heartbeat_interval
+            # Woken late, the event loop was busy (a long request, a GC pause): the heartbeats
+            # that came meanwhile wait unread in the sockets. The time it could not listen does
+            # not count as the workers' silence.
+            late = max(time.monotonic() - slept - self.heartbeat_interval, 0.0)
             for link in self.links:
-                link.check(math.inf if late else self.heartbeat_timeout)
+                link.last_seen += late
+                link.check(self.heartbeat_timeout)
                 if link.exit_code() is None:
                     link.ping()
 

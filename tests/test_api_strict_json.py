@@ -9,8 +9,10 @@ import httpx
 import pytest
 
 from gateway.json_out import JsonResponse
+from gateway.prompts import MAX_TOKEN_BYTES
 from gateway.sse import event
 from shared.limits import MAX_STEERING_STRENGTH
+from shared.tokenizer import get_tokenizer
 from tests.api_server import ServerProcess
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -111,6 +113,19 @@ def test_context_overflow_names_the_field_to_shorten(server, route, body, param)
     status, (doc,) = bodies(server, route, body)
     assert status == 400 and doc["error"]["code"] == "context_length_exceeded"
     assert doc["error"]["param"] == param, doc
+
+
+def test_no_token_is_longer_than_the_prompt_bound():
+    """A prompt of more bytes than MAX_TOKEN_BYTES x context is refused untokenized: sound only if
+    no token of the tokenizer is longer."""
+    enc = get_tokenizer(True).enc
+    lengths = []
+    for t in range(enc.n_vocab):
+        try:
+            lengths.append(len(enc.decode_single_token_bytes(t)))
+        except KeyError:  # the gaps between the ranks and the special tokens
+            pass
+    assert max(lengths) == MAX_TOKEN_BYTES
 
 
 @pytest.mark.parametrize("kind", ["json_object", "json_schema"])

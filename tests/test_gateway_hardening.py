@@ -2,6 +2,7 @@
 frames no worker of ours would: the gateway's receive loop survives every one of them, /health
 stays 200 while heartbeats keep coming, and requests are still served."""
 
+import asyncio
 import threading
 import time
 
@@ -9,6 +10,7 @@ import msgpack
 import pytest
 import zmq
 
+from gateway.router import Router
 from shared.protocol import BlockResult, GenerateRequest, Heartbeat, Ping
 from shared.wire import WireError, decode, encode
 from tests.cde_procs import Gateway, free_port
@@ -27,8 +29,9 @@ POISON = [
 
 
 class FakeWorker:
-    """Answers Pings with Heartbeats and each GenerateRequest with one finished block; sends
-    whatever `inject` is given to the gateway it heard from."""
+    """Answers Pings with Heartbeats and each GenerateRequest with one finished block (but keeps
+    those whose id starts with `hold` running forever); sends whatever `inject` is given to the
+    gateway it heard from."""
 
     def __init__(self, endpoint: str):
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
@@ -56,7 +59,7 @@ class FakeWorker:
                 continue
             if isinstance(msg, Ping):
                 reply = Heartbeat("boot-1", "tiny", 1024, 100281, False, 2, 96, 4)
-            elif isinstance(msg, GenerateRequest):
+            elif isinstance(msg, GenerateRequest) and not msg.request_id.startswith("hold"):
                 reply = BlockResult(msg.request_id, [9906, 1917], True, "length", prompt_tokens=len(msg.prompt_ids))
             else:
                 continue
@@ -91,3 +94,24 @@ def test_no_frame_from_a_worker_stops_the_gateway(fake_and_gateway):
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     gateway.wait_for("dropped bad frame")
     assert max(len(line) for line in gateway.lines) < 4000, "a worker's frame went whole into the log"
+
+
+async def test_a_stalled_event_loop_does_not_mark_a_live_worker_down():
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    fake = FakeWorker(endpoint)
+    router = Router([endpoint], heartbeat_interval=0.2, heartbeat_timeout=1.0)
+    await router.start()
+    try:
+        await router.wait_ready(10)
+        req = GenerateRequest("hold-1", [1, 2])
+        handle = router.submit(req, encode(req))
+        time.sleep(2.5)  # the event loop blocked (a long parse, a GC pause) while the worker is fine
+        await asyncio.sleep(1.0)
+        # Never marked down, not even for a moment: that fails every request in flight on it.
+        assert router.links[0].alive and not handle.done
+        fake.stop()  # a worker that really went silent is still found
+        await asyncio.sleep(2.0)
+        assert not router.links[0].alive and "no heartbeat" in router.links[0].down_reason
+    finally:
+        await router.stop()
+        fake.stop()
