@@ -56,6 +56,9 @@ def test_train_and_eval_splits_share_no_operands(family):
     held = {tasks.problem(family, rng, "eval").key for _ in range(100)}
     assert {tasks.split_of(k) for k in train} == {"train"} and {tasks.split_of(k) for k in held} == {"eval"}
     assert not train & held
+    rng = random.Random(0)
+    share = sum(tasks.split_of(("+", rng.randint(100, 9999), rng.randint(100, 9999))) == "eval" for _ in range(4000)) / 4000
+    assert 0.04 < share < 0.09  # one bucket of 16 held out
     assert problems(5, seed=0) == problems(5, seed=0) != problems(5, seed=1)
 
 
