@@ -115,9 +115,8 @@ def test_body_just_under_limit_is_parsed(server):
 ])
 def test_errors_never_echo_the_input(server, body, status, param):
     r = post(server, body)
-    err = assert_error(r, status, r.json()["error"]["param"])
+    assert_error(r, status, param)
     assert len(r.content) < 2048
-    assert err["param"].startswith(param[:100]) and len(err["param"]) < 200
 
 
 # ---- structure -----------------------------------------------------------------------------------
@@ -203,7 +202,10 @@ def test_wrong_content_type_is_400(server, content_type):
     assert_error(raw_post(server, raw, content_type=content_type), 400, None, "unsupported_content_type")
 
 
-@pytest.mark.parametrize("raw", [b"", b"null", b"[]", b'"prompt"', b"{", b'{"model": "tiny"}'])
-def test_non_object_bodies_are_400(server, raw):
-    r = raw_post(server, raw)
-    assert_error(r, 400, r.json()["error"]["param"])
+@pytest.mark.parametrize("raw,param,code", [
+    (b"", None, "invalid_json"), (b"{", None, "invalid_json"),
+    (b"null", None, None), (b"[]", None, None), (b'"prompt"', None, None),
+    (b'{"model": "tiny"}', "prompt", "missing_required_parameter"),
+])
+def test_non_object_bodies_are_400(server, raw, param, code):
+    assert_error(raw_post(server, raw), 400, param, code)

@@ -73,14 +73,20 @@ def test_chat_streamed_equals_non_streamed(client):
 
 
 def test_n2_streams_interleave_with_one_finish_each(client):
-    chunks = list(client.completions.create(model="tiny", prompt="a", n=2, max_tokens=100, temperature=0,
-                                            stream=True, **FAST))
+    args = dict(model="tiny", prompt="a", max_tokens=200, temperature=0, **FAST)
+    chunks = list(client.completions.create(n=2, stream=True, **args))
     by_index = {0: [], 1: []}
-    for c in chunks:
+    for n, c in enumerate(chunks):
         (choice,) = c.choices
-        by_index[choice.index].append(choice.finish_reason)
-    for reasons in by_index.values():
+        by_index[choice.index].append((n, choice.text, choice.finish_reason))
+    for events in by_index.values():
+        reasons = [r for _, _, r in events]
         assert reasons[-1] is not None and sum(r is not None for r in reasons) == 1
+        # greedy: each choice is the whole non-streamed text
+        assert "".join(t for _, t, _ in events) == client.completions.create(**args).choices[0].text
+    # Sent as they are generated, not one choice after the other.
+    first, last = ({i: ev[0][0] for i, ev in by_index.items()}, {i: ev[-1][0] for i, ev in by_index.items()})
+    assert first[1] < last[0] and first[0] < last[1], [c.choices[0].index for c in chunks]
 
 
 def test_n2_and_prompt_lists(client):
@@ -120,16 +126,23 @@ def test_include_usage_chunk(client):
 
 
 def test_echo(client):
-    r = client.completions.create(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, echo=True, **FAST)
-    assert r.choices[0].text.startswith("Echo me")
+    args = dict(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, **FAST)
+    plain = client.completions.create(**args).choices[0].text
+    assert plain and client.completions.create(echo=True, **args).choices[0].text == "Echo me" + plain
 
 
-def test_steering_passes_through(client):
-    base = dict(model="tiny", prompt="steer", max_tokens=8, temperature=0)
-    plain = client.completions.create(**base, **FAST).choices[0]
-    for steering in ({"concepts": [1, "#2"], "preset": "amplify"}, {"concepts": ["Known: #3"], "preset": "suppress"}):
-        r = client.completions.create(**base, extra_body={"steering": steering, "tokens_per_step": 8})
-        assert r.choices[0].finish_reason == plain.finish_reason
+def test_steering_concepts_by_label(client):
+    """Labels name the ids they spell (test_api_steering.py compares steering itself with the
+    official package, on a base model)."""
+    def text(steering=None):
+        extra = {"tokens_per_step": 8, **({"steering": steering} if steering else {})}
+        return client.completions.create(model="tiny", prompt="steer", max_tokens=16, temperature=0,
+                                         extra_body=extra).choices[0].text
+
+    plain = text()
+    for by_id, by_label in (({"concepts": [1, 2], "preset": "amplify"}, {"concepts": [1, "#2"], "preset": "amplify"}),
+                            ({"concepts": [3], "preset": "suppress"}, {"concepts": ["Known: #3"], "preset": "suppress"})):
+        assert text(by_label) == text(by_id) != plain, by_label
 
 
 def test_attribution(client):

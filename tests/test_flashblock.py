@@ -122,11 +122,20 @@ def test_split_without_reuse_equals_exact_path(engine):
         run(engine, False, "b", steering=steer, attribution=AttributionSpec())
 
 
-def test_reuse_is_an_approximation_that_changes_outputs(engine):
-    """Reuse really skips work: on a random model its outputs drift from the exact path
-    (otherwise the reuse branch would be dead code)."""
+def test_reuse_drifts_from_the_exact_path_within_a_bound(engine):
+    """Reuse really skips work: its outputs drift from the exact path's (otherwise the reuse
+    branch would be dead code), but only a little. The runner measures KL(exact || reused) of the
+    next-token distribution at every eligible position of every reusing step (as `cde bench
+    engine --flashblock-*` does): on this model about 0.04 nats on average, while reusing a stale
+    or another slot's cache row gives about 3. The bound sits between."""
+    engine.runner.deviation = {"kl_sum": 0.0, "rows": 0}
+    try:
+        reused = run(engine, FlashBlockSpec(tau=2, max_reuse=63), "r")
+    finally:
+        deviation, engine.runner.deviation = engine.runner.deviation, None
+    assert deviation["rows"] > 1000
+    assert 1e-4 < deviation["kl_sum"] / deviation["rows"] < 0.3
     exact = run(engine, False, "e")
-    reused = run(engine, FlashBlockSpec(tau=2, max_reuse=63), "r")
     assert reused != exact
     assert all(len(reused[k]) == len(exact[k]) for k in exact)
 

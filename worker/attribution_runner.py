@@ -68,27 +68,31 @@ class AttributionRunner:
     def launch(self, hidden: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor) -> HostCopy:
         """hidden [n, D] final states of committed slots, their tokens [n] and target logits [n],
         computed on the current stream -> the packed rows [n, width], asynchronously."""
-        n = hidden.shape[0]
         if not self.cuda:
             return HostCopy(attribute(self.model, self.cfg, hidden, tokens, target), None)
-        host = torch.empty(n, self.width, dtype=torch.float64, pin_memory=True)
+        host = torch.empty(hidden.shape[0], self.width, dtype=torch.float64, pin_memory=True)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for t in (hidden, tokens, target):
             t.record_stream(self.stream)  # freed by the main stream while the side stream reads
         with torch.cuda.stream(self.stream):
-            if not self.graphs:
-                host.copy_(attribute(self.model, self.cfg, hidden, tokens, target), non_blocking=True)
-            else:
-                top = max(self.graphs)
-                for start in range(0, n, top):  # more rows than the largest bucket: in turns
-                    m = min(top, n - start)
-                    g = self.graphs[next(b for b in BUCKETS if b >= m)]
-                    # Rows past m keep stale (valid) inputs: computed and never read.
-                    g.h[:m].copy_(hidden[start : start + m])
-                    g.tok[:m].copy_(tokens[start : start + m])
-                    g.target[:m].copy_(target[start : start + m])
-                    g.graph.replay()
-                    host[start : start + m].copy_(g.out[:m], non_blocking=True)
+            self.compute(hidden, tokens, target, into=host)
             ready = torch.cuda.Event()
             ready.record()
         return HostCopy(host, ready)
+
+    def compute(self, hidden: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, into: torch.Tensor) -> None:
+        """The packed rows into `into` [n, width] (copies queued, not awaited): replayed through the
+        bucket graphs in turns of at most the largest bucket, or eagerly when none were captured."""
+        if not self.graphs:
+            into.copy_(attribute(self.model, self.cfg, hidden, tokens, target), non_blocking=True)
+            return
+        n, top = hidden.shape[0], max(self.graphs)
+        for start in range(0, n, top):  # more rows than the largest bucket: in turns
+            m = min(top, n - start)
+            g = self.graphs[next(b for b in BUCKETS if b >= m)]
+            # Rows past m keep stale (valid) inputs: computed and never read.
+            g.h[:m].copy_(hidden[start : start + m])
+            g.tok[:m].copy_(tokens[start : start + m])
+            g.target[:m].copy_(target[start : start + m])
+            g.graph.replay()
+            into[start : start + m].copy_(g.out[:m], non_blocking=True)

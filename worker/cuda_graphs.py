@@ -33,17 +33,56 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 class _Bucket:
     n: int
     split: bool  # the FlashBlock family
-    ints: torch.Tensor  # packed: tokens, page table, blocks, write pages, n pages, steer-from, FlashBlock
+    ints: torch.Tensor  # packed by `pack`: tokens, page table, blocks, write pages, n pages, steer-from, FlashBlock
     host: torch.Tensor  # its pinned twin
     steer_vec: torch.Tensor
     mask: PagedBlockMask
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
 
-    def views(self, width: int):
-        n = self.n
-        tokens, table, rest = self.ints.split([n * PAGE, n * width, 7 * n])
-        return (tokens.view(n, PAGE), table.view(n, width), *rest.view(7, n))
+
+def bucket_splits(kv_splits: int, n: int) -> int:
+    """Split-KV ways for a bucket of n items: kv_splits at batch 1, halving as the batch
+    doubles, so small batches fill about as many SMs as batch kv_splits would."""
+    return max(1, kv_splits // n)
+
+
+def pack(n: int, tokens, blocks, write_pages, pages, steer_from, split, *, scratch_page: int, scratch_slot: int,
+         width: int, no_injection: int) -> list[int]:
+    """The host lists of len(pages) real items as one bucket of n: the rest become padding items
+    that write the scratch page, attend to it alone, inject nothing and (FlashBlock family) read
+    and write the scratch slot."""
+    real, pad = len(pages), n - len(pages)
+    modes, slots, writes = split if split is not None else ([ATTN_EXACT] * real, [scratch_slot] * real,
+                                                            [scratch_slot] * real)
+    flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
+    for p in pages:
+        flat += p + [scratch_page] * (width - len(p))
+    flat += [scratch_page] * (width * pad)
+    for column, fill in ((blocks, 0), (write_pages, scratch_page), ([len(p) for p in pages], 1),
+                         (steer_from, no_injection), (modes, ATTN_EXACT), (slots, scratch_slot), (writes, scratch_slot)):
+        flat += list(column) + [fill] * pad
+    return flat
+
+
+def views(ints: torch.Tensor, n: int, width: int):
+    """A packed bucket -> tokens, page table, blocks, write pages, n pages, steer-from, mode, slot, write slot."""
+    tokens, table, rest = ints.split([n * PAGE, n * width, 7 * n])
+    return (tokens.view(n, PAGE), table.view(n, width), *rest.view(7, n))
+
+
+def bucket_forward(model, ints: torch.Tensor, n: int, width: int, steer_vec, mask: PagedBlockMask, caches,
+                   split_caches, cos, sin) -> torch.Tensor:
+    """The whole pass of a packed bucket from its device buffers (what a graph captures);
+    `split_caches`: FlashBlock's per-layer cache rows for the split family, else None."""
+    tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = views(ints, n, width)
+    split = FlashBlockBatch(mode, slot, write_slot, []) if split_caches is not None else None
+    mask.update(table, n_pages if split is None else external_pages(n_pages, mode))
+    pos = blocks[:, None] * PAGE + torch.arange(PAGE, device=ints.device)
+    meta = PagedBatch(write_pages, table, n_pages, [], mask.block_mask, split)
+    if split is not None:
+        caches = [kv + fb for kv, fb in zip(caches, split_caches)]
+    return model(tokens, cos[pos][:, None], sin[pos][:, None], caches, meta, steer_vec, steer_from, tokens == MASK_ID)
 
 
 class GraphedForward:
@@ -76,25 +115,14 @@ class GraphedForward:
             ints=torch.zeros(size, dtype=torch.long, device=self.device),
             host=torch.zeros(size, dtype=torch.long, pin_memory=True),
             steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
-            mask=PagedBlockMask(n, self.cache_pages, self.device, self.splits(n)),
+            mask=PagedBlockMask(n, self.cache_pages, self.device, bucket_splits(self.kv_splits, n)),
         )
         self._fill(b, [], [], [], [], [], None)  # all padding items
         return b
 
-    def splits(self, n: int) -> int:
-        """Split-KV ways for a bucket of n items: kv_splits at batch 1, halving as the batch
-        doubles, so small batches fill about as many SMs as batch kv_splits would."""
-        return max(1, self.kv_splits // n)
-
     def _run(self, b: _Bucket) -> torch.Tensor:
-        tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = b.views(self.width)
-        split = FlashBlockBatch(mode, slot, write_slot, []) if b.split else None
-        b.mask.update(table, n_pages if split is None else external_pages(n_pages, mode))
-        pos = blocks[:, None] * PAGE + torch.arange(PAGE, device=self.device)
-        meta = PagedBatch(write_pages, table, n_pages, [], b.mask.block_mask, split)
-        caches = self.caches if split is None else [kv + fb for kv, fb in zip(self.caches, self.split_caches)]
-        return self.model(tokens, self.cos[pos][:, None], self.sin[pos][:, None], caches, meta,
-                          b.steer_vec, steer_from, tokens == MASK_ID)
+        return bucket_forward(self.model, b.ints, b.n, self.width, b.steer_vec, b.mask, self.caches,
+                              self.split_caches if b.split else None, self.cos, self.sin)
 
     def _capture(self, b: _Bucket) -> None:
         side = torch.cuda.Stream()
@@ -135,17 +163,8 @@ class GraphedForward:
         return b.out[:n]
 
     def _fill(self, b: _Bucket, tokens, blocks, write_pages, pages, steer_from, split) -> None:
-        """N real items into the bucket's packed buffer; the rest become padding items."""
-        n, pad, scratch, width = len(pages), b.n - len(pages), self.scratch, self.width
-        modes, slots, writes = split if split is not None else ([ATTN_EXACT] * n, [self.scratch_slot] * n, [self.scratch_slot] * n)
-        flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
-        for p in pages:
-            flat += p + [scratch] * (width - len(p))
-        flat += [scratch] * (width * pad)
-        for column, fill in ((blocks, 0), (write_pages, scratch), ([len(p) for p in pages], 1),
-                             (steer_from, self.cfg.n_layers + 1), (modes, ATTN_EXACT), (slots, self.scratch_slot),
-                             (writes, self.scratch_slot)):
-            flat += list(column) + [fill] * pad
+        flat = pack(b.n, tokens, blocks, write_pages, pages, steer_from, split, scratch_page=self.scratch,
+                    scratch_slot=self.scratch_slot, width=self.width, no_injection=self.cfg.n_layers + 1)
         if self.copied is not None:
             self.copied.synchronize()  # the pinned buffer may still be in flight from the last step
         b.host.copy_(torch.tensor(flat))

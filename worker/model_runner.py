@@ -40,7 +40,9 @@ class Pass:
 
 class ModelRunner:
     def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int,
-                 cuda_graphs: bool = True, kv_splits: int = 1):
+                 cuda_graphs: bool = True, kv_splits: int = 1, vocab_align: int | None = None):
+        """vocab_align: the LM head's rows are padded to a multiple of it (default 128 on CUDA,
+        none elsewhere; the CPU tests pad too, to check that padding never changes a pick)."""
         self.model, self.cfg = model, cfg
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -58,8 +60,9 @@ class ModelRunner:
         # the padded width too, with the padding banned: a [:, :V] view of the logits would cost
         # a strided copy of all of them on every step.
         self.lm_head = model.transformer.lm_head.weight
-        if self.device.type == "cuda":
-            self.lm_head = F.pad(self.lm_head, (0, 0, 0, -cfg.vocab_size % 128))
+        align = vocab_align or (128 if self.device.type == "cuda" else 1)
+        if cfg.vocab_size % align:
+            self.lm_head = F.pad(self.lm_head, (0, 0, 0, -cfg.vocab_size % align))
         width = self.lm_head.shape[0]
         self.seen = torch.zeros(max_running + 1, width, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}

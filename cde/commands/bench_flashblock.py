@@ -19,6 +19,7 @@ from kernels.flex_paged_attention import PagedBlockMask
 from kernels.paged_attention import PagedBatch, paged_attention
 from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
 from shared.protocol import FlashBlockSpec
+from worker.cuda_graphs import bucket_splits
 
 
 def add_arguments(p) -> None:
@@ -81,7 +82,7 @@ def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
         paged_attention(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [ctx_pages] * n, None, split))
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
-    mask = PagedBlockMask(n, cache_pages, dev, runner.graphed.splits(n) if runner.graphed else 1)
+    mask = PagedBlockMask(n, cache_pages, dev, bucket_splits(runner.graphed.kv_splits, n) if runner.graphed else 1)
 
     def layer():
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
