@@ -56,11 +56,12 @@ for STAGE in $STAGES; do
     done 2>&1 | tee "$OUT/startup.txt" ;;
   train)  # the reference model. Run it twice: the second call resumes (state.pt while this machine is
     # warm, else the weights.pt of call 1 carried back as .train/weights.pt). TRAIN_MINUTES of training
-    # in all; each call stops after STOP_AFTER minutes, leaving time to evaluate and export.
+    # in all (compiling and evaluating not counted); each call stops after STOP_AFTER wall minutes of
+    # its loop, leaving time to evaluate and export inside a 10-minute call.
     RUN=${RUN:-/tmp/cde-run}
     START=()
     if [[ -f $RUN/state.pt ]]; then START=(--resume); elif [[ -f .train/weights.pt ]]; then START=(--init-weights .train/weights.pt); fi
-    python3 -m cde.train --out "$RUN" --minutes "${TRAIN_MINUTES:-14}" --stop-after "${STOP_AFTER:-7}" --seed "${SEED:-0}" \
+    python3 -m cde.train --out "$RUN" --minutes "${TRAIN_MINUTES:-11}" --stop-after "${STOP_AFTER:-7}" --seed "${SEED:-0}" \
       --rows "${ROWS:-256}" --workers "${WORKERS:-12}" --device cuda --compile "${START[@]}" 2>&1 | tee "$OUT/train.log"
     cp "$RUN/log.jsonl" "$RUN/weights.pt" "$RUN/model.tar.xz" "$OUT/" ;;
   eval)  # cde eval on the trained model (this machine's last run, else .train/model.tar.xz carried back)

@@ -42,7 +42,7 @@ def test_seeded_and_resumable(tmp_path):
     moved = _run(tmp_path / "d", weights=str(tmp_path / "w3.pt"))
     assert moved["step"] == 6 and moved["warm_from"] == 3
     logged = [json.loads(line) for line in (tmp_path / "d" / "log.jsonl").read_text().splitlines()]
-    assert logged[0]["step"] == 6 and logged[0]["lr"] < 3e-3  # re-warming from step 3
+    assert logged[0]["start_step"] == 3 and logged[1]["step"] == 6
 
 
 def test_command_line(tmp_path):

@@ -128,6 +128,9 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         Batches(o.seed, o.rows, o.length, len(concepts()), 1 << 40), batch_size=None,
         sampler=range(state["step"], 1 << 40), num_workers=o.workers, pin_memory=o.device.startswith("cuda"),
         persistent_workers=o.workers > 0, prefetch_factor=8 if o.workers else None)
+    _log(run, {"start_step": state["step"], "device": o.device, "used_ids": model.n_used,
+               "parameters": sum(p.numel() for p in model.parameters())})
+    first_step = state["step"]
     started = tick = time.perf_counter()
     last_save = last_eval = state["elapsed"]
     window, window_start = [], time.perf_counter()
@@ -157,7 +160,8 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         state["step"] = step + 1
         # Training time is wall time between steps (data waits included), checkpoints and
         # evaluations excluded: the budget buys optimisation, whatever the bottleneck.
-        state["elapsed"] += time.perf_counter() - tick
+        # The first step of a call compiles: not training time.
+        state["elapsed"] += time.perf_counter() - tick if step > first_step else 0.0
         tick = time.perf_counter()
         if state["step"] % o.log_every == 0:
             mean = {k: round(float(torch.stack([w[k] for w in window]).mean()), 4) for k in window[0]}
