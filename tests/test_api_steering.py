@@ -4,9 +4,11 @@ worker, the official `openai` client) equal the official package on the same che
 - each preset, with its own defaults, against the official recipe with *its* defaults
   (`SteeringConfig.injection`, `SteeringConfig.injection_relu`); one token per step and eight
   (the official linear schedule over max_new_tokens / 8 steps unmasks eight per step, as
-  `tokens_per_step: 8` does);
+  `tokens_per_step: 8` does); with `"group": true`, against the recipe given the official
+  `ConceptCatalog.group` of the concept (the server reads the same catalog);
 - per-token attribution of a steered generation against the official `FaithfulConceptAttributor`
-  (its generator steered by the same recipe) and against CDE's engine in this process.
+  (its generator steered by the same recipe, its labels from the same catalog) and against CDE's
+  engine in this process.
 
 Everything is compared with the reference, never with the server's own earlier output, so a
 worker that dropped the request's steering or a preset with a wrong default fails here.
@@ -17,11 +19,11 @@ import openai
 import pytest
 import torch
 
-from shared.attribution import aggregate
+from shared.catalog import write_catalog
 from shared.config import preset
 from shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
-from shared.tokenizer import Tokenizer
 from tests.api_server import ServerProcess
+from tests.catalog_fixture import catalog_rows
 from tests.test_attribution_parity import text_prompt
 from worker.engine import Engine, EngineArgs
 
@@ -33,8 +35,21 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir):
-    srv = ServerProcess(tiny_dir, "--served-model-name", "tiny", workers=1)
+def catalog_path(tmp_path_factory):
+    return write_catalog(tmp_path_factory.mktemp("catalog") / "concept_labels.parquet", catalog_rows())
+
+
+@pytest.fixture(scope="module")
+def catalog(catalog_path):
+    import pandas as pd
+    from steerling.concepts import ConceptCatalog
+
+    return ConceptCatalog(pd.read_parquet(catalog_path))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, catalog_path):
+    srv = ServerProcess(tiny_dir, "--served-model-name", "tiny", "--concept-labels", str(catalog_path), workers=1)
     yield srv
     srv.stop()
 
@@ -108,14 +123,20 @@ def test_preset_fields_are_the_official_recipe(name, n_layers):
 PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("name,concepts,per_step", [
-    ("amplify", [3, 17, 40], 1),
-    ("suppress", [7, 11, 30], 8),
-    ("amplify", [5], 8),
-    ("suppress", [12], 4),
+@pytest.mark.parametrize("name,concepts,per_step,group", [
+    ("amplify", [3, 17, 40], 1, False),
+    ("suppress", [7, 11, 30], 8, False),
+    ("amplify", [5], 8, False),
+    ("suppress", [12], 4, False),
+    ("suppress", [9], 8, True),
+    ("amplify", [21, 33], 8, True),
 ])
-def test_preset_equals_official_recipe(client, official, name, concepts, per_step):
-    steered = complete(client, PROMPT, per_step, steering={"concepts": concepts, "preset": name})
+def test_preset_equals_official_recipe(client, official, catalog, name, concepts, per_step, group):
+    steering = {"concepts": concepts, "preset": name, **({"group": True} if group else {})}
+    steered = complete(client, PROMPT, per_step, steering=steering)
+    if group:  # the official group expansion: each concept, then the rest of its group
+        concepts = list(dict.fromkeys(m for c in concepts for m in catalog.group(c)))
+        assert len(concepts) > len(steering["concepts"])
     ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe(name, concepts))
     assert steered.token_ids == ref.tokens[len(PROMPT):].tolist()
     plain = complete(client, PROMPT, per_step)
@@ -160,13 +181,13 @@ def assert_same(got: dict, want: dict, tol: dict, where) -> None:
                                    **tol)
 
 
-def official_steered_attribution(official, text: str, per_step: int, steering):
+def official_steered_attribution(official, text: str, per_step: int, steering, labels_path):
     """The official attributor over a generation steered by `steering`: its generator runs
     `generate_full(..., steering=..., step_callback=...)`, which threads attribution through the
     same injected pass (the official generator's own support for both at once)."""
     from steerling.attribution.concept_attribution import FaithfulConceptAttributor
 
-    attributor = FaithfulConceptAttributor(official, concepts_path="/nonexistent")
+    attributor = FaithfulConceptAttributor(official, concepts_path=labels_path)
     plain = official.generate_full
     official.generate_full = lambda prompt, config, step_callback=None: plain(prompt, config, steering=steering,
                                                                               step_callback=step_callback)
@@ -177,20 +198,21 @@ def official_steered_attribution(official, text: str, per_step: int, steering):
     return out, chunks, attributor.last_attribution
 
 
-def test_steered_attribution_equals_official_and_engine(client, official, tiny_dir):
+def test_steered_attribution_equals_official_and_engine(client, official, tiny_dir, catalog_path):
     text, ids = text_prompt()
     per_step, concepts = 8, [7, 11, 30]
     attribution = {"top_k": 128, "per_token": True, "chunking": "endofchunk"}  # top_k above the heads': every concept
     choice = complete(client, ids, per_step, steering={"concepts": concepts, "preset": "suppress"},
                       attribution=attribution)
     api = choice.model_extra["attribution"]
-    out, ref_chunks, attr = official_steered_attribution(official, text, per_step, recipe("suppress", concepts))
+    out, ref_chunks, attr = official_steered_attribution(official, text, per_step, recipe("suppress", concepts),
+                                                         catalog_path)
     assert choice.token_ids == out.tokens[len(ids):].tolist()
     assert [t["offset"] for t in api["tokens"]] == list(range(N_NEW))
     for t in api["tokens"]:
         assert_same(from_api(t), from_official(attr, len(ids) + t["offset"]), TOL, t["offset"])
 
-    # The API's chunks are the official chunk results.
+    # The API's chunks are the official chunk results, labels from the catalog included.
     assert len(api["chunks"]) == len(ref_chunks)
     for chunk, (entries, eps_pct) in zip(api["chunks"], ref_chunks):
         got = {(c["label"], c["type"]): c["contribution"] for c in chunk["concepts"]}
@@ -212,6 +234,3 @@ def test_steered_attribution_equals_official_and_engine(client, official, tiny_d
     assert [r["position"] - len(ids) for r in records] == [t["offset"] for t in api["tokens"]]
     for r, t in zip(records, api["tokens"]):
         assert_same(from_api(t), from_engine(r), {"rtol": 1e-6, "atol": 1e-7}, t["offset"])
-    rendered = aggregate(records, Tokenizer().decode, prompt_len=len(ids), chunking="endofchunk",
-                         n_known=preset("tiny").n_concepts, top_k=128)
-    assert [c["text"] for c in rendered["chunks"]] == [c["text"] for c in api["chunks"]]

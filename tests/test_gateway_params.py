@@ -20,15 +20,8 @@ def build(**fields):
     return generate_requests(body, [[1, 2]], body.max_tokens, INFO, LABELS, "cmpl-t")
 
 
-def test_amplify_preset():
-    (req,) = build(steering={"concepts": ["dogs", 3], "preset": "amplify"})
-    s = req.steering
-    assert (s.concepts, s.strength, s.normalize, s.inject_layer, s.schedule, s.cutoff_tokens) == \
-        ([7, 3], 8.0, True, 8, "hard_cutoff", 32)
-    assert s.relu_logit_mask == {}
-
-
-def test_suppress_preset_and_explicit_overrides():
+# The presets' own values are compared with the official recipes in test_api_steering.py.
+def test_explicit_fields_override_the_preset():
     (req,) = build(steering={"concepts": ["Known: #5"], "preset": "suppress", "strength": -3, "inject_layer": 4})
     s = req.steering
     assert (s.strength, s.normalize, s.inject_layer, s.schedule) == (-3.0, False, 4, "fixed")
