@@ -21,13 +21,13 @@ GOLDEN = Path(__file__).parent / "goldens" / "parity_small.json"
 SMALL_SEED = 3  # the small_dir fixture's seed
 
 
-def reference_tokens(model_dir, prompt: list[int], max_new: int) -> list[int]:
+def reference_tokens(model_dir, prompt: list[int], max_new: int, per_step: int = 1) -> list[int]:
     from steerling.configs.generation import GenerationConfig
 
     from tests.oracle import official_generator
 
     gen = official_generator(model_dir)
-    cfg = GenerationConfig(max_new_tokens=max_new, steps=max_new, temperature=0, use_entropy_sampling=False,
+    cfg = GenerationConfig(max_new_tokens=max_new, steps=max_new // per_step, temperature=0, use_entropy_sampling=False,
                            top_p=0, repetition_penalty=1)
     out = gen.generate_full(torch.tensor([prompt]), cfg)
     return out.tokens[len(prompt):].tolist()
@@ -72,3 +72,13 @@ def test_greedy_matches_recorded_official_tokens_on_small(small_dir):
     for i, ref in enumerate(golden["tokens"]):
         assert ours[f"{i}-256"] == ref
         assert ours[f"{i}-128"] == ref[:128]
+
+
+@pytest.mark.parametrize("per_step", [4, 16])
+def test_tokens_per_step_matches_the_official_linear_schedule(tiny_dir, per_step):
+    """`tokens_per_step: k` is the official schedule of max_new_tokens / k steps (k tokens per
+    step), over three generated blocks, so also the commits of the finished ones."""
+    prompt = prompts(seed=5)[0]
+    engine = Engine(EngineArgs(str(tiny_dir)))
+    ours = engine.generate([GenerateRequest("k", prompt, max_tokens=192, tokens_per_step=per_step)])["k"]
+    assert ours == reference_tokens(tiny_dir, prompt, 192, per_step)
