@@ -62,15 +62,24 @@ def load(path: Path = CANARIES) -> list[Canary]:
     return [Canary(**c) for c in tomllib.loads(path.read_text())["canary"]]
 
 
+def _visible(path: str) -> bool:
+    """Not under a hidden directory (a CI virtualenv, caches) nor a __pycache__."""
+    return not any(part.startswith(".") or part == "__pycache__" for part in Path(path).parts)
+
+
 def repo_files() -> list[str]:
-    """What git knows about (tracked, and untracked but not ignored); outside a git checkout (an
-    exported tree) every file but caches."""
-    res = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=REPO, capture_output=True)
-    if res.returncode != 0:
-        return [str(p.relative_to(REPO)) for p in REPO.rglob("*")
-                if p.is_file() and not {"__pycache__", ".cache", ".pytest_cache"} & set(p.parts)]
-    return [f for f in res.stdout.decode().split("\0") if f and (REPO / f).is_file()]  # deleted files are still listed
+    """The tracked files, and the untracked ones git does not ignore (new work) outside hidden
+    directories; outside a git checkout (an exported tree), every visible file."""
+    def git(*args: str) -> list[str] | None:
+        res = subprocess.run(["git", "ls-files", "-z", *args], cwd=REPO, capture_output=True)
+        return res.stdout.decode().split("\0") if res.returncode == 0 else None
+
+    tracked, others = git("--cached"), git("--others", "--exclude-standard")
+    if tracked is None or others is None:
+        files = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+        return [f for f in files if _visible(f)]
+    # Deleted files are still listed as tracked until the deletion is committed.
+    return [f for f in tracked + [o for o in others if _visible(o)] if f and (REPO / f).is_file()]
 
 
 def copy_tree(files: list[str], dest: Path) -> None:
@@ -107,7 +116,7 @@ def mutate(tree: Path, c: Canary) -> None:
 
 def pytest(tree: Path, tests: list[str]) -> tuple[int | None, str]:
     """pytest's exit status (None: it ran past TIMEOUT_S) and the tail of its output."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--show-capture=no", *tests]
     try:
         res = subprocess.run(cmd, cwd=tree, env=env_for(tree), capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
