@@ -92,6 +92,12 @@ class ModelConfig:
         return EOT_ID if self.instruct else None
 
     @property
+    def token_vocab(self) -> int:
+        """Ids the tokenizer can decode. A checkpoint may pad its embedding past them (100352 rows
+        have been reported for the published instruct model); those rows are never sampled."""
+        return min(self.vocab_size, INSTRUCT_VOCAB if self.instruct else BASE_VOCAB)
+
+    @property
     def max_blocks(self) -> int:
         return -(-self.block_size // PAGE)
 

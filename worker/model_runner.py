@@ -66,7 +66,7 @@ class ModelRunner:
         width = self.lm_head.shape[0]
         self.seen = torch.zeros(max_running + 1, width, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
-        self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.vocab_size, width)], device=self.device)
+        self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
         self.inputs = StepInputBuilder(self.device, self.banned, self.seen)
         self.attr_inputs = Staging(self.device, torch.int64)
         self.deviation: dict | None = None  # set by `cde bench engine --flashblock-*`: KL of reuse vs exact
