@@ -8,14 +8,20 @@ test_sampler.py checks the sampler's filtered log-probabilities; only a test of 
 themselves catches noise of the wrong scale (a Gumbel draw scaled by 0.7 samples at 0.7x the
 temperature) or noise that is not uniform across seeds.
 
+The last test draws through the whole engine (request parameters staged to the device, the
+model's own logits) and compares with the official model's distribution at the same position.
+
 False alarms: each case rejects at p < ALPHA = 1e-4, so a correct sampler fails one of these
-CASES with probability below len(CASES) * 1e-4 = 0.1% for a random choice of seeds. The seeds are
-fixed, so a given tree passes or fails deterministically.
+nine cases with probability below 0.1% for a random choice of seeds. The seeds are fixed, so a
+given tree passes or fails deterministically.
 """
 
 import pytest
 import torch
 
+from shared.config import EOS_ID, MASK_ID, PAD_ID
+from shared.protocol import GenerateRequest
+from worker.engine import Engine, EngineArgs
 from worker.sampler import SamplingBatch, select_and_sample
 
 ALPHA = 1e-4
@@ -136,3 +142,26 @@ def test_the_test_rejects_a_sampler_at_the_wrong_temperature(monkeypatch):
     tokens = draw(row, temperature=0.7, top_p=1.0)
     expected = official_filtered(monkeypatch, row, use_entropy_sampling=False, temperature=1.0, top_p=1.0)
     assert chi_square_p(tokens, expected) < ALPHA * 1e-6
+
+
+def test_engine_draws_follow_the_official_models_distribution(tiny_dir):
+    """Requests of one 64-token prompt and max_tokens 1 sample position 64 (the only one they
+    may unmask) with their own seeds, through the engine's real path from request fields to the
+    sampler. Expected: the official model's logits there, EOS, mask and pad banned, then
+    temperature and top-k."""
+    from tests.oracle import official_generator
+
+    # Few draws (each sorts the 100k vocabulary on the CPU), enough for wiring bugs: a field
+    # dropped or swapped changes the distribution wholesale.
+    temperature, top_k, n = 2.0, 8, 256
+    prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(5)).tolist()
+    gen = official_generator(tiny_dir)
+    with torch.inference_mode():
+        row = gen._forward(torch.tensor([prompt + [MASK_ID] * 64]))[0, 64].double()
+        row[[EOS_ID, MASK_ID, PAD_ID]] = float("-inf")
+    expected = top_k_filtered(row, temperature, top_k)
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=n))
+    out = engine.generate([GenerateRequest(f"r{i}", prompt, max_tokens=1, temperature=temperature, top_p=1.0,
+                                           top_k=top_k, seed=i) for i in range(n)])
+    tokens = torch.tensor([t for (t,) in out.values()])
+    assert chi_square_p(tokens, expected) > ALPHA

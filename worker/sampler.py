@@ -40,6 +40,7 @@ class SamplingBatch:
     banned: torch.Tensor  # [n] int64 token ids never generated
     max_select: int  # host-side bound on selected positions per row (static shape)
     any_sampling: bool  # host-side: some row samples (skip the sort otherwise)
+    any_entropy: bool = True  # host-side: some row samples entropy-adaptively (skip its sort otherwise)
     rep_penalty: torch.Tensor | None = None  # [S] float, None when every row has 1.0
     seen: torch.Tensor | None = None  # [S, V] bool: tokens already in the sequence
     relu_mask: torch.Tensor | None = None  # [S, V] float, None when no row has one
@@ -114,7 +115,9 @@ def sample_rows(rows: torch.Tensor, item: torch.Tensor, positions: torch.Tensor,
     """rows [M, V] adjusted logits of selected positions, `item` [M] their step item and
     `positions` [M] their block position -> sampled tokens [M]."""
     top_p, top_k, ent = sb.top_p[item], sb.top_k[item], sb.entropy[item]
-    temp = torch.where(ent, entropy_temperature(rows, top_p), sb.temperature[item].clamp(min=1e-6))
+    temp = sb.temperature[item].clamp(min=1e-6)
+    if sb.any_entropy:
+        temp = torch.where(ent, entropy_temperature(rows, top_p), temp)
     logp = filtered_log_probs(rows, temp, top_p, top_k)
     stream = sb.step[item] * 64 + positions
     gumbel = -torch.log(-torch.log(counter_uniform(sb.seed[item], stream, rows.shape[-1])))

@@ -68,6 +68,7 @@ class StepInputBuilder:
             banned=self.banned,
             max_select=PAGE if any(x is not None for x in thresholds) else max(r.tokens_per_step for r in reqs),
             any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
+            any_entropy=any(r.entropy_sampling for r in reqs),
             rep_penalty=rep_t if penalized else None,
             seen=self.seen[slots] if penalized else None,
             relu_mask=(torch.stack([m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32)
