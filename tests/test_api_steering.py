@@ -1,7 +1,8 @@
 """Steering and attribution through the API of a real `cde serve` (tiny base model, CPU, one
 worker, the official `openai` client) equal the official package on the same checkpoint:
 
-- each preset, with its own defaults, against the official recipe with *its* defaults
+- each preset, with its own defaults, against the official recipe with *its* defaults, streamed
+  or not
   (`SteeringConfig.injection`, `SteeringConfig.injection_relu`); one token per step and eight
   (the official linear schedule over max_new_tokens / 8 steps unmasks eight per step, as
   `tokens_per_step: 8` does); `"group": true` is compared the same way in test_group_steering.py;
@@ -126,6 +127,16 @@ def test_preset_equals_official_recipe(client, official, name, concepts, per_ste
     assert steered.token_ids == ref.tokens[len(PROMPT):].tolist()
     plain = complete(client, PROMPT, per_step)
     assert steered.token_ids != plain.token_ids, "steering had no effect: the comparison would be vacuous"
+
+
+def test_streamed_steering_equals_official_recipe(client, official):
+    concepts, per_step = [7, 11, 30], 8
+    chunks = client.completions.create(model="tiny", prompt=[PROMPT], max_tokens=N_NEW, temperature=0, stream=True,
+                                       extra_body={"tokens_per_step": per_step, "return_token_ids": True,
+                                                   "steering": {"concepts": concepts, "preset": "suppress"}})
+    tokens = [t for c in chunks for t in c.choices[0].model_extra.get("token_ids") or []]
+    ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe("suppress", concepts))
+    assert tokens == ref.tokens[len(PROMPT):].tolist()
 
 
 # ---- attribution -------------------------------------------------------------------------------

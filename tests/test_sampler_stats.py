@@ -11,8 +11,8 @@ temperature) or noise that is not uniform across seeds.
 The last test draws through the whole engine (request parameters staged to the device, the
 model's own logits) and compares with the official model's distribution at the same position.
 
-False alarms: each case rejects at p < ALPHA = 1e-4, so a correct sampler fails one of these
-nine cases with probability below 0.1% for a random choice of seeds. The seeds are fixed, so a
+False alarms: each check rejects at p < ALPHA = 1e-4, so a correct sampler fails one of the ten
+checks here with probability below 0.1% for a random choice of seeds. The seeds are fixed, so a
 given tree passes or fails deterministically.
 """
 
@@ -78,7 +78,7 @@ def top_k_filtered(row: torch.Tensor, temperature: float, k: int) -> torch.Tenso
     return torch.zeros_like(probs).scatter(0, top.indices, top.values / top.values.sum())
 
 
-def chi_square_p(tokens: torch.Tensor, expected: torch.Tensor) -> float:
+def chi_square_p(tokens: torch.Tensor, expected: torch.Tensor, min_bins: int = 5) -> float:
     """p-value of the draws under `expected`. Tokens expected fewer than 5 times are pooled into
     one bin (the test's approximation needs >= 5 per bin); the survival function of the
     chi-square distribution is the regularized upper incomplete gamma."""
@@ -89,7 +89,7 @@ def chi_square_p(tokens: torch.Tensor, expected: torch.Tensor) -> float:
     obs = torch.cat([counts[big], counts[~big & (expected > 0)].sum()[None]])
     exp = torch.cat([want[big], want[~big & (expected > 0)].sum()[None]])
     obs, exp = obs[exp > 0], exp[exp > 0]
-    assert len(exp) >= 5, "too few bins: the case cannot tell distributions apart"
+    assert len(exp) >= min_bins, "too few bins: the case cannot tell distributions apart"
     stat = ((obs - exp) ** 2 / exp).sum()
     df = torch.tensor(len(exp) - 1, dtype=torch.float64)
     return float(torch.special.gammaincc(df / 2, stat / 2))
@@ -144,24 +144,28 @@ def test_the_test_rejects_a_sampler_at_the_wrong_temperature(monkeypatch):
     assert chi_square_p(tokens, expected) < ALPHA * 1e-6
 
 
-def test_engine_draws_follow_the_official_models_distribution(tiny_dir):
+def test_engine_draws_follow_the_official_models_distribution(tiny_dir, monkeypatch):
     """Requests of one 64-token prompt and max_tokens 1 sample position 64 (the only one they
     may unmask) with their own seeds, through the engine's real path from request fields to the
     sampler. Expected: the official model's logits there, EOS, mask and pad banned, then
-    temperature and top-k."""
+    temperature and top-k, or the official entropy-adaptive rule (which ignores the temperature:
+    a request that lost its entropy flag would sample far outside the official nucleus). Few
+    draws (each sorts the 100k vocabulary on the CPU), enough for wiring bugs: a field dropped or
+    swapped changes the distribution wholesale."""
     from tests.oracle import official_generator
 
-    # Few draws (each sorts the 100k vocabulary on the CPU), enough for wiring bugs: a field
-    # dropped or swapped changes the distribution wholesale.
-    temperature, top_k, n = 2.0, 8, 256
     prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(5)).tolist()
-    gen = official_generator(tiny_dir)
     with torch.inference_mode():
-        row = gen._forward(torch.tensor([prompt + [MASK_ID] * 64]))[0, 64].double()
+        row = official_generator(tiny_dir)._forward(torch.tensor([prompt + [MASK_ID] * 64]))[0, 64]
         row[[EOS_ID, MASK_ID, PAD_ID]] = float("-inf")
-    expected = top_k_filtered(row, temperature, top_k)
-    engine = Engine(EngineArgs(str(tiny_dir), max_running=n))
-    out = engine.generate([GenerateRequest(f"r{i}", prompt, max_tokens=1, temperature=temperature, top_p=1.0,
-                                           top_k=top_k, seed=i) for i in range(n)])
-    tokens = torch.tensor([t for (t,) in out.values()])
-    assert chi_square_p(tokens, expected) > ALPHA
+    cases = {
+        "top-k": (dict(temperature=2.0, top_k=8), top_k_filtered(row, 2.0, 8), 256),
+        "entropy": (dict(temperature=2.0, entropy_sampling=True, top_p=0.95),
+                    official_filtered(monkeypatch, row, use_entropy_sampling=True, top_p=0.95), 64),
+    }
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=320))
+    out = engine.generate([GenerateRequest(f"{name}{i}", prompt, max_tokens=1, seed=i, **params)
+                           for name, (params, _, n) in cases.items() for i in range(n)])
+    for name, (_, expected, n) in cases.items():
+        tokens = torch.tensor([out[f"{name}{i}"][0] for i in range(n)])
+        assert chi_square_p(tokens, expected, min_bins=2) > ALPHA, name
