@@ -1,8 +1,7 @@
 """GET /v1/concepts and /v1/concepts/{id} of a real `cde serve` (tiny model, CPU, one worker) with
 a catalog in the official schema given by --concept-labels: search, groups and every field
 against the official `ConceptCatalog` on the same parquet, top tokens against the official
-generator; and the built-in demo model (no --model), whose catalog makes search and steering by
-label work."""
+generator. (The built-in demo model's catalog: tests/test_demo_model.py.)"""
 
 import dataclasses
 
@@ -113,33 +112,3 @@ def test_without_a_catalog_known_ids_are_listed_and_found_by_number():
     assert [c["id"] for c in labels.search("#2", 3, limit=10, steerable_only=True, head="known")] == [2]
     assert labels.search("ocean", 3, limit=10, steerable_only=True, head="known") == []
 
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """`cde serve` with no --model: the demo model, written into a fresh CDE_HOME."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDE_HOME", str(tmp_path_factory.mktemp("cde-home")))
-        srv = ServerProcess(None, workers=1)
-    yield srv
-    srv.stop()
-
-
-def test_the_demo_model_searches_and_steers_by_label(demo):
-    from openai import OpenAI
-
-    hits = get(demo, "/concepts", search="ocean").json()["data"]
-    assert [c["name"] for c in hits][:1] == ["ocean"] and len(hits) > 1  # "ocean" in other descriptions too
-    ocean = hits[0]
-    client = OpenAI(base_url=demo.base_url, api_key="none")
-    model = client.models.list().data[0].id
-
-    def steered(steering):
-        out = client.completions.create(model=model, prompt="The weather today", max_tokens=8, temperature=0,
-                                        extra_body={"steering": steering, "return_token_ids": True})
-        return out.choices[0].token_ids
-
-    by_label = steered({"concepts": ["ocean"], "strength": 20})
-    assert by_label == steered({"concepts": [ocean["id"]], "strength": 20})
-    assert by_label != steered({"concepts": [ocean["id"] + 1], "strength": 20})
-    members = get(demo, f"/concepts/{ocean['id']}").json()["group"]["concept_ids"]
-    assert len(members) == 8 and steered({"concepts": ["ocean"], "group": True}) == steered({"concepts": members})

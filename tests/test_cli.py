@@ -1,5 +1,5 @@
-"""`python -m cde` as a real subprocess: make-model, then generate from token ids and from text
-with the built-in demo model, steering and attribution from the command line (against the official
+"""`python -m cde` as a real subprocess: make-model, then generate from token ids, and a held-out
+problem with the built-in demo model (the trained reference model), steering and attribution from the command line (against the official
 package), the help text, and `bench engine` on the demo model."""
 
 import json
@@ -48,18 +48,22 @@ def test_generate_prompt_ids_json(made):
     assert data["text"] == get_tokenizer(False).decode(ids)
 
 
-def test_generate_text_with_demo_model(tmp_path):
-    env = {"CDE_HOME": str(tmp_path / "home")}
-    res = cde("generate", "--prompt", "The key to understanding neural networks is", "--max-tokens", "64",
-              "--json", env=env)
+def test_generate_with_the_demo_model_solves_held_out_arithmetic(tmp_path):
+    """No --model: the shipped trained model, unpacked under CDE_HOME; a held-out problem asked
+    through the chat template is answered right, by the training program's own checker."""
+    from cde.train import heldout, tasks
+
+    [p] = [p for p in heldout.problems(1, seed=2) if p.family == "arithmetic"]
+    ids = get_tokenizer(True).chat_prompt([{"role": "user", "content": p.prompt}])
+    res = cde("generate", "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "48", "--json",
+              env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert 1 <= len(data["token_ids"]) <= 64 and isinstance(data["text"], str)
-    # the demo model was written under CDE_HOME: an instruct checkpoint of the tiny preset
-    demo = tmp_path / "home" / "demo-tiny-instruct"
-    cfg, _ = load_checkpoint(demo)
-    assert cfg == preset("tiny", instruct=True)
+    assert tasks.check(p, data["text"]), (p.prompt, data["text"])
     assert 100283 not in data["token_ids"]  # <|eot_id|> ends the sequence, never emitted
+    [demo] = (tmp_path / "home" / "demo").glob("*/cde-reference")
+    cfg, _ = load_checkpoint(demo)
+    assert cfg.instruct and cfg.n_concepts == 77
 
 
 def test_cli_errors(tmp_path):
@@ -153,8 +157,8 @@ def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messag
 def test_bench_engine_defaults_to_the_demo_model(tmp_path):
     out = tmp_path / "bench.json"
     res = cde("bench", "engine", "--concurrency", "1", "--max-tokens", "8", "--device", "cpu", "--json", str(out),
-              env={"CDE_HOME": str(tmp_path / "home")}, timeout=300)
+              env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "home" / "demo-tiny-instruct" / "config.json").is_file()
+    [_] = (tmp_path / "home" / "demo").glob("*/cde-reference/config.json")  # the shipped model, unpacked
     [result] = json.loads(out.read_text())["results"]
     assert result["concurrency"] == 1 and result["generated_tokens"] == 8

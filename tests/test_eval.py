@@ -1,14 +1,18 @@
 """`cde eval` on a tiny trained checkpoint: every section runs in process, the API path measures
-the same thing (same replies, same tokens per pass) through a real server."""
+the same thing (same replies, same tokens per pass) through a real server; and CI's slice of the
+eval on the shipped model, with its floors."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from cde.cli import main
 from cde.train.loop import Options, train
 from cde.train.program import model_config
-from tests.api_server import ServerProcess
+from tests.api_server import REPO, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +52,27 @@ def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
         server.stop()
     assert remote["tasks"][0]["samples"] == local["tasks"][0]["samples"]
     assert remote["tasks"][0]["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
+
+
+# The CPU slice's floors (docs/reference-model.md, "CI on the CPU"): 2 held-out problems per family.
+FLOORS = {"arithmetic": 0.8, "word_problem": 0.8, "sorting": 0.5, "reversal": 0.5}
+
+
+@pytest.mark.slow
+def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
+    """`cde eval` as CI runs it on the shipped model: held-out accuracy per family above its floor,
+    amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off."""
+    from worker.demo_model import demo_model_dir
+
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "cde", "eval", "--model", str(demo_model_dir()), "--limit", "2", "--settings",
+           "one token per step", "--sections", "tasks,steering", "--strengths", "0,32", "--json", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    accuracy = report["tasks"][0]["accuracy"]
+    assert all(accuracy[f] >= floor for f, floor in FLOORS.items()), accuracy
+    unsteered, steered = (r["on_topic"] for r in report["amplify"])
+    assert steered >= 0.5 and steered > unsteered, report["amplify"]
+    assert report["suppress"]["suppressed"] < report["suppress"]["baseline"], report["suppress"]

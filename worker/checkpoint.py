@@ -1,6 +1,6 @@
 """Steerling checkpoints on disk: `config.json` + `*.safetensors` (single file or sharded with
 `model.safetensors.index.json`), in the published layout. Load with strict validation, or write a
-random-weight checkpoint of a preset shape (`cde make-model`, the built-in demo model)."""
+random-weight checkpoint of a preset shape (`cde make-model`, the tests' models)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -17,8 +16,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shared.config import ConfigError, ModelConfig, preset
-from shared.home import cde_home
-from worker.demo_catalog import ensure_demo_catalog
 from worker.model import SteerlingModel
 
 TIED = "transformer.lm_head.weight"
@@ -179,17 +176,3 @@ def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str =
     save_checkpoint(model, cfg, out, max_shard_bytes)
     return Path(out)
 
-
-def demo_model_dir() -> Path:
-    """The built-in demo model (tiny instruct preset, seed 0), written on first use."""
-    root = cde_home()
-    path = root / "demo-tiny-instruct"
-    if not (path / "config.json").is_file():
-        tmp = root / f".demo-{os.getpid()}"
-        make_model("tiny", tmp, seed=0, instruct=True)
-        try:
-            tmp.rename(path)
-        except OSError:  # another process won the race
-            pass
-    ensure_demo_catalog(path, preset("tiny").n_concepts)
-    return path

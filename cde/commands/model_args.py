@@ -22,7 +22,7 @@ def resolve_model_args(args, command: str, demo: bool = True) -> str | None:
         if args.revision is not None:
             raise SystemExit(f"cde {command}: --revision needs --model ORG/NAME")
         if demo:
-            from worker.checkpoint import demo_model_dir
+            from worker.demo_model import demo_model_dir
 
             args.model = str(demo_model_dir())
         return None

@@ -4,7 +4,8 @@
   with `transformer.*`, `known_head.*`, `unknown_head.*`, tied LM head omitted) plus the concept
   catalog; the rows of unused ids are exact zeros.
 - archive(): that directory as one .tar.xz (the zero rows compress to nothing).
-- install(): unpack an archive into CDE_HOME once; later calls find it there.
+- install(): unpack an archive into CDE_HOME once (serving code: `worker.demo_model`, which
+  unpacks the shipped demo the same way).
 - load(): a checkpoint directory back as a TrainModel (used rows = the non-zero rows), for the
   eval's interventions on the dense forward.
 """
@@ -24,6 +25,7 @@ from safetensors.torch import save_file
 from cde.train.concepts import write_catalog
 from cde.train.model import TrainModel
 from shared.config import ModelConfig
+from worker.demo_model import install  # noqa: F401  (re-exported: the train program's name for it)
 
 EMB = "transformer.tok_emb.weight"
 
@@ -56,23 +58,6 @@ def archive(model_dir: str | Path, path: str | Path) -> Path:
         for f in sorted(Path(model_dir).iterdir()):
             tar.add(f, arcname=f.name)
     return path
-
-
-def install(archive_path: str | Path, home: str | Path, name: str) -> Path:
-    """home/name holding the archive's files; unpacked once (beside, then renamed)."""
-    dest = Path(home) / name
-    if (dest / "config.json").is_file():
-        return dest
-    tmp = Path(home) / f".{name}.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(archive_path, "r:xz") as tar:
-        tar.extractall(tmp, filter="data")
-    try:
-        os.replace(tmp, dest)
-    except OSError:  # another process installed it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def load(model_dir: str | Path, device: str = "cpu") -> TrainModel:
