@@ -1,7 +1,9 @@
 """The playground at `/`, driven by Debian's headless Chromium (through Playwright, never a
-downloaded browser) against a real `cde serve` on the tiny instruct model: keyboard only, one
-steered concept, attribution on. Screenshots go to $CDE_PLAYGROUND_SHOTS (default: a pytest
-temporary directory)."""
+downloaded browser) against a real `cde serve` on the built-in demo (the trained reference model):
+keyboard only, a neutral prompt steered toward one concept found by name, attribution on. The
+steered text is about that topic and the unsteered one is not (the training program's topic judge
+reads them); the concept panels name catalog concepts. Screenshots go to $CDE_PLAYGROUND_SHOTS
+(default: a pytest temporary directory)."""
 
 import os
 import time
@@ -12,13 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cde.train.text import on_topic_share
 from tests.api_server import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-PROMPT = "Tell me about the ocean."
-STEERING = {"concepts": [7], "preset": "amplify", "strength": 8}  # what the page sends for the test's choices
+PROMPT = "Write a few sentences."
+# What the page sends for the test's choices: "space" found by name (concept 4 of the demo's catalog),
+# the slider moved from 8 to 32, the strength at which the eval's amplify takes neutral prompts on topic.
+STEERING = {"concepts": [4], "preset": "amplify", "strength": 32}
 
 # Test-side probe: after every animation frame, how many cells of the steered run are still
 # masks and how many hold tokens.
@@ -33,8 +38,8 @@ requestAnimationFrame(function probe() {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=2)
+def server():
+    srv = ServerProcess(None, workers=2)
     yield srv
     srv.stop()
 
@@ -59,7 +64,7 @@ def shots(tmp_path) -> Path:
 
 
 def api_choice(server, steering: dict | None) -> dict:
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 256, "temperature": 0, "top_p": 1, "seed": 42,
+    body = {"model": "cde-reference", "prompt": PROMPT, "max_tokens": 256, "temperature": 0, "top_p": 1, "seed": 42,
             "tokens_per_step": 2, "attribution": {"top_k": 5}, **({"steering": steering} if steering else {})}
     r = httpx.post(server.base_url + "/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
@@ -75,19 +80,23 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
     page.add_init_script(FRAME_PROBE)
     page.goto(server.url + "/")
-    page.wait_for_selector("#model:has-text('model: tiny')")
+    page.wait_for_selector("#model:has-text('model: cde-reference')")
 
-    # Keyboard only: type the prompt, find concept 7 and take the first match with Enter.
+    # Keyboard only: type the prompt, find "space" and take the first match with Enter.
     page.focus("#prompt")
     page.keyboard.press("Control+A")
     page.keyboard.type(PROMPT)
     page.focus("#tokens_per_step")
     page.keyboard.press("ArrowUp")  # 2 tokens per step keeps the CI run short
     page.focus("#concept_search")
-    page.keyboard.type("#7")
+    page.keyboard.type("space")
     page.wait_for_selector("#concept_results button")
     page.keyboard.press("Enter")
-    page.wait_for_selector("#chosen button:has-text('Known: #7')")
+    page.wait_for_selector("#chosen button:has-text('Space')")
+    page.focus("#strength")
+    for _ in range(48):  # 8 -> 32 in steps of 0.5
+        page.keyboard.press("ArrowRight")
+    assert page.text_content("#strength_value") == "32"
     page.focus("#prompt")
     page.keyboard.press("Control+Enter")
 
@@ -113,9 +122,10 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
                                       "cells => cells.map(c => Number(c.title.split('step ').pop()))")
     assert len(steps) == 64 and steps != sorted(steps)
 
-    # The final text is the API's text for the same request (same seed, same steering).
+    # The final text is the API's text for the same request (same seed, same steering), on the topic.
     expected = steered.result()
     assert page.text_content("#run-steered .final-text") == expected["text"]
+    assert on_topic_share(expected["text"], "Space") >= 0.5, expected["text"]
     # Each block's concept panel lists its chunk's top concepts, known vs discovered marked.
     chunks = expected["attribution"]["chunks"]
     panels = page.query_selector_all("#run-steered .block .concepts")
@@ -124,6 +134,7 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
         labels = [e.text_content() for e in panel.query_selector_all(".label")]
         badges = [e.text_content() for e in panel.query_selector_all(".badge")]
         assert labels == [c["label"] for c in chunk["concepts"]]
+        assert not [label for label in labels if label.startswith("Known: #")]  # the catalog names them
         assert badges == ["K" if c["type"] == "known" else "D" for c in chunk["concepts"]]
         assert panel.query_selector(".eps .val").text_content() == f"{chunk['epsilon_pct']:.1f}%"
     print("\nsteered run:", page.text_content("#perf"))
@@ -139,6 +150,7 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.screenshot(path=str(shots / "playground-compare.png"), full_page=True)
     assert page.text_content("#run-steered .final-text") == expected["text"]
     assert page.text_content("#run-unsteered .final-text") == unsteered.result()["text"]
+    assert on_topic_share(unsteered.result()["text"], "Space") < 0.5
     print("compare runs:", page.text_content("#perf"))
     assert not blocked, blocked
     print("screenshots:", shots)
