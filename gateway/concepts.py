@@ -29,9 +29,10 @@ class ConceptLabels:
                 self._folded.setdefault(c.name.casefold(), []).append(c)
 
     @classmethod
-    def load(cls, model_dir: str | Path | None, labels_path: str | Path | None = None) -> ConceptLabels:
+    def load(cls, model_dir: str | Path | None, labels_path: str | Path | None = None,
+             fetch: bool = False) -> ConceptLabels:
         """The catalog in the official lookup order (`shared.catalog.find_catalog`), or none."""
-        path = find_catalog(labels_path, model_dir)
+        path = find_catalog(labels_path, model_dir, fetch)
         return cls(Catalog.read(path) if path is not None else None)
 
     def resolve(self, concept: int | str, n_concepts: int, param: str) -> int:

@@ -12,6 +12,7 @@ which is what this module uses.
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger("cde.catalog")
 
 COLUMNS = ("concept_id", "concept_name", "concept_description", "head", "public_group_id", "group_name",
            "is_steerable", "is_tone", "is_alignment", "is_demographic")
@@ -171,22 +174,30 @@ class Catalog:
         return [concept_id] + [m for m in self._groups[focal.group_id] if m != concept_id]
 
 
-def _hub_cached() -> Path | None:
-    """`concept_labels.parquet` of the Hub repo, only if the local Hugging Face cache has it: the
-    catalog is never downloaded at startup (`huggingface-cli download guidelabs/steerling
-    concept_labels.parquet` puts it there)."""
+def _from_hub(fetch: bool) -> Path | None:
+    """`concept_labels.parquet` of the Hub repo. Fetched (and cached like the weights) only when
+    `fetch`: the model itself came from the Hub, so the Hub is where its catalog lives too. Else,
+    or when it cannot be fetched (offline, no network), only a copy already in the local cache
+    counts: a server started from a directory never reaches the network."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
     except ImportError:
         return None
+    if fetch:
+        try:
+            return Path(hf_hub_download(HUB_REPO, FILENAME))
+        except Exception as exc:  # noqa: BLE001 - any failure to fetch leaves the server without a catalog
+            log.warning("concept catalog %s/%s not fetched (%s): labels read Known: #id",
+                        HUB_REPO, FILENAME, type(exc).__name__)
     found = try_to_load_from_cache(HUB_REPO, FILENAME)
     return Path(found) if isinstance(found, str) else None
 
 
-def find_catalog(explicit: str | Path | None, model_dir: str | Path | None) -> Path | None:
+def find_catalog(explicit: str | Path | None, model_dir: str | Path | None, fetch: bool = False) -> Path | None:
     """The official lookup order, with the model directory before the Hub: an explicit path
     (`--concept-labels`), $STEERLING_CONCEPTS_PATH, `concept_labels.parquet` (or the legacy
-    `.csv`) beside the weights, then the Hub cache. A path named explicitly must exist."""
+    `.csv`) beside the weights, then the Hub repo's file (fetched when `fetch`, else from the
+    cache only). A path named explicitly must exist."""
     for source, given in (("--concept-labels", explicit), (ENV_VAR, os.environ.get(ENV_VAR) or None)):
         if given is not None:
             if not Path(given).is_file():
@@ -196,7 +207,7 @@ def find_catalog(explicit: str | Path | None, model_dir: str | Path | None) -> P
         for name in (FILENAME, LEGACY_FILENAME):
             if (Path(model_dir) / name).is_file():
                 return Path(model_dir) / name
-    return _hub_cached()
+    return _from_hub(fetch)
 
 
 def write_catalog(path: str | Path, rows: Iterable[Mapping]) -> Path:

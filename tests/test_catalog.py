@@ -4,9 +4,13 @@ and the lookup order, run in real processes against a Hugging Face cache built o
 (HF_HUB_OFFLINE=1: nothing reaches the network)."""
 
 import dataclasses
+import hashlib
+import http.server
 import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +155,59 @@ def test_a_missing_catalog_stops_the_server_with_a_message(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"cde: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    """The Hub's file endpoint (`/{repo}/resolve/{revision}/{file}`) on loopback, serving one file:
+    what `hf_hub_download` asks for, so the fetch path runs for real without the network."""
+
+    body = b""
+    hits: list[str] = []
+
+    def _headers(self):
+        if not self.path.startswith("/guidelabs/steerling/resolve/main/concept_labels.parquet"):
+            self.send_error(404)
+            return False
+        self.hits.append(self.command)
+        etag = '"' + hashlib.sha256(self.body).hexdigest() + '"'
+        self.send_response(200)
+        for k, v in {"X-Repo-Commit": "b" * 40, "ETag": etag, "Content-Length": str(len(self.body)),
+                     "Content-Type": "application/octet-stream"}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        return True
+
+    def do_HEAD(self):  # noqa: N802
+        self._headers()
+
+    def do_GET(self):  # noqa: N802
+        if self._headers():
+            self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_model_from_the_hub_fetches_its_catalog_from_the_hub(tmp_path, sources):
+    _FakeHub.body = sources["explicit"].read_bytes()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = ("import sys; from shared.catalog import find_catalog; "
+                "print(find_catalog(None, sys.argv[1], fetch=sys.argv[2] == '1'))")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "STEERLING_CONCEPTS_PATH"))}
+        env = {**clean, "HF_HOME": str(tmp_path / "fresh"), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+        run = lambda fetch: subprocess.run([sys.executable, "-c", code, str(tmp_path), fetch], env=env,  # noqa: E731
+                                           capture_output=True, text=True, timeout=120, check=True)
+        assert run("0").stdout.strip() == "None" and not _FakeHub.hits  # a directory's model never reaches out
+        fetched = Path(run("1").stdout.strip())
+        assert "GET" in _FakeHub.hits and fetched.read_bytes() == _FakeHub.body
+        assert fetched.is_relative_to(tmp_path / "fresh")  # cached like the weights
+        server.shutdown()
+        again = run("1")  # the Hub gone: the cached copy still serves
+        assert Path(again.stdout.strip()) == fetched
+        env["HF_HOME"] = str(tmp_path / "empty")
+        gone = run("1")  # neither Hub nor cache: no catalog, a warning, no failure
+        assert gone.stdout.strip() == "None" and "not fetched" in gone.stderr
+    finally:
+        server.server_close()

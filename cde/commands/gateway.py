@@ -66,7 +66,7 @@ def concept_labels(args, model_dir):
     from shared.catalog import CatalogError
 
     try:
-        return ConceptLabels.load(model_dir, args.concept_labels)
+        return ConceptLabels.load(model_dir, args.concept_labels, fetch=getattr(args, "model_from_hub", False))
     except CatalogError as exc:
         raise SystemExit(f"cde: {exc}") from None
 

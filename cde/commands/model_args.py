@@ -27,6 +27,7 @@ def resolve_model_args(args, command: str, demo: bool = True) -> str | None:
             args.model = str(demo_model_dir())
         return None
     hub_id = args.model if is_hub_id(args.model) else None
+    args.model_from_hub = hub_id is not None  # its concept catalog is then fetched from the Hub too
     try:
         args.model = str(resolve_model(args.model, args.revision))
     except HubError as exc:
