@@ -1,6 +1,6 @@
 """`python -m cde` as a real subprocess: make-model, then generate from token ids, and a held-out
-problem with the built-in demo model (the trained reference model), steering and attribution from the command line (against the official
-package), the help text, and `bench engine` on the demo model."""
+problem with the built-in demo model (the trained reference model); steering and attribution from
+the command line (against the official package), the help text, and `bench engine` on the demo."""
 
 import json
 import os
