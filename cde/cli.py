@@ -9,7 +9,7 @@ import importlib
 import sys
 import time
 
-from shared.home import use_compile_caches
+from cde.shared.home import use_compile_caches
 
 STARTED = time.monotonic()  # the process's start, near enough: what "ready in" counts from
 

@@ -14,16 +14,16 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.chat import create_chat_completion
-from gateway.completions import create_completion
-from gateway.concept_routes import get_concept, list_concepts
-from gateway.errors import (
+from cde.gateway.chat import create_chat_completion
+from cde.gateway.completions import create_completion
+from cde.gateway.concept_routes import get_concept, list_concepts
+from cde.gateway.errors import (
     ApiError, GenerationError, api_error_handler, http_error_handler, unhandled_error_handler,
 )
-from gateway.http_limits import HttpLimits
-from gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
-from gateway.openapi import openapi_schema
-from gateway.state import ServerState
+from cde.gateway.http_limits import HttpLimits
+from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
+from cde.gateway.openapi import openapi_schema
+from cde.gateway.state import ServerState
 
 STATIC = Path(__file__).parent / "static"
 

@@ -3,9 +3,9 @@ response's `attribution` object: chunk concepts, and per-token concepts when ask
 
 from __future__ import annotations
 
-from gateway.concepts import ConceptLabels
-from shared.attribution import aggregate
-from shared.protocol import GenerateRequest, Heartbeat
+from cde.gateway.concepts import ConceptLabels
+from cde.shared.attribution import aggregate
+from cde.shared.protocol import GenerateRequest, Heartbeat
 
 
 def renderer(reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels, info: Heartbeat):

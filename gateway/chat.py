@@ -7,20 +7,20 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.attribution import renderer
-from gateway.completions import check_stream_options, usage
-from gateway.denoise import StepDelta, denoise_views, step_event
-from gateway.errors import invalid
-from gateway.generation import Generation, encode_requests
-from gateway.http_utils import read_body, until_disconnect
-from gateway.json_out import JsonResponse
-from gateway.logs import ContentLog, response_id
-from gateway.params import check_prompt, generate_requests, stop_list
-from gateway.prompts import encode_chat
-from gateway.schemas import ChatCompletionRequest
-from gateway.sse import EventStreamResponse
-from gateway.state import ServerState
-from shared.tokenizer import get_tokenizer
+from cde.gateway.attribution import renderer
+from cde.gateway.completions import check_stream_options, usage
+from cde.gateway.denoise import StepDelta, denoise_views, step_event
+from cde.gateway.errors import invalid
+from cde.gateway.generation import Generation, encode_requests
+from cde.gateway.http_utils import read_body, until_disconnect
+from cde.gateway.json_out import JsonResponse
+from cde.gateway.logs import ContentLog, response_id
+from cde.gateway.params import check_prompt, generate_requests, stop_list
+from cde.gateway.prompts import encode_chat
+from cde.gateway.schemas import ChatCompletionRequest
+from cde.gateway.sse import EventStreamResponse
+from cde.gateway.state import ServerState
+from cde.shared.tokenizer import get_tokenizer
 
 
 async def create_chat_completion(request: Request) -> Response:

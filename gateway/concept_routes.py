@@ -9,10 +9,10 @@ from itertools import islice
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.errors import ApiError, invalid
-from gateway.state import ServerState
-from shared.protocol import Heartbeat
-from shared.tokenizer import get_tokenizer
+from cde.gateway.errors import ApiError, invalid
+from cde.gateway.state import ServerState
+from cde.shared.protocol import Heartbeat
+from cde.shared.tokenizer import get_tokenizer
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000
 DEFAULT_K, MAX_K = 15, 100

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.concepts import ConceptLabels
-from gateway.sse import SseEvent
-from shared.attribution import chunk_concepts, token_attribution
-from shared.config import PAGE
-from shared.protocol import GenerateRequest, Heartbeat, StepResult
+from cde.gateway.concepts import ConceptLabels
+from cde.gateway.sse import SseEvent
+from cde.shared.attribution import chunk_concepts, token_attribution
+from cde.shared.config import PAGE
+from cde.shared.protocol import GenerateRequest, Heartbeat, StepResult
 
 
 @dataclass

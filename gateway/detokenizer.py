@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import codecs
 
-from shared.stops import find_stop
+from cde.shared.stops import find_stop
 
 
 class Utf8Detokenizer:

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from shared.limits import clip
+from cde.shared.limits import clip
 
 log = logging.getLogger("cde.gateway")
 

@@ -9,14 +9,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from gateway.denoise import DenoiseView, StepDelta
-from gateway.detokenizer import ChoiceText
-from gateway.errors import ApiError, GenerationError
-from gateway.metrics import Metrics
-from gateway.router import Router
-from gateway.worker_link import RequestHandle
-from shared.protocol import GenerateRequest, StepResult
-from shared.wire import WireError, encode_all
+from cde.gateway.denoise import DenoiseView, StepDelta
+from cde.gateway.detokenizer import ChoiceText
+from cde.gateway.errors import ApiError, GenerationError
+from cde.gateway.metrics import Metrics
+from cde.gateway.router import Router
+from cde.gateway.worker_link import RequestHandle
+from cde.shared.protocol import GenerateRequest, StepResult
+from cde.shared.wire import WireError, encode_all
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import from_validation_error, invalid
+from cde.gateway.errors import from_validation_error, invalid
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -11,8 +11,8 @@ import logging
 import time
 import uuid
 
-from gateway.errors import ApiError
-from gateway.http_limits import HttpLimits
+from cde.gateway.errors import ApiError
+from cde.gateway.http_limits import HttpLimits
 
 log = logging.getLogger("cde.gateway")
 

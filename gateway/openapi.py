@@ -9,8 +9,8 @@ import functools
 
 from pydantic.json_schema import models_json_schema
 
-from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from shared.protocol import Heartbeat
+from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from cde.shared.protocol import Heartbeat
 
 
 def _json(schema: dict) -> dict:

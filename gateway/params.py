@@ -4,10 +4,10 @@ rules, but answering here gives the client a 400 naming the field instead of a f
 
 from __future__ import annotations
 
-from gateway.concepts import ConceptLabels
-from gateway.errors import invalid
-from gateway.schemas import SamplingParams, SteeringParams
-from shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
+from cde.gateway.concepts import ConceptLabels
+from cde.gateway.errors import invalid
+from cde.gateway.schemas import SamplingParams, SteeringParams
+from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
 
 
 def stop_list(body: SamplingParams) -> list[str]:

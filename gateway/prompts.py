@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import invalid
-from shared.protocol import Heartbeat
+from cde.gateway.errors import invalid
+from cde.shared.protocol import Heartbeat
 
 MAX_TOKEN_BYTES = 128  # the longest token of cl100k_base (special tokens in text are encoded as text)
 THREAD_CHARS = 64 << 10

@@ -10,10 +10,10 @@ import uuid
 
 import zmq.asyncio
 
-from gateway.errors import ApiError
-from gateway.worker_link import RequestHandle, WorkerLink
-from shared.curve import CurveClient
-from shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
+from cde.gateway.errors import ApiError
+from cde.gateway.worker_link import RequestHandle, WorkerLink
+from cde.shared.curve import CurveClient
+from cde.shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
 
 log = logging.getLogger("cde.gateway")
 

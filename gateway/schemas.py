@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from shared.limits import MAX_CONCEPT_LIST, MAX_STEERING_STRENGTH, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS
+from cde.shared.limits import MAX_CONCEPT_LIST, MAX_STEERING_STRENGTH, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS
 
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.

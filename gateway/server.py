@@ -23,8 +23,8 @@ import uvicorn
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.errors import ApiError
-from gateway.http_limits import HttpLimits
+from cde.gateway.errors import ApiError
+from cde.gateway.http_limits import HttpLimits
 
 log = logging.getLogger("cde.gateway")
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import anyio
 from starlette.responses import StreamingResponse
 
-from gateway.errors import ApiError, GenerationError
-from gateway.json_out import dumps
+from cde.gateway.errors import ApiError, GenerationError
+from cde.gateway.json_out import dumps
 
 log = logging.getLogger("cde.gateway")
 

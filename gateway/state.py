@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gateway.concepts import ConceptLabels
-from gateway.errors import ApiError
-from gateway.metrics import Metrics
-from gateway.router import Router
-from shared.protocol import Heartbeat
+from cde.gateway.concepts import ConceptLabels
+from cde.gateway.errors import ApiError
+from cde.gateway.metrics import Metrics
+from cde.gateway.router import Router
+from cde.shared.protocol import Heartbeat
 
 
 @dataclass

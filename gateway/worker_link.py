@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from shared.curve import CurveClient
-from shared.limits import clip
-from shared.protocol import (
+from cde.shared.curve import CurveClient
+from cde.shared.limits import clip
+from cde.shared.protocol import (
     PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
     StepResult,
 )
-from shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
+from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
 
 log = logging.getLogger("cde.gateway")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.config import ATTN_EXACT, ATTN_REUSE
+from cde.shared.config import ATTN_EXACT, ATTN_REUSE
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from shared.config import PAGE
+from cde.shared.config import PAGE
 
 # FORCE_USE_FLEX_ATTENTION: a single item's 64 queries are few enough for FlexAttention to pick
 # its split-KV decoding kernel, which (with its separate reduction) ran 6x slower per layer on an

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
-from kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
-from kernels.flex_paged_attention import flex_paged_attention
-from shared.config import ATTN_EXACT
+from cde.kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
+from cde.kernels.flex_paged_attention import flex_paged_attention
+from cde.shared.config import ATTN_EXACT
 
 
 @dataclass

@@ -12,8 +12,8 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from cde.commands.bench_flashblock import graph_replay_ms
-from kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
-from shared.config import PAGE
+from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
+from cde.shared.config import PAGE
 
 H, KVH, D = 32, 8, 128
 CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (4, 64), (4, 1024), (16, 64), (32, 64)]  # (batch, pages)

@@ -24,7 +24,7 @@ for STAGE in $STAGES; do
   echo "== $STAGE $(date +%T)"
   case $STAGE in
   tests)
-    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
   kernels)  # one layer's attention: kernel options and split-KV ways, batch x pages
     python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
   bench)

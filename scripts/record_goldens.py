@@ -1,6 +1,6 @@
 """Record the official generator's greedy tokens for the `small` parity checkpoint.
 
-tests/test_parity.py runs the reference live for the tiny checkpoints; for `small` (whose
+tests/parity/test_parity.py runs the reference live for the tiny checkpoints; for `small` (whose
 reference run costs minutes on a 2-core CI machine) it compares against these goldens. The
 golden file pins the checkpoint by the SHA-256 of its safetensors, so a change to `cde make-model`
 fails loudly instead of comparing against the wrong weights.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_parity import GOLDEN, SMALL_SEED, checkpoint_sha256, prompts, reference_tokens  # noqa: E402
-from worker.checkpoint import make_model  # noqa: E402
+from tests.parity.test_parity import GOLDEN, SMALL_SEED, checkpoint_sha256, prompts, reference_tokens  # noqa: E402
+from cde.worker.checkpoint import make_model  # noqa: E402
 
 
 def main() -> None:

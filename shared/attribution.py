@@ -20,7 +20,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
-from shared.config import ENDOFCHUNK_ID, PAGE
+from cde.shared.config import ENDOFCHUNK_ID, PAGE
 
 MIN_MASS = 1e-8  # the reference's clamp on a position's total absolute mass
 
@@ -43,7 +43,7 @@ class ConceptLabels:
 def load_concept_labels(path: str | Path) -> ConceptLabels:
     """The labels of a concept catalog file (`shared.catalog.Catalog.read`: the official parquet,
     or a CSV with `concept_id` (legacy `concept_idx`), `concept_name` and optionally `head`)."""
-    from shared.catalog import Catalog
+    from cde.shared.catalog import Catalog
 
     return ConceptLabels({c.concept_id: (c.name, c.head) for c in Catalog.read(path)})
 

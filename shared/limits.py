@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from shared.protocol import GenerateRequest
+from cde.shared.protocol import GenerateRequest
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000  # a stop string longer than this is not a stop, it is a payload

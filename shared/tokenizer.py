@@ -6,7 +6,7 @@ import functools
 
 import tiktoken
 
-from shared.config import (
+from cde.shared.config import (
     BOS_ID, END_HEADER_ID, ENDOFCHUNK_ID, EOS_ID, EOT_ID, MASK_ID, PAD_ID, START_HEADER_ID,
 )
 

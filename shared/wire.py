@@ -13,8 +13,8 @@ import typing
 
 import msgpack
 
-from shared.limits import clip
-from shared.protocol import (
+from cde.shared.limits import clip
+from cde.shared.protocol import (
     AbortRequest, AttributionSpec, BlockResult, ConceptInfo, ConceptQuery, FlashBlockSpec, GenerateRequest,
     Heartbeat, Ping, SteeringSpec, StepResult,
 )

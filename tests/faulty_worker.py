@@ -1,5 +1,5 @@
 """`python -m tests.faulty_worker ARGS`: `cde worker ARGS` with one planted fault, for the test of
-the worker's engine-failure path (tests/test_worker_step_failure.py).
+the worker's engine-failure path (tests/worker/test_worker_step_failure.py).
 
 A request whose prompt starts with LAUNCH_FAULT makes the launch of any pass holding one of its
 steps raise (a bug in building the pass); one whose prompt starts with SYNC_FAULT makes reading
@@ -9,7 +9,7 @@ Nothing else differs from `cde worker`: real engine, real ZeroMQ server, real pr
 
 import sys
 
-from worker.model_runner import ModelRunner
+from cde.worker.model_runner import ModelRunner
 
 LAUNCH_FAULT, SYNC_FAULT = 99_991, 99_992
 

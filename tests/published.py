@@ -10,7 +10,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from shared.config import EOT_ID, INSTRUCT_VOCAB, ModelConfig
+from cde.shared.config import EOT_ID, INSTRUCT_VOCAB, ModelConfig
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -36,7 +36,7 @@ def write_published(out: Path, raw: dict, seed: int) -> Path:
     """A random-weight checkpoint whose config.json has exactly the keys of `raw` (shapes
     shrunk), whose safetensors hold the published tensor names (the tied lm_head absent), with
     the published tokenizer_config.json beside them."""
-    from worker.checkpoint import TIED, random_model, save_checkpoint
+    from cde.worker.checkpoint import TIED, random_model, save_checkpoint
 
     raw = {**raw, **SHRUNK}
     assert raw.keys() == published().keys() | ({"instruct", "start_header_token_id", "end_header_token_id",

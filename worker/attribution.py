@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shared.config import ModelConfig
+from cde.shared.config import ModelConfig
 
 LOGIT_CLAMP = 15.0
 

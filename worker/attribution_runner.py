@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attribution import attribute, width
-from worker.staging import HostCopy
+from cde.worker.attribution import attribute, width
+from cde.worker.staging import HostCopy
 
 BUCKETS = (8, 32, 128, 512, 2048, 8192)
 

@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shared.config import ConfigError, ModelConfig, preset
-from worker.model import SteerlingModel
+from cde.shared.config import ConfigError, ModelConfig, preset
+from cde.worker.model import SteerlingModel
 
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.flashblock import FlashBlockBatch, external_pages
-from kernels.flex_paged_attention import PagedBlockMask
-from kernels.paged_attention import PagedBatch
-from shared.config import ATTN_EXACT, MASK_ID, PAGE
+from cde.kernels.flashblock import FlashBlockBatch, external_pages
+from cde.kernels.flex_paged_attention import PagedBlockMask
+from cde.kernels.paged_attention import PagedBatch
+from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 

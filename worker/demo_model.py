@@ -15,7 +15,7 @@ import tarfile
 from importlib.resources import as_file, files
 from pathlib import Path
 
-from shared.home import cde_home
+from cde.shared.home import cde_home
 
 DEMO_NAME = "cde-reference"
 ARCHIVE = "reference.tar.xz"

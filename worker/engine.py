@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.config import PAGE
-from shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
-from shared.tokenizer import get_tokenizer
-from worker.checkpoint import DTYPES, load_checkpoint
-from worker.model_runner import ModelRunner, Pass
-from worker.scheduler import Scheduler
-from worker.steering import concept_top_tokens
+from cde.shared.config import PAGE
+from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
+from cde.shared.tokenizer import get_tokenizer
+from cde.worker.checkpoint import DTYPES, load_checkpoint
+from cde.worker.model_runner import ModelRunner, Pass
+from cde.worker.scheduler import Scheduler
+from cde.worker.steering import concept_top_tokens
 
 
 @dataclass

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.paged_attention import PagedBatch, paged_attention
-from shared.config import ModelConfig
+from cde.kernels.paged_attention import PagedBatch, paged_attention
+from cde.shared.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -11,19 +11,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.flashblock import FlashBlockBatch
-from kernels.paged_attention import PagedBatch
-from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
-from worker.attribution import unpack
-from worker.attribution_runner import AttributionRunner
-from worker.cuda_graphs import GraphedForward
-from worker.model import SteerlingModel, rope_tables
-from worker.sampler import select_and_sample
-from worker.scheduler import Batch, Item
-from worker.sequence import Sequence
-from worker.staging import HostCopy, Staging, to_host
-from worker.step_inputs import StepInputBuilder, eligible_rows
-from worker.steering import SteeringState, alpha_now, prepare_steering
+from cde.kernels.flashblock import FlashBlockBatch
+from cde.kernels.paged_attention import PagedBatch
+from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from cde.worker.attribution import unpack
+from cde.worker.attribution_runner import AttributionRunner
+from cde.worker.cuda_graphs import GraphedForward
+from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.sampler import select_and_sample
+from cde.worker.scheduler import Batch, Item
+from cde.worker.sequence import Sequence
+from cde.worker.staging import HostCopy, Staging, to_host
+from cde.worker.step_inputs import StepInputBuilder, eligible_rows
+from cde.worker.steering import SteeringState, alpha_now, prepare_steering
 
 
 @dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.config import ATTN_EXACT, MASK_ID, PAGE
-from shared.protocol import BlockResult, GenerateRequest, StepResult
-from shared.stops import find_stop
-from worker.kv_pages import PageAllocator
-from worker.sequence import Sequence, Status
+from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
+from cde.shared.protocol import BlockResult, GenerateRequest, StepResult
+from cde.shared.stops import find_stop
+from cde.worker.kv_pages import PageAllocator
+from cde.worker.sequence import Sequence, Status
 
 
 @dataclass

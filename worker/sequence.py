@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 
-from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
-from shared.protocol import FlashBlockSpec, GenerateRequest
+from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
+from cde.shared.protocol import FlashBlockSpec, GenerateRequest
 
 
 class Status(enum.Enum):

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import zmq
 
-from shared.curve import CurveServer
-from shared.limits import check_request, clip
-from shared.protocol import (
+from cde.shared.curve import CurveServer
+from cde.shared.limits import check_request, clip
+from cde.shared.protocol import (
     AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
 )
-from shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
-from worker.engine import Engine
+from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
+from cde.worker.engine import Engine
 
 log = logging.getLogger("cde.worker")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.config import ModelConfig
-from shared.protocol import SteeringSpec
+from cde.shared.config import ModelConfig
+from cde.shared.protocol import SteeringSpec
 
 
 @dataclass

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.config import PAGE
-from worker.sampler import SamplingBatch
-from worker.sequence import Sequence
-from worker.staging import Staging
+from cde.shared.config import PAGE
+from cde.worker.sampler import SamplingBatch
+from cde.worker.sequence import Sequence
+from cde.worker.staging import Staging
 
 
 @dataclass

@@ -13,10 +13,10 @@ import torch
 
 from cde.commands import bench_flashblock
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from shared.config import PAGE
-from shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
-from worker.checkpoint import make_model
-from worker.engine import Engine, EngineArgs, resolve_device
+from cde.shared.config import PAGE
+from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
+from cde.worker.checkpoint import make_model
+from cde.worker.engine import Engine, EngineArgs, resolve_device
 
 
 def add_arguments(p) -> None:

@@ -14,12 +14,12 @@ import time
 
 import torch
 
-from kernels.flashblock import FlashBlockBatch, external_pages
-from kernels.flex_paged_attention import PagedBlockMask
-from kernels.paged_attention import PagedBatch, paged_attention
-from shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
-from shared.protocol import FlashBlockSpec
-from worker.cuda_graphs import bucket_splits
+from cde.kernels.flashblock import FlashBlockBatch, external_pages
+from cde.kernels.flex_paged_attention import PagedBlockMask
+from cde.kernels.paged_attention import PagedBatch, paged_attention
+from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
+from cde.shared.protocol import FlashBlockSpec
+from cde.worker.cuda_graphs import bucket_splits
 
 
 def add_arguments(p) -> None:

@@ -49,7 +49,7 @@ def _backend(args):
 
 
 def _device(args) -> str:
-    from worker.engine import resolve_device
+    from cde.worker.engine import resolve_device
 
     return resolve_device(args.device)
 

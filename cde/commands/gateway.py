@@ -6,8 +6,8 @@ import argparse
 import os
 
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
-from gateway.http_limits import add_arguments as add_limit_arguments
-from shared.logs import setup_logging
+from cde.gateway.http_limits import add_arguments as add_limit_arguments
+from cde.shared.logs import setup_logging
 
 
 def add_http_arguments(p) -> None:
@@ -44,7 +44,7 @@ def _read_key(path: str) -> str:
 
 
 def add_arguments(p) -> None:
-    from gateway.discovery import dns_target
+    from cde.gateway.discovery import dns_target
 
     p.add_argument("--worker", action="append", default=[], metavar="ENDPOINT",
                    help="worker endpoint, e.g. tcp://10.0.0.2:5555 (repeatable)")
@@ -62,8 +62,8 @@ def add_arguments(p) -> None:
 
 def concept_labels(args, model_dir):
     """The concept labels a server (or `cde generate`) names concepts by."""
-    from gateway.concepts import ConceptLabels
-    from shared.catalog import CatalogError
+    from cde.gateway.concepts import ConceptLabels
+    from cde.shared.catalog import CatalogError
 
     try:
         return ConceptLabels.load(model_dir, args.concept_labels, fetch=getattr(args, "model_from_hub", False))
@@ -72,8 +72,8 @@ def concept_labels(args, model_dir):
 
 
 def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
-    from gateway.router import Router
-    from gateway.state import ServerState
+    from cde.gateway.router import Router
+    from cde.gateway.state import ServerState
 
     router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue,
                     **router_options)
@@ -82,12 +82,12 @@ def build_state(args, endpoints, processes=None, model_dir=None, **router_option
 
 
 def run(args) -> int:
-    from gateway.app import create_app
-    from gateway.http_limits import from_args as limits_from_args
-    from gateway.server import serve_http
+    from cde.gateway.app import create_app
+    from cde.gateway.http_limits import from_args as limits_from_args
+    from cde.gateway.server import serve_http
 
-    from gateway.discovery import DnsDiscovery
-    from shared.curve import CurveClient, CurveKeyError
+    from cde.gateway.discovery import DnsDiscovery
+    from cde.shared.curve import CurveClient, CurveKeyError
 
     if not args.worker and not args.worker_dns:
         raise SystemExit("cde gateway: give at least one --worker ENDPOINT or --worker-dns NAME:PORT")

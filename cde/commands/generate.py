@@ -38,8 +38,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
-    from shared.protocol import BlockResult, GenerateRequest
-    from worker.engine import Engine, EngineArgs
+    from cde.shared.protocol import BlockResult, GenerateRequest
+    from cde.worker.engine import Engine, EngineArgs
 
     resolve_model_args(args, "generate")
     engine = Engine(EngineArgs(args.model, device=args.device, dtype=args.dtype, max_running=1))
@@ -66,7 +66,7 @@ def run(args) -> int:
                 records += res.attribution or []
     text = tok.decode(ids)
     if args.stop:
-        from shared.stops import find_stop
+        from cde.shared.stops import find_stop
 
         found = find_stop(text, args.stop)
         if found is not None:
@@ -87,11 +87,11 @@ def _api_fields(args, engine, prompt_ids: list[int]):
     from pydantic import ValidationError
 
     from cde.commands.gateway import concept_labels
-    from gateway.attribution import renderer
-    from gateway.errors import ApiError, from_validation_error
-    from gateway.params import generate_requests
-    from gateway.schemas import CompletionRequest
-    from shared.protocol import Heartbeat
+    from cde.gateway.attribution import renderer
+    from cde.gateway.errors import ApiError, from_validation_error
+    from cde.gateway.params import generate_requests
+    from cde.gateway.schemas import CompletionRequest
+    from cde.shared.protocol import Heartbeat
 
     body = {"model": "cli", "prompt": prompt_ids}
     for field in ("steering", "attribution"):

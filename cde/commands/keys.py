@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from shared.curve import generate
+    from cde.shared.curve import generate
 
     names = args.name or ["worker", "gateway"]
     existing = [str(f) for n in names for f in Path(args.directory).glob(f"{n}.key*")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.config import PRESETS
+from cde.shared.config import PRESETS
 
 
 def add_arguments(p) -> None:
@@ -16,7 +16,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from worker.checkpoint import make_model
+    from cde.worker.checkpoint import make_model
 
     out = make_model(args.preset, args.out, seed=args.seed, dtype=args.dtype, instruct=args.instruct,
                      max_shard_bytes=int(args.max_shard_gb * (1 << 30)), device=args.device)

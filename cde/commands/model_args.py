@@ -16,13 +16,13 @@ def resolve_model_args(args, command: str, demo: bool = True) -> str | None:
     """Points `args.model` at a local directory (the demo model when absent and `demo`) and
     returns the name to serve it under by default: a Hub id as given (as vLLM does), else None
     (a directory is served under its own name)."""
-    from shared.hub import HubError, is_hub_id, resolve_model
+    from cde.shared.hub import HubError, is_hub_id, resolve_model
 
     if args.model is None:
         if args.revision is not None:
             raise SystemExit(f"cde {command}: --revision needs --model ORG/NAME")
         if demo:
-            from worker.demo_model import demo_model_dir
+            from cde.worker.demo_model import demo_model_dir
 
             args.model = str(demo_model_dir())
         return None

@@ -15,7 +15,7 @@ from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import (
     DEVICE_HELP, DTYPE_HELP, add_attention_arguments, attention_flags, flashblock_default, kv_splits,
 )
-from shared.logs import setup_logging
+from cde.shared.logs import setup_logging
 
 
 def add_arguments(p) -> None:
@@ -93,9 +93,9 @@ class _ReadyBanner:
 
 def run(args) -> int:
     from cde.cli import STARTED
-    from gateway.app import create_app
-    from gateway.http_limits import from_args as limits_from_args
-    from gateway.server import serve_http
+    from cde.gateway.app import create_app
+    from cde.gateway.http_limits import from_args as limits_from_args
+    from cde.gateway.server import serve_http
 
     setup_logging("gateway", args.log_level)
     # Bad flags fail here, before any model work, not in every worker.

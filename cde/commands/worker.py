@@ -9,7 +9,7 @@ import sys
 import time
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from shared.logs import setup_logging
+from cde.shared.logs import setup_logging
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
 DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
@@ -42,7 +42,7 @@ def add_attention_arguments(p) -> None:
 
 def flashblock_default(args):
     """The server's FlashBlock default from the flags (None: exact attention)."""
-    from shared.protocol import FlashBlockSpec
+    from cde.shared.protocol import FlashBlockSpec
 
     if args.flashblock_tau is None:
         return None
@@ -70,9 +70,9 @@ def attention_flags(args) -> list[str]:
 
 def run(args) -> int:
     from cde.cli import STARTED
-    from shared.curve import CurveKeyError, CurveServer
-    from worker.engine import Engine, EngineArgs
-    from worker.server import run_worker
+    from cde.shared.curve import CurveKeyError, CurveServer
+    from cde.worker.engine import Engine, EngineArgs
+    from cde.worker.server import run_worker
 
     if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
         raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")

@@ -31,9 +31,9 @@ class EngineBackend:
     """An Engine in this process; bodies go through the gateway's own request parsing."""
 
     def __init__(self, model_dir: str, device: str = "cpu", max_running: int = 64, cuda_graphs: bool = False):
-        from gateway.concepts import ConceptLabels
-        from shared.protocol import Heartbeat
-        from worker.engine import Engine, EngineArgs
+        from cde.gateway.concepts import ConceptLabels
+        from cde.shared.protocol import Heartbeat
+        from cde.worker.engine import Engine, EngineArgs
 
         self.engine = Engine(EngineArgs(model_dir, device=device, max_running=max_running, cuda_graphs=cuda_graphs))
         cfg = self.engine.cfg
@@ -44,9 +44,9 @@ class EngineBackend:
         self.cfg = cfg
 
     def _request(self, body: dict):
-        from gateway.attribution import renderer
-        from gateway.params import generate_requests
-        from gateway.schemas import CompletionRequest
+        from cde.gateway.attribution import renderer
+        from cde.gateway.params import generate_requests
+        from cde.gateway.schemas import CompletionRequest
 
         tok = self.engine.tokenizer
         ids = tok.chat_prompt(body["messages"]) if "messages" in body else tok.encode(body["prompt"])
@@ -57,7 +57,7 @@ class EngineBackend:
         return req, renderer([req], tok, self.labels, self.info)
 
     def run(self, bodies: list[dict]) -> Batch:
-        from shared.protocol import BlockResult, StepResult
+        from cde.shared.protocol import BlockResult, StepResult
 
         reqs = [self._request(b) for b in bodies]
         index = {r.request_id: i for i, (r, _) in enumerate(reqs)}

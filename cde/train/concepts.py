@@ -88,6 +88,6 @@ def catalog_rows() -> list[dict]:
 
 
 def write_catalog(path: str | Path) -> Path:
-    from shared.catalog import write_catalog as write
+    from cde.shared.catalog import write_catalog as write
 
     return write(path, catalog_rows())

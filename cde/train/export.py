@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 
 from cde.train.concepts import write_catalog
 from cde.train.model import TrainModel
-from shared.config import ModelConfig
-from worker.demo_model import install  # noqa: F401  (re-exported: the train program's name for it)
+from cde.shared.config import ModelConfig
+from cde.worker.demo_model import install  # noqa: F401  (re-exported: the train program's name for it)
 
 EMB = "transformer.tok_emb.weight"
 

@@ -19,8 +19,8 @@ import torch
 from cde.train.model import TrainModel, block_causal_mask
 from cde.train.text import paragraph
 from cde.train.vocab import TOPICS
-from shared.config import MASK_ID
-from shared.tokenizer import get_tokenizer
+from cde.shared.config import MASK_ID
+from cde.shared.tokenizer import get_tokenizer
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import random
 import torch
 
 from cde.train.samples import PROMPT, TEXT, TRAIL, Doc, draw
-from shared.config import EOS_ID, PAD_ID, PAGE
+from cde.shared.config import EOS_ID, PAD_ID, PAGE
 
 
 def pack_row(docs: list[Doc], length: int, n_concepts: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,56 @@
+"""`cde bench engine` for real on the tiny preset (CPU). The latency/throughput table per
+concurrency, with steering toggled in the same engine and the op-table profile of the first two
+blocks. And with `--flashblock-tau`, the side-by-side FlashBlock table: the split without reuse agrees with the exact path token for token, reuse is
+measured (fraction of reused steps, KL against the exact forward) and deterministic. The model
+is configured past the 8B's 4096-token context (`--set block_size=8192`) and the prompts use it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_flashblock_table(tmp_path):
+    out = tmp_path / "fb.json"
+    cmd = [sys.executable, "-m", "cde", "bench", "engine", "--preset", "tiny", "--set", "block_size=8192",
+           "--concurrency", "2", "--prompt-len", "4200", "--max-tokens", "70", "--flashblock-tau", "0", "--flashblock-max-reuse", "0",
+           "--json", str(out)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    cmd[cmd.index("--flashblock-tau") + 1] = "2"
+    cmd[cmd.index("--flashblock-max-reuse") + 1] = "63"
+    out2 = tmp_path / "fb2.json"
+    cmd[-1] = str(out2)
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    exact, split = json.loads(out.read_text())["results"]
+    _, reuse = json.loads(out2.read_text())["results"]
+    assert exact["flashblock"] == "off" and exact["context"] == 4270
+    assert split["token_agreement"] == 1.0 and split["reused_fraction"] == 0.0 and split["mean_kl"] == 0.0
+    assert reuse["reused_fraction"] > 0.5 and reuse["mean_kl"] > 0.0 and reuse["deterministic"]
+    assert all(r["attention_ms_per_step"] > 0 and r["decode_tok_per_s"] > 0 for r in (exact, split, reuse))
+
+
+def test_latency_table_and_profile(tmp_path):
+    out, prof = tmp_path / "bench.json", tmp_path / "prof"
+    cmd = [sys.executable, "-m", "cde", "bench", "engine", "--preset", "tiny", "--concurrency", "1,3",
+           "--max-tokens", "128", "--steering", "--attribution", "--json", str(out), "--profile", str(prof)]
+    res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    header = next(line for line in res.stdout.splitlines() if line.startswith("conc |"))
+    assert "ms/fwd 1st block" in header and "ms/fwd after" in header and "GC ms" in header
+    results = json.loads(out.read_text())["results"]
+    assert [(r["concurrency"], r["steering_half"]) for r in results] == [(1, False), (1, True), (3, False), (3, True)]
+    for r in results:
+        assert r["generated_tokens"] == r["concurrency"] * 128
+        # One token per step: 64 passes per block; the first block's passes include the prefill's.
+        assert r["forward_passes_per_block"] == 64.0
+        assert r["ms_per_forward_first_block"] > 0 and r["ms_per_forward_after"] > 0
+        assert r["time_to_first_block_s"] < r["time_to_last_block_s"] and r["output_tok_per_s"] > 0
+        # The passes tile the run: their times add up to (nearly) the wall time, idle gaps included.
+        assert 0 < r["gpu_idle_fraction"] < 1
+        assert r["ms_per_forward"] * r["forward_passes"] / 1e3 == pytest.approx(r["wall_s"], rel=0.2)
+    for c in (1, 3):
+        tables = (prof / f"profile-c{c}.txt").read_text()
+        assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables

@@ -1,0 +1,78 @@
+"""`cde eval` on a tiny trained checkpoint: every section runs in process, the API path measures
+the same thing (same replies, same tokens per pass) through a real server; and CI's slice of the
+eval on the shipped model, with its floors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cde.cli import main
+from cde.train.loop import Options, train
+from cde.train.program import model_config
+from tests.api_server import REPO, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    train(Options(out=str(out), config=model_config("mini"), steps=10, rows=4, length=128, warmup=2, lr=3e-3,
+                  log_every=5, eval_problems=0))
+    return out / "model"
+
+
+def _eval(capsys, tmp_path, *args):
+    path = tmp_path / "eval.json"
+    assert main(["eval", *args, "--limit", "1", "--json", str(path)]) == 0
+    return capsys.readouterr().out, json.loads(path.read_text())
+
+
+def test_every_section_in_process(trained, tmp_path, capsys):
+    text, report = _eval(capsys, tmp_path, "--model", str(trained), "--settings", "one token per step,tokens_per_step 2",
+                         "--strengths", "0,8")
+    assert "| one token per step |" in text and "| tokens_per_step 2 |" in text
+    one, two = report["tasks"]
+    assert set(one["accuracy"]) == {"arithmetic", "sorting", "reversal", "word_problem"}
+    assert one["tokens_per_step"] == 1.0 and 1.5 < two["tokens_per_step"] <= 2.0
+    assert [r["strength"] for r in report["amplify"]] == [0.0, 8.0]
+    assert 0 <= report["suppress"]["baseline"] <= 1
+    assert report["attribution"]["chunks"] > 0
+    assert report["faithfulness"]["positions"] > 0
+    assert "Attribution" in text and "suppress preset" in text
+
+
+def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
+    _, local = _eval(capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step")
+    server = ServerProcess(trained, workers=1)
+    try:
+        _, remote = _eval(capsys, tmp_path, "--url", server.url, "--sections", "tasks", "--settings", "one token per step")
+    finally:
+        server.stop()
+    assert remote["tasks"][0]["samples"] == local["tasks"][0]["samples"]
+    assert remote["tasks"][0]["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
+
+
+# The CPU slice's floors (docs/reference-model.md, "CI on the CPU"): 2 held-out problems per family.
+FLOORS = {"arithmetic": 0.8, "word_problem": 0.8, "sorting": 0.5, "reversal": 0.5}
+
+
+@pytest.mark.slow
+def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
+    """`cde eval` as CI runs it on the shipped model: held-out accuracy per family above its floor,
+    amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off."""
+    from cde.worker.demo_model import demo_model_dir
+
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "cde", "eval", "--model", str(demo_model_dir()), "--limit", "2", "--settings",
+           "one token per step", "--sections", "tasks,steering", "--strengths", "0,32", "--json", str(out)]
+    res = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    accuracy = report["tasks"][0]["accuracy"]
+    assert all(accuracy[f] >= floor for f, floor in FLOORS.items()), accuracy
+    unsteered, steered = (r["on_topic"] for r in report["amplify"])
+    assert steered >= 0.5 and steered > unsteered, report["amplify"]
+    assert report["suppress"]["suppressed"] < report["suppress"]["baseline"], report["suppress"]

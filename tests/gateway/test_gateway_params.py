@@ -1,0 +1,66 @@
+"""API request -> GenerateRequest: steering presets, overrides, concept labels, n and seeds."""
+
+import pytest
+
+from cde.gateway.concepts import ConceptLabels
+from cde.gateway.errors import ApiError
+from cde.gateway.params import generate_requests
+from cde.gateway.schemas import CompletionRequest
+from cde.shared.catalog import Catalog
+from cde.shared.protocol import AttributionSpec, Heartbeat
+
+INFO = Heartbeat("b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100,
+                 max_running=16)
+LABELS = ConceptLabels(Catalog.from_rows([{"concept_id": 7, "concept_name": "dogs", "head": "known"},
+                                          {"concept_id": 300, "concept_name": "cats", "head": "unknown"}]))
+
+
+def build(**fields):
+    body = CompletionRequest(model="m", prompt="x", **fields)
+    return generate_requests(body, [[1, 2]], body.max_tokens, INFO, LABELS, "cmpl-t")
+
+
+# The presets' own values are compared with the official recipes in test_api_steering.py.
+def test_explicit_fields_override_the_preset():
+    (req,) = build(steering={"concepts": ["Known: #5"], "preset": "suppress", "strength": -3, "inject_layer": 4})
+    s = req.steering
+    assert (s.strength, s.normalize, s.inject_layer, s.schedule) == (-3.0, False, 4, "fixed")
+    assert s.relu_logit_mask == {5: 20.0}
+
+
+def test_explicit_relu_mask_by_label():
+    (req,) = build(steering={"concepts": [1], "relu_logit_mask": {"dogs": 2.5, "#9": 1}})
+    assert req.steering.relu_logit_mask == {7: 2.5, 9: 1.0}
+
+
+@pytest.mark.parametrize("steering, param", [
+    ({"concepts": []}, "steering.concepts"),
+    ({"concepts": ["cats"]}, "steering.concepts"),
+    ({"concepts": [100]}, "steering.concepts"),
+    ({"concepts": [1], "inject_layer": 33}, "steering.inject_layer"),
+    ({"relu_logit_mask": {"1": 1.0}, "preset": "suppress"}, "steering.concepts"),
+])
+def test_bad_steering(steering, param):
+    with pytest.raises(ApiError) as e:
+        build(steering=steering)
+    assert e.value.param == param
+
+
+def test_n_choices_get_distinct_reproducible_seeds_and_attribution():
+    reqs = build(n=3, seed=10, attribution=True, stop="\n", top_k=-1)
+    assert [r.seed for r in reqs] == [10, 11, 12]
+    assert [r.request_id for r in reqs] == ["cmpl-t-0-0", "cmpl-t-0-1", "cmpl-t-0-2"]
+    assert reqs[0].attribution == AttributionSpec() and reqs[0].stop == ["\n"] and reqs[0].top_k == 0
+
+
+def test_flashblock_field():
+    from pydantic import ValidationError
+
+    from cde.shared.protocol import FlashBlockSpec
+
+    assert build()[0].flashblock is None  # the worker's default applies
+    assert build(flashblock=False)[0].flashblock is False
+    assert build(flashblock=True)[0].flashblock == FlashBlockSpec()
+    assert build(flashblock={"tau": 3, "max_reuse": 5})[0].flashblock == FlashBlockSpec(3, 5)
+    with pytest.raises(ValidationError, match="max_reuse"):
+        build(flashblock={"tau": 3, "max_reuse": -1})

@@ -1,0 +1,82 @@
+"""kernels/flex_paged_attention.py on the CPU (FlexAttention's eager path evaluates the same
+block mask densely): the page-table block mask, and split-KV, against per-item SDPA over exactly
+the item's pages. The compiled CUDA kernel is checked against a dense reference in test_gpu.py."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cde.kernels.flex_paged_attention import PagedBlockMask, flex_paged_attention, merge_splits
+
+KVH, H, D, CACHE_PAGES = 2, 8, 32, 24
+# Mixed lengths and non-contiguous page ids in one batch; the 0s past each length are padding.
+TABLE = torch.tensor([[3, 5, 7, 9, 11, 0, 0], [1, 2, 0, 0, 0, 0, 0], [4, 6, 8, 10, 12, 13, 14], [20, 0, 0, 0, 0, 0, 0]])
+LENGTHS = torch.tensor([5, 2, 7, 1])
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(KVH, CACHE_PAGES, 64, D, generator=g)
+    v = torch.randn(KVH, CACHE_PAGES, 64, D, generator=g)
+    q = torch.randn(len(LENGTHS), H, 64, D, generator=g)
+    return q, k, v
+
+
+def attend(q, k, v, lengths, splits):
+    mask = PagedBlockMask(len(lengths), CACHE_PAGES, "cpu", splits)
+    mask.update(TABLE, lengths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
+        return flex_paged_attention(q, k, v, mask.block_mask, return_lse=True), mask
+
+
+def reference(q, k, v, i, n):
+    pages = TABLE[i, :n]
+    keys, values = (c[:, pages].reshape(KVH, -1, D) for c in (k, v))
+    out = F.scaled_dot_product_attention(q[i][None], keys[None], values[None], enable_gqa=True)[0]
+    scores = q[i].reshape(KVH, H // KVH * 64, D) @ keys.transpose(-1, -2) * D**-0.5
+    return out, torch.logsumexp(scores, -1).reshape(H, 64)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 8])
+def test_each_item_attends_exactly_its_pages_with_any_number_of_splits(tensors, splits):
+    q, k, v = tensors
+    (out, lse), mask = attend(q, k, v, LENGTHS, splits)
+    for i, n in enumerate(LENGTHS.tolist()):
+        ref_out, ref_lse = reference(q, k, v, i, n)
+        assert torch.allclose(out[i], ref_out, atol=1e-5), (i, (out[i] - ref_out).abs().max())
+        assert torch.allclose(lse[i], ref_lse, atol=1e-4)
+    # The splits' shares of an item are disjoint and cover its pages exactly once.
+    counts = mask.full_num.view(len(LENGTHS), splits)
+    assert counts.sum(1).tolist() == LENGTHS.tolist()
+    for i, n in enumerate(LENGTHS.tolist()):
+        shares = [mask.full_idx[0, 0, i * splits + j, :c].tolist() for j, c in enumerate(counts[i].tolist())]
+        assert sum(shares, []) == TABLE[i, :n].tolist()
+
+
+def test_an_item_without_pages_gives_zero_and_minus_infinity(tensors):
+    """FlashBlock's reusing items visit no page at all."""
+    q, k, v = tensors
+    (out, lse), _ = attend(q, k, v, torch.tensor([0, 2, 0, 1]), splits=4)
+    assert out[0].abs().max() == 0 and out[2].abs().max() == 0
+    assert torch.isneginf(lse[0]).all() and torch.isneginf(lse[2]).all()
+    assert torch.allclose(out[1], reference(q, k, v, 1, 2)[0], atol=1e-5)
+
+
+def test_merge_of_splits_is_attention_over_the_union():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 16, 8, generator=g), torch.randn(1, 30, 8, generator=g), torch.randn(1, 30, 8, generator=g)
+    parts = [(0, 7), (7, 7), (7, 30)]  # one share is empty
+    outs, lses = [], []
+    for a, b in parts:
+        s = q @ k[:, a:b].transpose(-1, -2)
+        lse = torch.logsumexp(s, -1)
+        outs.append(torch.nan_to_num(torch.softmax(s, -1)) @ v[:, a:b] if b > a else torch.zeros(1, 16, 8))
+        lses.append(lse)
+    out, lse = merge_splits(torch.stack(outs, 1), torch.stack(lses, 1))
+    whole = q @ k.transpose(-1, -2)
+    assert torch.allclose(out, torch.softmax(whole, -1) @ v, atol=1e-6)
+    assert torch.allclose(lse, torch.logsumexp(whole, -1), atol=1e-6)

@@ -1,0 +1,84 @@
+"""Greedy decoding is token-for-token the official generator's (`generate_full`), float32 CPU.
+
+The tiny checkpoints (written by `cde make-model` and by the official model classes) run the
+reference live; the `small` checkpoint compares against tokens recorded from the reference by
+scripts/record_goldens.py (pinned to the checkpoint's SHA-256)."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cde.shared.protocol import GenerateRequest
+from cde.worker.engine import Engine, EngineArgs
+
+pytestmark = pytest.mark.reference
+
+PROMPT_LENGTHS = (64, 128, 192)
+GOLDEN = Path(__file__).parents[1] / "goldens" / "parity_small.json"
+SMALL_SEED = 3  # the small_dir fixture's seed
+
+
+def reference_tokens(model_dir, prompt: list[int], max_new: int, per_step: int = 1) -> list[int]:
+    from steerling.configs.generation import GenerationConfig
+
+    from tests.oracle import official_generator
+
+    gen = official_generator(model_dir)
+    cfg = GenerationConfig(max_new_tokens=max_new, steps=max_new // per_step, temperature=0, use_entropy_sampling=False,
+                           top_p=0, repetition_penalty=1)
+    out = gen.generate_full(torch.tensor([prompt]), cfg)
+    return out.tokens[len(prompt):].tolist()
+
+
+def prompts(seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 100000, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def checkpoint_sha256(model_dir) -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _ours(model_dir, ps) -> dict[str, list[int]]:
+    engine = Engine(EngineArgs(str(model_dir)))
+    reqs = []
+    for i, p in enumerate(ps):
+        reqs += [GenerateRequest(f"{i}-128", p, max_tokens=128), GenerateRequest(f"{i}-256", p, max_tokens=256)]
+    return engine.generate(reqs)
+
+
+@pytest.mark.parametrize("which", ["tiny_dir", "tiny_official_dir"])
+def test_greedy_matches_official_generator(which, request):
+    model_dir = request.getfixturevalue(which)
+    ps = prompts(seed=len(which))
+    ours = _ours(model_dir, ps)
+    for i, p in enumerate(ps):
+        # Block-causal attention: the first 128 tokens of a 256-token run are the 128-token run.
+        ref = reference_tokens(model_dir, p, 256)
+        assert ours[f"{i}-256"] == ref
+        assert ours[f"{i}-128"] == ref[:128]
+
+
+def test_greedy_matches_recorded_official_tokens_on_small(small_dir):
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["safetensors_sha256"] == checkpoint_sha256(small_dir), "re-record: scripts/record_goldens.py"
+    ours = _ours(small_dir, golden["prompts"])
+    for i, ref in enumerate(golden["tokens"]):
+        assert ours[f"{i}-256"] == ref
+        assert ours[f"{i}-128"] == ref[:128]
+
+
+@pytest.mark.parametrize("per_step", [4, 16])
+def test_tokens_per_step_matches_the_official_linear_schedule(tiny_dir, per_step):
+    """`tokens_per_step: k` is the official schedule of max_new_tokens / k steps (k tokens per
+    step), over three generated blocks, so also the commits of the finished ones."""
+    prompt = prompts(seed=5)[0]
+    engine = Engine(EngineArgs(str(tiny_dir)))
+    ours = engine.generate([GenerateRequest("k", prompt, max_tokens=192, tokens_per_step=per_step)])["k"]
+    assert ours == reference_tokens(tiny_dir, prompt, 192, per_step)

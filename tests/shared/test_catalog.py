@@ -1,0 +1,213 @@
+"""The concept catalog against the official `steerling.concepts.ConceptCatalog` on the same
+parquet: search (ranking and tie order), groups, every column of a file `write_catalog` wrote;
+and the lookup order, run in real processes against a Hugging Face cache built on disk
+(HF_HUB_OFFLINE=1: nothing reaches the network)."""
+
+import dataclasses
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cde.shared.catalog import Catalog, CatalogError, find_catalog, write_catalog
+from tests.catalog_fixture import N_KNOWN, QUERIES, catalog_rows
+from tests.hub_cache import cache_repo
+
+pytestmark = pytest.mark.reference
+
+FILTERS = [{}, {"steerable_only": False}, {"head": None}, {"head": "unknown", "steerable_only": False}]
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory):
+    return write_catalog(tmp_path_factory.mktemp("catalog") / "concept_labels.parquet", catalog_rows())
+
+
+@pytest.fixture(scope="module")
+def official(parquet):
+    import pandas as pd
+    from steerling.concepts import ConceptCatalog
+
+    return ConceptCatalog(pd.read_parquet(parquet))
+
+
+@pytest.mark.parametrize("query", QUERIES)
+@pytest.mark.parametrize("filters", FILTERS, ids=str)
+def test_search_equals_the_official(parquet, official, query, filters):
+    ours = Catalog.read(parquet)
+    for limit in (10, 1000):
+        got = [c.concept_id for c in ours.search(query, limit=limit, **filters)]
+        assert got == [c.concept_id for c in official.search(query, limit=limit, **filters)]
+
+
+def test_the_fixture_has_ties_past_an_insertion_sort():
+    # numpy's quicksort only differs from a stable sort past 16 elements: the tie order is
+    # tested only if some search has more equal scores than that.
+    hits = Catalog.from_rows(catalog_rows()).search("the", limit=1000, head=None, steerable_only=False)
+    assert len(hits) > 16
+
+
+def test_groups_equal_the_official(parquet, official):
+    ours = Catalog.read(parquet)
+    for cid in range(len(ours)):
+        assert ours.group(cid) == official.group(cid), cid
+    assert ours.group(9) == [9, 8, 11, 12, 13, 14]
+
+
+def test_every_column_written_is_what_the_official_reader_reads(official):
+    fields = {"concept_id": "concept_id", "concept_name": "name", "concept_description": "description", "head": "head",
+              "public_group_id": "group_id", "group_name": "group_name", "is_steerable": "is_steerable",
+              "is_tone": "is_tone", "is_alignment": "is_alignment", "is_demographic": "is_demographic"}
+    for row in catalog_rows():
+        expected = {fields[k]: v for k, v in row.items()}
+        if row["concept_description"] is None:
+            expected["description"] = "nan"  # the official Concept stringifies a null description
+        assert dataclasses.asdict(official.get(row["concept_id"])) == expected
+
+
+def test_reading_gives_the_official_fields(parquet, official):
+    for c in Catalog.read(parquet):
+        expected = dataclasses.asdict(official.get(c.concept_id))
+        assert dataclasses.asdict(c) == expected | ({"description": None} if c.description is None else {})
+
+
+def test_legacy_csv_is_still_read(tmp_path):
+    path = tmp_path / "labels.csv"
+    path.write_text("concept_idx,concept_name\n3,Dogs\n")
+    (dog,) = Catalog.read(path)
+    assert (dog.concept_id, dog.name, dog.head, dog.is_steerable) == (3, "Dogs", None, True)
+    assert [c.concept_id for c in Catalog.read(path).search("dogs")] == [3]
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"concept_id": 1, "concept_name": "a"}, {"concept_id": 1, "concept_name": "b"}], "appears more than once"),
+    ([{"concept_id": 1}], "needs concept_id and concept_name"),
+])
+def test_bad_catalogs_are_named(tmp_path, rows, message):
+    with pytest.raises(CatalogError, match=message):
+        Catalog.from_rows(rows)
+
+
+def _lookup(env: dict, *args: str) -> str:
+    """`find_catalog(*args)` in a fresh process (huggingface_hub reads HF_HOME at import)."""
+    code = ("import sys; from cde.shared.catalog import find_catalog; "
+            "print(find_catalog(*[a or None for a in sys.argv[1:]]))")
+    clean = {k: v for k, v in os.environ.items() if k not in ("STEERLING_CONCEPTS_PATH", "HF_HOME", "HF_HUB_CACHE")}
+    out = subprocess.run([sys.executable, "-c", code, *args], env={**clean, "HF_HUB_OFFLINE": "1", **env},
+                         capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture()
+def sources(tmp_path):
+    """One catalog per source, each with a different single concept."""
+    made = {}
+    for source in ("explicit", "env", "model", "hub"):
+        folder = tmp_path / source
+        folder.mkdir()
+        made[source] = write_catalog(folder / "concept_labels.parquet", [{"concept_id": 0, "concept_name": source}])
+    snapshot = cache_repo(tmp_path / "hf", "guidelabs/steerling", tmp_path / "hub", commit="a" * 40)
+    made["hub"] = snapshot / "concept_labels.parquet"
+    return made
+
+
+def test_lookup_order(tmp_path, sources):
+    hf, env = {"HF_HOME": str(tmp_path / "hf")}, {"STEERLING_CONCEPTS_PATH": str(sources["env"])}
+    model_dir = str(sources["model"].parent)
+    assert _lookup({**hf, **env}, str(sources["explicit"]), model_dir) == str(sources["explicit"])
+    assert _lookup({**hf, **env}, "", model_dir) == str(sources["env"])
+    assert _lookup(hf, "", model_dir) == str(sources["model"])
+    assert _lookup(hf, "", str(tmp_path)) == str(sources["hub"])
+    assert _lookup({"HF_HOME": str(tmp_path / "empty")}, "", str(tmp_path)) == "None"
+
+
+def test_the_hub_file_is_the_one_the_official_package_resolves(tmp_path, sources):
+    code = ("from huggingface_hub import hf_hub_download; from steerling.concepts import _HF_FILENAME, _HF_REPO; "
+            "print(hf_hub_download(_HF_REPO, _HF_FILENAME))")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    official_path = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   timeout=120, check=True).stdout.strip()
+    assert official_path == _lookup({"HF_HOME": str(tmp_path / "hf")}, "", "") == str(sources["hub"])
+
+
+def test_a_named_file_must_exist(tmp_path, monkeypatch):
+    with pytest.raises(CatalogError, match="--concept-labels: no concept catalog"):
+        find_catalog(tmp_path / "nope.parquet", None)
+    monkeypatch.setenv("STEERLING_CONCEPTS_PATH", str(tmp_path / "missing.parquet"))
+    with pytest.raises(CatalogError, match="STEERLING_CONCEPTS_PATH: no concept catalog"):
+        find_catalog(None, None)
+
+
+def test_known_count_matches_the_tiny_preset():
+    from cde.shared.config import preset
+
+    assert preset("tiny").n_concepts == N_KNOWN
+
+
+def test_a_missing_catalog_stops_the_server_with_a_message(tmp_path):
+    cmd = [sys.executable, "-m", "cde", "gateway", "--worker", "tcp://127.0.0.1:9", "--port", "0",
+           "--concept-labels", str(tmp_path / "nope.parquet")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert f"cde: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    """The Hub's file endpoint (`/{repo}/resolve/{revision}/{file}`) on loopback, serving one file:
+    what `hf_hub_download` asks for, so the fetch path runs for real without the network."""
+
+    body = b""
+    hits: list[str] = []
+
+    def _headers(self):
+        if not self.path.startswith("/guidelabs/steerling/resolve/main/concept_labels.parquet"):
+            self.send_error(404)
+            return False
+        self.hits.append(self.command)
+        etag = '"' + hashlib.sha256(self.body).hexdigest() + '"'
+        self.send_response(200)
+        for k, v in {"X-Repo-Commit": "b" * 40, "ETag": etag, "Content-Length": str(len(self.body)),
+                     "Content-Type": "application/octet-stream"}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        return True
+
+    def do_HEAD(self):  # noqa: N802
+        self._headers()
+
+    def do_GET(self):  # noqa: N802
+        if self._headers():
+            self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_model_from_the_hub_fetches_its_catalog_from_the_hub(tmp_path, sources):
+    _FakeHub.body = sources["explicit"].read_bytes()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = ("import sys; from cde.shared.catalog import find_catalog; "
+                "print(find_catalog(None, sys.argv[1], fetch=sys.argv[2] == '1'))")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "STEERLING_CONCEPTS_PATH"))}
+        env = {**clean, "HF_HOME": str(tmp_path / "fresh"), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+        run = lambda fetch: subprocess.run([sys.executable, "-c", code, str(tmp_path), fetch], env=env,  # noqa: E731
+                                           capture_output=True, text=True, timeout=120, check=True)
+        assert run("0").stdout.strip() == "None" and not _FakeHub.hits  # a directory's model never reaches out
+        fetched = Path(run("1").stdout.strip())
+        assert "GET" in _FakeHub.hits and fetched.read_bytes() == _FakeHub.body
+        assert fetched.is_relative_to(tmp_path / "fresh")  # cached like the weights
+        server.shutdown()
+        again = run("1")  # the Hub gone: the cached copy still serves
+        assert Path(again.stdout.strip()) == fetched
+        env["HF_HOME"] = str(tmp_path / "empty")
+        gone = run("1")  # neither Hub nor cache: no catalog, a warning, no failure
+        assert gone.stdout.strip() == "None" and "not fetched" in gone.stderr
+    finally:
+        server.server_close()

@@ -1,0 +1,149 @@
+"""shared/config.py: presets, flat and nested config.json parsing, rejection of what CDE cannot serve."""
+
+import dataclasses
+import json
+
+import pytest
+
+from cde.shared.config import (
+    EOT_ID, INSTRUCT_VOCAB, PAGE, PRESETS, ConfigError, ModelConfig, preset,
+)
+from tests.published import published, published_instruct
+
+
+def test_published_8b_config_loads_as_is():
+    raw = published()
+    assert raw["model_type"] == "steerling" and raw["architectures"] == ["SteerlingForCausalLM"]
+    c = ModelConfig.from_dict(raw)
+    # The 8b shape, except that the published head reports 16 known concepts out of the 32 it
+    # composes features from (the official ConceptHead's topk / topk_features).
+    assert c == dataclasses.replace(preset("8b"), topk_known=16)
+    assert (c.topk_known, c.known_topk_features) == (16, 32)
+
+
+def test_published_instruct_config_loads_as_is():
+    c = ModelConfig.from_dict(published_instruct())
+    assert c == dataclasses.replace(preset("8b", instruct=True), topk_known=16)
+    assert c.eot_id == EOT_ID
+
+
+def test_8b_preset_is_steerling_8b():
+    c = preset("8b")
+    assert (c.n_layers, c.n_embd, c.n_head, c.n_kv_heads, c.head_dim) == (32, 4096, 32, 4, 128)
+    assert (c.vocab_size, c.n_concepts, c.n_unknown_concepts, c.factorize_rank) == (100281, 33732, 101196, 256)
+    assert c.ffn_size == 16384
+    assert (c.block_size, c.diff_block_size, c.max_blocks) == (4096, 64, 64)
+    assert (c.known_padded, c.unknown_padded) == (33744, 101200)
+    assert c.norm_order == "post" and c.use_qk_norm and c.weight_sharing and c.clip_qkv == 10.0
+    assert c.rope_base == 500000.0 and not c.instruct and c.eot_id is None
+
+
+def test_instruct_preset_and_unknown_preset():
+    for name in PRESETS:
+        c = preset(name, instruct=True)
+        assert c.instruct and c.vocab_size == INSTRUCT_VOCAB and c.eot_id == EOT_ID
+        assert dataclasses.replace(c, instruct=False, vocab_size=100281) == PRESETS[name]
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        preset("huge")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_published_dict_round_trips(name):
+    for instruct in (False, True):
+        c = preset(name, instruct=instruct)
+        d = c.to_published_dict()
+        # the published layout is flat, with the architecture switches and the token ids
+        assert "concept" not in d and d["mlp_type"] == "swiglu" and d["mask_token_id"] == 100280
+        assert d["model_type"] == "causal_diffusion" and d["concept_dim"] == c.n_embd
+        assert ModelConfig.from_dict(json.loads(json.dumps(d))) == c
+
+
+def test_nested_concept_block_from_official_classes():
+    from steerling.configs.causal_diffusion import CausalDiffusionConfig
+    from steerling.configs.concept import ConceptConfig
+
+    model = CausalDiffusionConfig(n_layers=3, n_head=4, n_kv_heads=2, n_embd=64, block_size=512,
+                                  interpretable=True).model_dump()
+    concept = ConceptConfig(n_concepts=100, n_unknown_concepts=300, concept_dim=64, topk_known=8,
+                            topk_known_features=4, unknown_topk=16, factorize_rank=16,
+                            block_size=256, pad_multiple=32).model_dump()
+    raw = {**model, "vocab_size": 100281, "concept": concept}
+    c = ModelConfig.from_dict(raw)
+    assert (c.n_layers, c.n_head, c.n_kv_heads, c.n_embd, c.block_size) == (3, 4, 2, 64, 512)
+    assert (c.n_concepts, c.n_unknown_concepts, c.factorize_rank) == (100, 300, 16)
+    assert (c.topk_known, c.known_topk_features, c.unknown_topk) == (8, 4, 16)
+    # the nested block_size is the concept head's, not the context length
+    assert c.concept_block_size == 256 and c.block_size == 512
+    assert (c.known_padded, c.unknown_padded) == (128, 320)
+
+
+def test_flat_keys_win_over_nested():
+    raw = {**preset("tiny").to_published_dict(), "concept": {"n_concepts": 5, "factorize_rank": 99}}
+    c = ModelConfig.from_dict(raw)
+    assert c.n_concepts == 96 and c.factorize_rank == 16
+
+
+def test_instruct_flag_defaults_vocab():
+    raw = preset("tiny").to_published_dict()
+    del raw["vocab_size"]
+    assert ModelConfig.from_dict(raw).vocab_size == 100281
+    raw["instruct"] = True
+    c = ModelConfig.from_dict(raw)
+    assert c.vocab_size == INSTRUCT_VOCAB and c.eot_id == EOT_ID
+
+
+@pytest.mark.parametrize("key,value", [
+    ("mlp_type", "standard"), ("use_rope", False), ("use_rms_norm", False), ("use_bias", True),
+    ("model_type", "llama"), ("factorize_unknown", False), ("topk_on_logits", True),
+    ("use_attention_known", True), ("use_unknown", False), ("norm_order", "sandwich"),
+    ("diff_block_size", 32),
+])
+@pytest.mark.parametrize("layout", ["cde", "published"])
+def test_unsupported_architecture_values(key, value, layout):
+    base = preset("tiny").to_published_dict() if layout == "cde" else published()
+    with pytest.raises(ConfigError, match=f"unsupported architecture value {key}="):
+        ModelConfig.from_dict({**base, key: value})
+
+
+def test_unsupported_value_in_nested_block():
+    raw = {**preset("tiny").to_published_dict(), "concept": {"use_attention_unknown": True}}
+    raw.pop("use_attention_unknown")
+    with pytest.raises(ConfigError, match="use_attention_unknown"):
+        ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"n_head": 5}, "divisible by n_head"),
+    ({"n_kv_heads": 3}, "divisible by n_kv_heads"),
+    ({"n_kv_heads": 0}, "n_kv_heads"),
+    ({"vocab_size": 50000}, "too small"),
+    ({"instruct": True, "vocab_size": 100281}, "instruct model needs vocab_size"),
+    ({"frobnicate": 1}, r"unknown keys \['frobnicate'\]"),
+])
+def test_invalid_configs(change, msg):
+    raw = {**preset("tiny").to_published_dict(), **change}
+    with pytest.raises(ConfigError, match=msg):
+        ModelConfig.from_dict(raw)
+
+
+def test_null_kv_heads_means_multi_head():
+    raw = {**preset("tiny").to_published_dict(), "n_kv_heads": None}
+    assert ModelConfig.from_dict(raw).n_kv_heads == raw["n_head"]
+
+
+def test_from_json_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no config.json"):
+        ModelConfig.from_json(tmp_path / "config.json")
+    p = tmp_path / "config.json"
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="invalid JSON"):
+        ModelConfig.from_json(p)
+    p.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        ModelConfig.from_json(p)
+    p.write_text(json.dumps(preset("small").to_published_dict()))
+    assert ModelConfig.from_json(p) == preset("small")
+
+
+def test_config_error_is_value_error_and_page_is_64():
+    assert issubclass(ConfigError, ValueError) and PAGE == 64

@@ -1,0 +1,141 @@
+"""The wire format against hostile frames, and the request bounds both ends share: whatever a
+frame holds, decoding returns a message or raises WireError with a short text; encoding writes
+exactly the msgpack map of the message's fields."""
+
+import dataclasses
+import random
+
+import msgpack
+import pytest
+
+from cde.shared.limits import MAX_STEERING_STRENGTH, check_request
+from cde.shared.protocol import (
+    AttributionSpec, BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec, StepResult,
+)
+from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
+
+VALID = [
+    GenerateRequest("r1", [1, 2, 3], max_tokens=40, seed=5, stop=["\n"], stop_token_ids=[9],
+                    steering=SteeringSpec([3, 4], strength=-7.0, relu_logit_mask={3: 20.0}),
+                    attribution=AttributionSpec(top_k=5)),
+    BlockResult("r1", [5, 6], True, "stop", attribution=[{"position": 3, "known": [[1, 0.5, 0.1]]}]),
+    StepResult("r1", 2, 3, [130], [7]),
+    Heartbeat("boot", "m", 1024, 100284, True, 2, 96, 16),
+    Ping(1.5),
+]
+
+
+@pytest.mark.parametrize("frame", [
+    msgpack.packb({"type": {"a": 1}}),  # the pen test's 9 bytes: an unhashable type
+    msgpack.packb({"type": [1, 2]}),
+    msgpack.packb({"type": None}),
+    msgpack.packb({"no type": "Ping"}),
+    b"\x81\x91\x01\x02",  # {[1]: 2}: an array as a map key
+    b"\x81\x81\x01\x02\x03",  # {{1: 2}: 3}: a map as a map key
+    msgpack.packb({"type": "Ping", 7: 1}),
+    msgpack.packb({"type": "Ping", (1, 2): 1}),
+    b"\x91" * 100_000,  # nested too deep
+])
+def test_hostile_frames_raise_wire_error(frame):
+    with pytest.raises(WireError):
+        decode(frame)
+
+
+def test_error_text_is_clipped():
+    big = "x" * 5_000_000
+    for frame in (msgpack.packb({"type": big}), msgpack.packb({"type": "Ping", big: 1}),
+                  msgpack.packb({"type": "AbortRequest", "request_id": [big]})):
+        with pytest.raises(WireError) as e:
+            decode(frame)
+        assert len(str(e.value)) < 400
+
+
+def test_mutated_frames_never_raise_anything_else():
+    rng = random.Random(20)
+    frames = [encode(m) for m in VALID]
+    for _ in range(3000):
+        frame = bytearray(rng.choice(frames))
+        for _ in range(rng.randint(1, 4)):
+            what, at = rng.random(), rng.randrange(len(frame) or 1)
+            if what < 0.5 and frame:
+                frame[at] = rng.randrange(256)
+            elif what < 0.8:
+                del frame[at:]
+                frame += bytes(rng.randrange(256) for _ in range(rng.randint(0, 8)))
+            else:
+                frame[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        try:
+            decode(bytes(frame))
+        except WireError:
+            pass
+
+
+def test_random_msgpack_values_never_raise_anything_else():
+    rng = random.Random(21)
+
+    def value(depth=0):
+        kinds = [lambda: rng.randint(-(1 << 63), (1 << 64) - 1), lambda: rng.random() * 1e300, lambda: None,
+                 lambda: rng.random() < 0.5, lambda: rng.choice(["type", "Ping", "GenerateRequest", "x" * 50]),
+                 lambda: b"\x00\xff"]
+        if depth < 3:
+            kinds += [lambda: [value(depth + 1) for _ in range(rng.randint(0, 3))],
+                      lambda: {rng.choice(["type", "request_id", "prompt_ids", "steering", 1]): value(depth + 1)
+                               for _ in range(rng.randint(0, 3))}]
+        return rng.choice(kinds)()
+
+    for _ in range(3000):
+        data = value()
+        if isinstance(data, dict) and rng.random() < 0.7:
+            data["type"] = rng.choice(["GenerateRequest", "BlockResult", "Ping", "Heartbeat", {"a": 1}, [1]])
+        try:
+            frame = msgpack.packb(data, use_bin_type=True)
+        except (TypeError, ValueError):  # an unhashable key msgpack itself will not write
+            continue
+        try:
+            decode(frame)
+        except WireError:
+            pass
+
+
+@pytest.mark.parametrize("msg", VALID, ids=lambda m: type(m).__name__)
+def test_encode_is_the_msgpack_map_of_the_fields(msg):
+    expected = msgpack.packb({"type": type(msg).__name__, **dataclasses.asdict(msg)}, use_bin_type=True)
+    assert encode(msg) == expected and decode(expected) == msg
+
+
+def test_choices_sharing_a_spec_encode_alike():
+    steering = SteeringSpec(list(range(50)), relu_logit_mask={1: 2.0})
+    reqs = [GenerateRequest(f"c-{i}", [1, 2], seed=i, steering=steering) for i in range(4)]
+    assert encode_all(reqs) == [encode(r) for r in reqs]
+    assert [decode(f) for f in encode_all(reqs)] == reqs
+
+
+def test_a_frame_over_the_limit_is_not_encoded():
+    with pytest.raises(WireError, match="frame limit"):
+        encode(GenerateRequest("big", [1] * (MAX_FRAME_BYTES + 1)))
+
+
+def _req(**kw) -> GenerateRequest:
+    return GenerateRequest("r", [1], **kw)
+
+
+@pytest.mark.parametrize("req", [
+    _req(steering=SteeringSpec([1] * 97)),
+    _req(steering=SteeringSpec([1], relu_logit_mask={i: 1.0 for i in range(97)})),
+    _req(steering=SteeringSpec([1], strength=MAX_STEERING_STRENGTH * 1.01)),
+    _req(steering=SteeringSpec([1], strength=float("nan"))),
+    _req(steering=SteeringSpec([1], relu_logit_mask={1: float("inf")})),
+    _req(stop=["s"] * 17),
+    _req(stop=["s" * 1001]),
+    _req(stop_token_ids=[1] * 65),
+    GenerateRequest("r" * 257, [1]),
+])
+def test_requests_out_of_bounds_are_refused(req):
+    with pytest.raises(ValueError):
+        check_request(req, n_concepts=96)
+
+
+def test_requests_at_the_bounds_pass():
+    check_request(_req(steering=SteeringSpec([1] * 96, strength=-MAX_STEERING_STRENGTH,
+                                             relu_logit_mask={i: MAX_STEERING_STRENGTH for i in range(96)}),
+                       stop=["s" * 1000] * 16, stop_token_ids=[1] * 64), n_concepts=96)

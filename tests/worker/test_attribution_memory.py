@@ -1,0 +1,48 @@
+"""Attribution at Steerling-8B shapes never builds a tensor over all 101,196 discovered concepts:
+every tensor an op produces is recorded (meta device, so nothing is allocated) and the
+discovered head's per-position intermediates stay within positions x GROUP_LOGITS (a group of
+streamed concept blocks, no more than the reference's own positions x top-k x rank second pass)."""
+
+import torch
+
+from cde.shared.config import preset
+from tests.worker.test_memory import ShapeWatch
+from cde.worker import attribution
+from cde.worker.model import SteerlingModel
+
+P = 3  # committed positions in the step (distinct from every model dimension)
+
+
+def meta_8b():
+    cfg = preset("8b")
+    with torch.device("meta"):
+        model = SteerlingModel(cfg).to(torch.bfloat16)
+    hidden = torch.empty(P, cfg.n_embd, dtype=torch.bfloat16, device="meta")
+    tokens = torch.zeros(P, dtype=torch.long, device="meta")
+    return cfg, model, hidden, tokens
+
+
+def test_no_full_width_unknown_tensor():
+    cfg, model, hidden, tokens = meta_8b()
+    with ShapeWatch() as log:
+        packed = attribution.attribute(model, cfg, hidden, tokens, torch.empty(P, device="meta"))
+    assert packed.shape == (P, attribution.width(cfg))
+    wide = [(f, s) for f, s in log.shapes if any(d >= cfg.n_unknown_concepts for d in s)]
+    assert not wide, wide
+
+
+def test_unknown_head_intermediates_bounded_by_positions_x_block():
+    cfg, model, hidden, tokens = meta_8b()
+    with ShapeWatch() as log:
+        idx, _ = attribution.unknown_topk(model, cfg, hidden)
+        attribution.unknown_alignment(model, idx, model.transformer.lm_head.weight[tokens].float())
+    assert idx.shape == (P, cfg.unknown_topk)
+    # Per position: a group of streamed logit blocks, then the k selected concepts' rank-r rows
+    # (the reference's own [P, k, r] second pass); never [P, n_unknown] or [P, k, D].
+    per_position = [s for _, s in log.shapes if s and s[0] == P]
+    group = attribution.GROUP_LOGITS
+    assert group <= cfg.unknown_topk * cfg.factorize_rank < cfg.n_unknown_concepts
+    assert max(torch.Size(s).numel() for s in per_position) <= P * group
+    # The rest are slices of the weights, one group of concept blocks at a time.
+    others = [s for _, s in log.shapes if not s or s[0] != P]
+    assert max(torch.Size(s).numel() for s in others) <= group * cfg.factorize_rank
