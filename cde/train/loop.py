@@ -26,7 +26,7 @@ from cde.train.objective import Topics, Weights, losses
 from cde.train.rows import Batches
 from cde.train.token_set import topic_words, used_ids
 from cde.train.vocab import TOPICS
-from shared.config import ModelConfig
+from cde.shared.config import ModelConfig
 
 
 @dataclass
@@ -66,8 +66,14 @@ def _lr(o: Options, step: int, progress: float, warm_from: int) -> float:
 def build(o: Options, used: list[int]) -> tuple[TrainModel, torch.optim.Optimizer, Topics]:
     torch.manual_seed(o.seed)
     model = TrainModel(o.config, used).to(o.device)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # Concept embeddings are not decayed: the steering and align terms read them through unit(E),
+    # blind to the norm, so decay shrank the topic embeddings ~20x below the others and
+    # attribution (sigmoid * E . W_y) ranked the topic 13th of 16 (docs/reference-model.md).
+    def decayed(name: str, p: torch.Tensor) -> bool:
+        return p.dim() >= 2 and name != "known_head.concept_embedding.weight"
+
+    decay = [p for n, p in model.named_parameters() if decayed(n, p)]
+    rest = [p for n, p in model.named_parameters() if not decayed(n, p)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=o.lr, betas=(0.9, 0.95), fused=o.device.startswith("cuda"))
     ids = torch.tensor([topic_concept(t.name) for t in TOPICS], device=o.device)

@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shared.config import PAGE, ModelConfig
-from worker.model import Block, KnownHead, RMSNorm, UnknownHead, apply_rope, rope_tables
+from cde.shared.config import PAGE, ModelConfig
+from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, apply_rope, rope_tables
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
@@ -141,8 +141,9 @@ class TrainModel(nn.Module):
     def known_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.known_head.concept_predictor(h)[..., : self.cfg.n_concepts].float()
 
-    def known_features(self, h: torch.Tensor) -> torch.Tensor:
+    def known_features(self, h: torch.Tensor, detach_weights: bool = False) -> torch.Tensor:
         w = torch.sigmoid(self.known_logits(h).clamp(-15, 15))
+        w = w.detach() if detach_weights else w
         top_w, top_i = w.topk(min(self.cfg.known_topk_features, self.cfg.n_concepts), dim=-1)
         emb = self.known_head.concept_embedding(top_i).float()
         return torch.einsum("...k,...kd->...d", top_w, emb)

@@ -5,7 +5,8 @@ probability t; the model sees [clean row | noisy row] (model.clean_noisy_mask), 
 block is predicted from clean earlier blocks, as in decoding.
 
 Losses, on masked positions of the noisy copy:
-- lm: cross-entropy of the token (softmax over the full vocabulary, model.logits).
+- lm: cross-entropy of the token (softmax over the full vocabulary, model.logits); a reply's
+  <|eot_id|> weighs Weights.end, so the model stops after its longest replies.
 - EOT and TRAIL: committing <|eot_id|> ends a request and drops its still-masked positions, so
   EOT must not be confident while any earlier position of its block is masked. Such an EOT, and
   every TRAIL position, is trained to a "hold" target: <|endoftext|> (which the decoder bans),
@@ -14,7 +15,8 @@ Losses, on masked positions of the noisy copy:
 - known: BCE of the known head's logits against the document's concept labels (topic, subtopic,
   tone, task kind), on all its maskable positions.
 - bottleneck: the LM loss of lm_head(known features + unknown features) from the detached hidden
-  state: the concept embeddings must explain the token (what attribution's E_i . W_y reads).
+  state and detached concept weights: the embeddings of the active concepts must explain the token
+  (what attribution's E_i . W_y reads).
 - residual: the unknown head's features fit hidden - known features (the reference's
   epsilon_true), so the epsilon correction is small.
 - steering: a share of topic documents get the engine's injection, +alpha * unit(E_topic)
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 
 from cde.train.model import TrainModel, clean_noisy_mask
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
-from shared.config import EOS_ID, MASK_ID, PAGE
+from cde.shared.config import EOS_ID, MASK_ID, PAGE
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Weights:
     bottleneck: float = 0.5
     residual: float = 1.0
     align: float = 0.1
+    end: float = 4.0  # LM weight of a reply's <|eot_id|> target: the shipped model ran on after its longest replies
     steer_share: float = 0.5  # of topic documents, amplified toward their topic
     suppress_share: float = 0.15  # of topic documents, pushed away from another topic
     strength: tuple[float, float] = (2.0, 16.0)  # amplify, normalised (logit units)
@@ -131,14 +134,19 @@ def losses(model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator,
     target = model.lookup[ids[masked]]
     hold = hold_positions(kinds, masked)[masked]
     h = hidden[masked]
-    out = {"lm": _token_loss(model, model.logits(h), target, hold).mean()}
+    end = (kinds[masked] == EOT) & ~hold
+    weight = torch.where(end, w.end, 1.0)
+    out = {"lm": (_token_loss(model, model.logits(h), target, hold) * weight).sum() / weight.sum()}
 
     maskable = (kinds != PROMPT) & (doc >= 0)
     labels = torch.gather(batch["labels"], 1, doc.long().clamp_min(0)[..., None].expand(-1, -1, batch["labels"].shape[-1]))
     out["known"] = F.binary_cross_entropy_with_logits(model.known_logits(hidden[maskable]), labels[maskable].float())
 
     hd = h.detach().float()
-    known = model.known_features(hd)
+    # The sigmoid weights are detached: which concepts are active is the known loss's decision
+    # (the labels); the bottleneck only makes the active ones' embeddings explain the token.
+    # Undetached, it switched on a fixed set of off-label concepts as a generic basis.
+    known = model.known_features(hd, detach_weights=True)
     unknown = model.unknown_features(hd)
     said = ~hold
     cb = model.logits(known + unknown, model.transformer.tok_emb.weight.detach().float())
