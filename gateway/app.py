@@ -6,6 +6,20 @@ import contextlib
 import time
 from pathlib import Path
 
+from cde.gateway.chat import create_chat_completion
+from cde.gateway.completions import create_completion
+from cde.gateway.concept_routes import get_concept, list_concepts
+from cde.gateway.errors import (
+    ApiError,
+    GenerationError,
+    api_error_handler,
+    http_error_handler,
+    unhandled_error_handler,
+)
+from cde.gateway.http_limits import HttpLimits
+from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
+from cde.gateway.openapi import openapi_schema
+from cde.gateway.state import ServerState
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -14,23 +28,17 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from cde.gateway.chat import create_chat_completion
-from cde.gateway.completions import create_completion
-from cde.gateway.concept_routes import get_concept, list_concepts
-from cde.gateway.errors import (
-    ApiError, GenerationError, api_error_handler, http_error_handler, unhandled_error_handler,
-)
-from cde.gateway.http_limits import HttpLimits
-from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
-from cde.gateway.openapi import openapi_schema
-from cde.gateway.state import ServerState
-
 STATIC = Path(__file__).parent / "static"
 
 
 def _model_card(state: ServerState) -> dict:
-    return {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "cde",
-            "max_model_len": state.live_info.block_size}
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "cde",
+        "max_model_len": state.live_info.block_size,
+    }
 
 
 async def models(request: Request) -> Response:
@@ -48,10 +56,17 @@ async def health(request: Request) -> Response:
     router = request.app.state.cde.router
     # Endpoints (ipc paths) and pids only for a key holder: the probe is open to anyone.
     private = request.state.authorized
-    workers = [{"name": w.name, "alive": w.alive, "outstanding": len(w.inflight),
-                **({"endpoint": w.endpoint} if private else {}),
-                **({"pid": w.process.pid} if w.process and private else {}),
-                **({"reason": w.down_reason} if not w.alive else {})} for w in router.links]
+    workers = [
+        {
+            "name": w.name,
+            "alive": w.alive,
+            "outstanding": len(w.inflight),
+            **({"endpoint": w.endpoint} if private else {}),
+            **({"pid": w.process.pid} if w.process and private else {}),
+            **({"reason": w.down_reason} if not w.alive else {}),
+        }
+        for w in router.links
+    ]
     ok = any(w.alive for w in router.links)
     return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers}, status_code=200 if ok else 503)
 
@@ -84,8 +99,12 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_LIMITS = HttpLimits()
 
 
-def create_app(state: ServerState, wait_for_workers: float | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, limits: HttpLimits = DEFAULT_LIMITS) -> Starlette:
+def create_app(
+    state: ServerState,
+    wait_for_workers: float | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    limits: HttpLimits = DEFAULT_LIMITS,
+) -> Starlette:
     """`wait_for_workers`: seconds to wait at startup for every worker to answer (`cde serve`);
     None starts serving at once (a standalone gateway, whose workers may come later)."""
 
@@ -113,12 +132,19 @@ def create_app(state: ServerState, wait_for_workers: float | None = None,
             Route("/", playground, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
-        middleware=[Middleware(RequestLog), Middleware(HostCheck, limits=limits),
-                    Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
-                    Middleware(ApiKey, api_key=state.api_key)],
-        exception_handlers={ApiError: api_error_handler, GenerationError: generation_error_handler,
-                            ClientDisconnect: client_gone_handler, HTTPException: http_error_handler,
-                            Exception: unhandled_error_handler},
+        middleware=[
+            Middleware(RequestLog),
+            Middleware(HostCheck, limits=limits),
+            Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
+            Middleware(ApiKey, api_key=state.api_key),
+        ],
+        exception_handlers={
+            ApiError: api_error_handler,
+            GenerationError: generation_error_handler,
+            ClientDisconnect: client_gone_handler,
+            HTTPException: http_error_handler,
+            Exception: unhandled_error_handler,
+        },
         lifespan=lifespan,
     )
     app.state.cde = state

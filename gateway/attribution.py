@@ -13,7 +13,15 @@ def renderer(reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels, info
         spec = reqs[index].attribution
         if spec is None:
             return None
-        return aggregate(records, tokenizer.decode, prompt_len=len(reqs[index].prompt_ids), chunking=spec.chunking,
-                         labels=labels.labels, n_known=info.n_concepts, top_k=spec.top_k, per_token=spec.per_token)
+        return aggregate(
+            records,
+            tokenizer.decode,
+            prompt_len=len(reqs[index].prompt_ids),
+            chunking=spec.chunking,
+            labels=labels.labels,
+            n_known=info.n_concepts,
+            top_k=spec.top_k,
+            per_token=spec.per_token,
+        )
 
     return render

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import time
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from cde.gateway.attribution import renderer
 from cde.gateway.denoise import StepDelta, denoise_views, step_event
 from cde.gateway.errors import invalid
@@ -20,6 +17,8 @@ from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
 from cde.gateway.sse import EventStreamResponse
 from cde.gateway.state import ServerState
 from cde.shared.tokenizer import get_tokenizer
+from starlette.requests import Request
+from starlette.responses import Response
 
 
 async def _prompts(prompt, tokenizer, info) -> list[list[int]]:
@@ -40,8 +39,11 @@ def check_stream_options(body) -> None:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 async def create_completion(request: Request) -> Response:
@@ -62,8 +64,16 @@ async def create_completion(request: Request) -> Response:
     content.asked(prompt=body.prompt)
     reqs = generate_requests(body, prompts, body.max_tokens, info, state.labels, cmpl_id)
     frames = await encode_requests(reqs)
-    gen = Generation(state.router, state.metrics, reqs, frames, tok, stop_list(body),
-                     renderer(reqs, tok, state.labels, info), denoise_views(reqs, tok, state.labels, info))
+    gen = Generation(
+        state.router,
+        state.metrics,
+        reqs,
+        frames,
+        tok,
+        stop_list(body),
+        renderer(reqs, tok, state.labels, info),
+        denoise_views(reqs, tok, state.labels, info),
+    )
     n_prompt = sum(len(p) for p in prompts)
     state.metrics.prompt_tokens.inc(n_prompt)
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
@@ -94,7 +104,11 @@ async def create_completion(request: Request) -> Response:
                     continue
                 first = d.index not in started
                 started.add(d.index)
-                yield {**head, "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first)], **extra}
+                yield {
+                    **head,
+                    "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first)],
+                    **extra,
+                }
             if include_usage:
                 yield {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}
 
@@ -102,8 +116,17 @@ async def create_completion(request: Request) -> Response:
 
     async def complete() -> Response:
         results = await gen.collect()
-        choices = [choice(c.index, (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text, c.token_ids,
-                          c.finish_reason, c.attribution, True) for c in results]
+        choices = [
+            choice(
+                c.index,
+                (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text,
+                c.token_ids,
+                c.finish_reason,
+                c.attribution,
+                True,
+            )
+            for c in results
+        ]
         content.answered({c["index"]: c["text"] for c in choices})
         return JsonResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from itertools import islice
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
 from cde.gateway.errors import ApiError, invalid
 from cde.gateway.state import ServerState
 from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import get_tokenizer
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 1000
 DEFAULT_K, MAX_K = 15, 100
@@ -83,8 +82,12 @@ def _known_concept_id(raw: str, n_concepts: int) -> int:
     except ValueError:
         raise invalid(f"Invalid concept id {raw!r}: expected an integer", "id") from None
     if not 0 <= concept_id < n_concepts:
-        raise ApiError(404, f"The concept `{concept_id}` does not exist (known concepts are [0, {n_concepts}))",
-                       "id", "concept_not_found")
+        raise ApiError(
+            404,
+            f"The concept `{concept_id}` does not exist (known concepts are [0, {n_concepts}))",
+            "id",
+            "concept_not_found",
+        )
     return concept_id
 
 
@@ -96,5 +99,6 @@ async def get_concept(request: Request) -> Response:
     reply = await state.router.concept_top_tokens(concept_id, k)
     tok = get_tokenizer(info.instruct)
     top = [{"token": tok.decode([t]), "token_id": t, "score": s} for t, s in zip(reply.token_ids, reply.scores)]
-    return JSONResponse(state.labels.entry(concept_id, info.n_concepts)
-                        | {"group": state.labels.group(concept_id), "top_tokens": top})
+    return JSONResponse(
+        state.labels.entry(concept_id, info.n_concepts) | {"group": state.labels.group(concept_id), "top_tokens": top}
+    )

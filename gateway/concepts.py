@@ -29,8 +29,9 @@ class ConceptLabels:
                 self._folded.setdefault(c.name.casefold(), []).append(c)
 
     @classmethod
-    def load(cls, model_dir: str | Path | None, labels_path: str | Path | None = None,
-             fetch: bool = False) -> ConceptLabels:
+    def load(
+        cls, model_dir: str | Path | None, labels_path: str | Path | None = None, fetch: bool = False
+    ) -> ConceptLabels:
         """The catalog in the official lookup order (`shared.catalog.find_catalog`), or none."""
         path = find_catalog(labels_path, model_dir, fetch)
         return cls(Catalog.read(path) if path is not None else None)
@@ -63,8 +64,11 @@ class ConceptLabels:
         """Each concept followed by the rest of its catalog group (`ConceptCatalog.group`), without
         repeats, so the first concept stays first (the focal one of a suppress mask)."""
         if not len(self.catalog):
-            raise invalid("group steering needs a concept catalog, and none is loaded (give --concept-labels, "
-                          "set STEERLING_CONCEPTS_PATH, or put concept_labels.parquet beside the weights)", param)
+            raise invalid(
+                "group steering needs a concept catalog, and none is loaded (give --concept-labels, "
+                "set STEERLING_CONCEPTS_PATH, or put concept_labels.parquet beside the weights)",
+                param,
+            )
         if not concepts:
             raise invalid("group expands steering.concepts to their groups, and none are given", param)
         out: list[int] = []
@@ -72,12 +76,15 @@ class ConceptLabels:
             focal = self.catalog.get(cid)
             if focal is None or focal.group_id is None:
                 what = "is not in the concept catalog" if focal is None else f"({focal.name!r}) belongs to no group"
-                raise invalid(f"concept {cid} {what}: steer it without \"group\": true", param)
+                raise invalid(f'concept {cid} {what}: steer it without "group": true', param)
             for member in self.catalog.group(cid):
                 if self.catalog.get(member).head == "unknown" or not 0 <= member < n_concepts:
-                    raise invalid(f"group {focal.group_id} ({focal.group_name!r}) of concept {cid} includes concept "
-                                  f"{member}, which is not a known concept in [0, {n_concepts}): only known "
-                                  f"concepts steer", param)
+                    raise invalid(
+                        f"group {focal.group_id} ({focal.group_name!r}) of concept {cid} includes concept "
+                        f"{member}, which is not a known concept in [0, {n_concepts}): only known "
+                        f"concepts steer",
+                        param,
+                    )
                 if member not in out:
                     out.append(member)
         return out
@@ -93,11 +100,30 @@ class ConceptLabels:
         discovered = (c is not None and c.head == "unknown") or concept_id >= n_concepts
         out = {"id": concept_id, "type": "discovered" if discovered else "known", "label": self.label(concept_id)}
         if c is None:
-            return out | dict.fromkeys(("name", "description", "head", "group_id", "group_name", "is_steerable",
-                                        "is_tone", "is_alignment", "is_demographic"))
-        return out | {"name": c.name, "description": c.description, "head": c.head, "group_id": c.group_id,
-                      "group_name": c.group_name, "is_steerable": c.is_steerable, "is_tone": c.is_tone,
-                      "is_alignment": c.is_alignment, "is_demographic": c.is_demographic}
+            return out | dict.fromkeys(
+                (
+                    "name",
+                    "description",
+                    "head",
+                    "group_id",
+                    "group_name",
+                    "is_steerable",
+                    "is_tone",
+                    "is_alignment",
+                    "is_demographic",
+                )
+            )
+        return out | {
+            "name": c.name,
+            "description": c.description,
+            "head": c.head,
+            "group_id": c.group_id,
+            "group_name": c.group_name,
+            "is_steerable": c.is_steerable,
+            "is_tone": c.is_tone,
+            "is_alignment": c.is_alignment,
+            "is_demographic": c.is_demographic,
+        }
 
     def group(self, concept_id: int) -> dict | None:
         c = self.catalog.get(concept_id)
@@ -120,5 +146,8 @@ class ConceptLabels:
         if not len(self.catalog):
             ids = range(n_concepts) if head in (None, "known") else range(0)
             return (self.entry(cid, n_concepts) for cid in ids)
-        return (self.entry(c.concept_id, n_concepts) for c in self.catalog
-                if matches_head(c, head) and (c.is_steerable or not steerable_only))
+        return (
+            self.entry(c.concept_id, n_concepts)
+            for c in self.catalog
+            if matches_head(c, head) and (c.is_steerable or not steerable_only)
+        )

@@ -54,18 +54,28 @@ class DenoiseView:
         start = max(base, self.prompt_len)
         end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
         concepts, eps_pct = chunk_concepts(self.records, start, end, self.labels.labels, self.n_known, top_k)
-        out = {"chunk": {"start": start - self.prompt_len, "end": end - self.prompt_len, "concepts": concepts,
-                         "epsilon_pct": eps_pct}}
+        out = {
+            "chunk": {
+                "start": start - self.prompt_len,
+                "end": end - self.prompt_len,
+                "concepts": concepts,
+                "epsilon_pct": eps_pct,
+            }
+        }
         if per_token:
-            out["tokens"] = [token_attribution(r, self.tokenizer.decode, self.labels.labels, self.n_known, top_k,
-                                               self.prompt_len) for r in res.attribution or []]
+            out["tokens"] = [
+                token_attribution(r, self.tokenizer.decode, self.labels.labels, self.n_known, top_k, self.prompt_len)
+                for r in res.attribution or []
+            ]
         return out
 
 
-def denoise_views(reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels,
-                  info: Heartbeat) -> list[DenoiseView | None]:
-    return [DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None
-            for i, r in enumerate(reqs)]
+def denoise_views(
+    reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels, info: Heartbeat
+) -> list[DenoiseView | None]:
+    return [
+        DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None for i, r in enumerate(reqs)
+    ]
 
 
 def step_event(head: dict, obj: str, delta: StepDelta) -> SseEvent:

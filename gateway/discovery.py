@@ -18,7 +18,9 @@ def dns_target(text: str) -> tuple[str, int]:
     """argparse type for NAME:PORT."""
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected NAME:PORT, e.g. cde-worker.default.svc.cluster.local:5555, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:PORT, e.g. cde-worker.default.svc.cluster.local:5555, got {text!r}"
+        )
     return host, int(port)
 
 

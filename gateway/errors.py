@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 
+from cde.shared.limits import clip
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-
-from cde.shared.limits import clip
 
 log = logging.getLogger("cde.gateway")
 
@@ -21,8 +20,14 @@ MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 512, 128
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
@@ -30,8 +35,14 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

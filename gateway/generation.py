@@ -57,9 +57,17 @@ async def encode_requests(reqs: list[GenerateRequest]) -> list[bytes]:
 
 
 class Generation:
-    def __init__(self, router: Router, metrics: Metrics, reqs: list[GenerateRequest], frames: list[bytes],
-                 tokenizer, stops: list[str], render_attribution: Callable[[int, list[dict]], dict | None],
-                 denoise_views: list[DenoiseView | None]):
+    def __init__(
+        self,
+        router: Router,
+        metrics: Metrics,
+        reqs: list[GenerateRequest],
+        frames: list[bytes],
+        tokenizer,
+        stops: list[str],
+        render_attribution: Callable[[int, list[dict]], dict | None],
+        denoise_views: list[DenoiseView | None],
+    ):
         self.metrics = metrics
         self._render = render_attribution
         self._views = denoise_views

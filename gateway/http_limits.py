@@ -35,17 +35,33 @@ def is_loopback(host: str) -> bool:
 
 def add_arguments(p) -> None:
     d = HttpLimits()
-    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
-                   help="seconds a client has to send a request's headers")
-    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
-                   help="seconds a client has to send a request's whole body; later: 408")
-    p.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
-                   help="seconds an idle keep-alive connection stays open")
-    p.add_argument("--max-connections", type=int, default=d.max_connections,
-                   help="open HTTP connections at once; more get 503")
-    p.add_argument("--allowed-hosts", metavar="NAMES",
-                   help="comma-separated Host header names to answer, `*` for any (default: loopback names "
-                        "when --host is a loopback address, against DNS rebinding; any otherwise)")
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout,
+        help="seconds a client has to send a request's headers",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout,
+        help="seconds a client has to send a request's whole body; later: 408",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=d.keep_alive_timeout,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    p.add_argument(
+        "--max-connections", type=int, default=d.max_connections, help="open HTTP connections at once; more get 503"
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="NAMES",
+        help="comma-separated Host header names to answer, `*` for any (default: loopback names "
+        "when --host is a loopback address, against DNS rebinding; any otherwise)",
+    )
 
 
 def from_args(args) -> HttpLimits:

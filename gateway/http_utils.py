@@ -8,11 +8,10 @@ import json
 import re
 from typing import TypeVar
 
+from cde.gateway.errors import from_validation_error, invalid
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-
-from cde.gateway.errors import from_validation_error, invalid
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,8 +22,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 def parse_json_body(raw: bytes, content_type: str) -> object:
     if content_type.split(";")[0].strip().lower() != "application/json":
-        raise invalid(f"Unsupported content type {content_type or '(none)'!r}; send application/json",
-                      None, "unsupported_content_type")
+        raise invalid(
+            f"Unsupported content type {content_type or '(none)'!r}; send application/json",
+            None,
+            "unsupported_content_type",
+        )
     try:
         data = json.loads(raw)
     except RecursionError:

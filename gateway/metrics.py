@@ -5,7 +5,13 @@ One registry per app, so several gateways can live in one process (tests)."""
 from __future__ import annotations
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
 )
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -20,22 +26,32 @@ class Metrics:
         self.worker_up = Gauge("cde_worker_up", "1 while the worker answers heartbeats", w, registry=r)
         self.running = Gauge("cde_num_requests_running", "Requests being decoded", w, registry=r)
         self.waiting = Gauge("cde_num_requests_waiting", "Requests queued in the worker", w, registry=r)
-        self.outstanding = Gauge("cde_gateway_outstanding_requests", "Requests the gateway has in flight", w, registry=r)
+        self.outstanding = Gauge(
+            "cde_gateway_outstanding_requests", "Requests the gateway has in flight", w, registry=r
+        )
         self.pages_used = Gauge("cde_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
         self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
-        self.worker_rss = Gauge("cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r)
+        self.worker_rss = Gauge(
+            "cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r
+        )
         ProcessCollector(registry=r)  # the gateway's own process_resident_memory_bytes, CPU, fds
         self.worker_waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
         self.worker_running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
         self.worker_pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages in use", w, registry=r)
         self.worker_pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages in all", w, registry=r)
-        self.ttfb = Histogram("cde_time_to_first_block_seconds", "Request arrival to its first block",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.inter_block = Histogram("cde_inter_block_latency_seconds", "Between consecutive blocks of a request",
-                                     buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("cde_e2e_request_latency_seconds", "Request arrival to its last block",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram(
+            "cde_time_to_first_block_seconds", "Request arrival to its first block", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.inter_block = Histogram(
+            "cde_inter_block_latency_seconds",
+            "Between consecutive blocks of a request",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "cde_e2e_request_latency_seconds", "Request arrival to its last block", buckets=LATENCY_BUCKETS, registry=r
+        )
         self.prompt_tokens = Counter("cde_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("cde_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("cde_requests_finished", "Finished generations", ["finish_reason"], registry=r)

@@ -57,16 +57,25 @@ class RequestLog:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
-                message = {**message, "headers": [*headers, *SECURITY_HEADERS,
-                                                  (b"x-request-id", state["request_id"].encode())]}
+                message = {
+                    **message,
+                    "headers": [*headers, *SECURITY_HEADERS, (b"x-request-id", state["request_id"].encode())],
+                }
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            log.info("request", extra={"request_id": state["request_id"], "method": scope["method"],
-                                       "path": scope["path"], "status": status[0],
-                                       "duration_ms": round((time.monotonic() - started) * 1000, 1)})
+            log.info(
+                "request",
+                extra={
+                    "request_id": state["request_id"],
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status[0],
+                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                },
+            )
 
 
 class HostCheck:
@@ -82,7 +91,7 @@ class HostCheck:
             hosts = header_values(scope, b"host")
             name = hosts[0].decode("latin-1").lower() if hosts else ""
             name = name[1:].partition("]")[0] if name.startswith("[") else name.rpartition(":")[0] or name
-            if len(hosts) > 1 or hosts and not self.limits.host_allowed(name.rstrip(".")):
+            if len(hosts) > 1 or (hosts and not self.limits.host_allowed(name.rstrip("."))):
                 err = ApiError(400, "this Host header is not served here (see --allowed-hosts)", None, "invalid_host")
                 return await err.response()(scope, receive, send)
         await self.app(scope, receive, send)
@@ -97,8 +106,7 @@ class BodyLimit:
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"Request body too large: the limit is {self.max_bytes} bytes", None,
-                        "request_too_large")
+        return ApiError(413, f"Request body too large: the limit is {self.max_bytes} bytes", None, "request_too_large")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -115,8 +123,13 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
             except TimeoutError:  # raised inside request.body(): the route's error handler answers
-                raise ApiError(408, f"the request body did not arrive within {self.timeout:g} s", None,
-                               "request_timeout", {"Connection": "close"}) from None
+                raise ApiError(
+                    408,
+                    f"the request body did not arrive within {self.timeout:g} s",
+                    None,
+                    "request_timeout",
+                    {"Connection": "close"},
+                ) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:

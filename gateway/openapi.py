@@ -7,10 +7,9 @@ from __future__ import annotations
 import copy
 import functools
 
-from pydantic.json_schema import models_json_schema
-
 from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from cde.shared.protocol import Heartbeat
+from pydantic.json_schema import models_json_schema
 
 
 def _json(schema: dict) -> dict:
@@ -18,22 +17,53 @@ def _json(schema: dict) -> dict:
 
 
 _NULLABLE_STR = {"type": ["string", "null"]}
-_ERROR = {"description": "OpenAI-style error", "content": _json({
-    "type": "object", "required": ["error"], "additionalProperties": False, "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}})}
+_ERROR = {
+    "description": "OpenAI-style error",
+    "content": _json(
+        {
+            "type": "object",
+            "required": ["error"],
+            "additionalProperties": False,
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["message", "type", "param", "code"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": _NULLABLE_STR,
+                        "code": _NULLABLE_STR,
+                    },
+                }
+            },
+        }
+    ),
+}
 _GENERATION_RESPONSE = {
-    "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {"id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
-                   "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},
-                   "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}}}
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]},
+    },
+}
 # Per event, as Open API 3.1 reads an event stream's schema: `data` is a JSON chunk, or [DONE].
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
-_LIST = {"type": "object", "required": ["object", "data"],
-         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}}}
-_HEALTH = {"type": "object", "required": ["status", "workers"],
-           "properties": {"status": {"enum": ["ok", "unavailable"]}, "workers": {"type": "array"}}}
+_LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}},
+}
+_HEALTH = {
+    "type": "object",
+    "required": ["status", "workers"],
+    "properties": {"status": {"enum": ["ok", "unavailable"]}, "workers": {"type": "array"}},
+}
 _SECURED = (401,)  # what every route behind --api-key may answer
 
 
@@ -42,13 +72,17 @@ def _responses(ok: dict, *errors: int) -> dict:
 
 
 def _post(summary: str, schema: str) -> dict:
-    ok = {"description": "JSON, or text/event-stream when stream is true",
-          "content": {**_json(_GENERATION_RESPONSE), "text/event-stream": {"schema": _SSE_EVENT}}}
-    return {"post": {
-        "summary": summary,
-        "requestBody": {"required": True, "content": _json({"$ref": f"#/components/schemas/{schema}"})},
-        "responses": _responses(ok, 400, *_SECURED, 404, 413, 429, 503),
-    }}
+    ok = {
+        "description": "JSON, or text/event-stream when stream is true",
+        "content": {**_json(_GENERATION_RESPONSE), "text/event-stream": {"schema": _SSE_EVENT}},
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json({"$ref": f"#/components/schemas/{schema}"})},
+            "responses": _responses(ok, 400, *_SECURED, 404, 413, 429, 503),
+        }
+    }
 
 
 def _query(name: str, schema: dict, where: str = "query") -> dict:
@@ -67,29 +101,67 @@ def _static() -> dict:
         "paths": {
             "/v1/completions": _post("Text completion", "CompletionRequest"),
             "/v1/chat/completions": _post("Chat completion (instruct checkpoints)", "ChatCompletionRequest"),
-            "/v1/models": {"get": {"summary": "The served model",
-                                   "responses": _responses({"description": "model list", "content": _json(_LIST)}, *_SECURED)}},
-            "/v1/models/{model}": {"get": {
-                "summary": "One model", "parameters": [_query("model", {"type": "string"}, "path")],
-                "responses": _responses({"description": "model", "content": _json({"type": "object"})}, *_SECURED, 404, 503)}},
-            "/v1/concepts": {"get": {
-                "summary": "List or search the concept catalog",
-                "parameters": [_query("search", {"type": "string", "maxLength": 1000}),
-                               _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
-                               _query("head", {"type": "string", "enum": ["known", "unknown", "any"]}),
-                               _query("steerable_only", {"type": "boolean"})],
-                "responses": _responses({"description": "concept list", "content": _json(_LIST)}, 400, *_SECURED, 503)}},
-            "/v1/concepts/{concept_id}": {"get": {
-                "summary": "A known concept's catalog fields, group and top promoted tokens",
-                "parameters": [_query("concept_id", {"type": "integer", "minimum": 0}, "path"),
-                               _query("k", {"type": "integer", "minimum": 1, "maximum": 100})],
-                "responses": _responses({"description": "concept", "content": _json({"type": "object"})},
-                                        400, *_SECURED, 404, 503)}},
-            "/health": {"get": {"summary": "200 when a worker is alive, else 503", "responses": {
-                "200": {"description": "ready", "content": _json(_HEALTH)},
-                "503": {"description": "no live worker", "content": _json(_HEALTH)}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
-                "200": {"description": "text exposition", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/v1/models": {
+                "get": {
+                    "summary": "The served model",
+                    "responses": _responses({"description": "model list", "content": _json(_LIST)}, *_SECURED),
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model",
+                    "parameters": [_query("model", {"type": "string"}, "path")],
+                    "responses": _responses(
+                        {"description": "model", "content": _json({"type": "object"})}, *_SECURED, 404, 503
+                    ),
+                }
+            },
+            "/v1/concepts": {
+                "get": {
+                    "summary": "List or search the concept catalog",
+                    "parameters": [
+                        _query("search", {"type": "string", "maxLength": 1000}),
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                        _query("head", {"type": "string", "enum": ["known", "unknown", "any"]}),
+                        _query("steerable_only", {"type": "boolean"}),
+                    ],
+                    "responses": _responses(
+                        {"description": "concept list", "content": _json(_LIST)}, 400, *_SECURED, 503
+                    ),
+                }
+            },
+            "/v1/concepts/{concept_id}": {
+                "get": {
+                    "summary": "A known concept's catalog fields, group and top promoted tokens",
+                    "parameters": [
+                        _query("concept_id", {"type": "integer", "minimum": 0}, "path"),
+                        _query("k", {"type": "integer", "minimum": 1, "maximum": 100}),
+                    ],
+                    "responses": _responses(
+                        {"description": "concept", "content": _json({"type": "object"})}, 400, *_SECURED, 404, 503
+                    ),
+                }
+            },
+            "/health": {
+                "get": {
+                    "summary": "200 when a worker is alive, else 503",
+                    "responses": {
+                        "200": {"description": "ready", "content": _json(_HEALTH)},
+                        "503": {"description": "no live worker", "content": _json(_HEALTH)},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "text exposition",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
         "components": {"schemas": defs["$defs"]},
     }
@@ -112,13 +184,17 @@ def openapi_schema(model_name: str | None, info: Heartbeat | None, api_key: bool
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             defs[name]["properties"]["model"] = {"type": "string", "enum": [model_name]}
             _bound_ints(defs[name]["properties"]["stop_token_ids"], info.vocab_size - 1)
-        for name, field in (("CompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_tokens"),
-                            ("ChatCompletionRequest", "max_completion_tokens")):
+        for name, field in (
+            ("CompletionRequest", "max_tokens"),
+            ("ChatCompletionRequest", "max_tokens"),
+            ("ChatCompletionRequest", "max_completion_tokens"),
+        ):
             defs[name]["properties"][field]["anyOf"][0]["maximum"] = info.block_size - 1
         _bound_ints(defs["CompletionRequest"]["properties"]["prompt"], info.vocab_size - 1)
         _bound_ints(defs["SteeringParams"]["properties"]["concepts"], info.n_concepts - 1)
-        defs["SteeringParams"]["properties"]["inject_layer"] = {"anyOf": [
-            {"type": "integer", "minimum": 0, "maximum": info.n_layers}, {"type": "null"}]}
+        defs["SteeringParams"]["properties"]["inject_layer"] = {
+            "anyOf": [{"type": "integer", "minimum": 0, "maximum": info.n_layers}, {"type": "null"}]
+        }
         doc["paths"]["/v1/concepts/{concept_id}"]["get"]["parameters"][0]["schema"]["maximum"] = info.n_concepts - 1
     if api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

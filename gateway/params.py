@@ -14,8 +14,9 @@ def stop_list(body: SamplingParams) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
 
-def check_prompt(ids: list[int], max_tokens: int, info: Heartbeat, param: str,
-                 max_tokens_param: str = "max_tokens") -> None:
+def check_prompt(
+    ids: list[int], max_tokens: int, info: Heartbeat, param: str, max_tokens_param: str = "max_tokens"
+) -> None:
     """`param` names the prompt's field, `max_tokens_param` the field max_tokens came from: the
     error names the one to change (a prompt that alone fills the context: the prompt)."""
     if not ids:
@@ -24,15 +25,17 @@ def check_prompt(ids: list[int], max_tokens: int, info: Heartbeat, param: str,
         raise invalid(
             f"This model's maximum context length is {info.block_size} tokens; the prompt has {len(ids)} "
             f"tokens and {max_tokens_param} is {max_tokens}. Shorten the prompt or lower {max_tokens_param}.",
-            param if len(ids) >= info.block_size else max_tokens_param, "context_length_exceeded",
+            param if len(ids) >= info.block_size else max_tokens_param,
+            "context_length_exceeded",
         )
     bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
     if bad is not None:
         raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", param)
 
 
-def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat,
-                      labels: ConceptLabels, prefix: str) -> list[GenerateRequest]:
+def generate_requests(
+    body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat, labels: ConceptLabels, prefix: str
+) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
     bad = next((t for t in body.stop_token_ids or [] if not 0 <= t < info.vocab_size), None)
     if bad is not None:
@@ -44,17 +47,28 @@ def generate_requests(body: SamplingParams, prompts: list[list[int]], max_tokens
     out = []
     for p, ids in enumerate(prompts):
         for i in range(body.n):
-            out.append(GenerateRequest(
-                request_id=f"{prefix}-{p}-{i}", prompt_ids=ids, max_tokens=max_tokens,
-                temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
-                entropy_sampling=body.entropy_sampling, repetition_penalty=body.repetition_penalty,
-                # n samples of one seeded request must differ from each other yet be reproducible.
-                seed=None if body.seed is None else (body.seed + i) % (1 << 32),
-                tokens_per_step=body.tokens_per_step, confidence_threshold=body.confidence_threshold,
-                stop=stop_list(body), stop_token_ids=list(body.stop_token_ids or []),
-                steering=steering, attribution=attribution, flashblock=_flashblock(body.flashblock),
-                stream_denoise=body.stream_denoise,
-            ))
+            out.append(
+                GenerateRequest(
+                    request_id=f"{prefix}-{p}-{i}",
+                    prompt_ids=ids,
+                    max_tokens=max_tokens,
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    top_k=max(body.top_k, 0),
+                    entropy_sampling=body.entropy_sampling,
+                    repetition_penalty=body.repetition_penalty,
+                    # n samples of one seeded request must differ from each other yet be reproducible.
+                    seed=None if body.seed is None else (body.seed + i) % (1 << 32),
+                    tokens_per_step=body.tokens_per_step,
+                    confidence_threshold=body.confidence_threshold,
+                    stop=stop_list(body),
+                    stop_token_ids=list(body.stop_token_ids or []),
+                    steering=steering,
+                    attribution=attribution,
+                    flashblock=_flashblock(body.flashblock),
+                    stream_denoise=body.stream_denoise,
+                )
+            )
     return out
 
 
@@ -79,11 +93,23 @@ def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dic
     if name == "suppress":
         if first_concept is None:
             raise invalid("the suppress preset needs at least one concept", "steering.concepts")
-        return dict(strength=-7.0, normalize=False, inject_layer=info.n_layers // 2, schedule="fixed",
-                    cutoff_tokens=32, relu_logit_mask={first_concept: 20.0})
+        return dict(
+            strength=-7.0,
+            normalize=False,
+            inject_layer=info.n_layers // 2,
+            schedule="fixed",
+            cutoff_tokens=32,
+            relu_logit_mask={first_concept: 20.0},
+        )
     # "amplify", and the defaults when no preset is named.
-    return dict(strength=8.0, normalize=True, inject_layer=min(8, info.n_layers), schedule="hard_cutoff",
-                cutoff_tokens=32, relu_logit_mask={})
+    return dict(
+        strength=8.0,
+        normalize=True,
+        inject_layer=min(8, info.n_layers),
+        schedule="hard_cutoff",
+        cutoff_tokens=32,
+        relu_logit_mask={},
+    )
 
 
 def _steering(s: SteeringParams, info: Heartbeat, labels: ConceptLabels) -> SteeringSpec:

@@ -20,8 +20,12 @@ MIN_MESSAGE_TOKENS = 5  # the chat template's header start, role, header end, "\
 def _check_fits(texts: list[str], info: Heartbeat, param: str) -> None:
     size = sum(len(t.encode("utf-8")) for t in texts)
     if size > MAX_TOKEN_BYTES * info.block_size:
-        raise invalid(f"This model's maximum context length is {info.block_size} tokens; the {param} ({size} bytes) "
-                      f"is longer than that. Shorten the {param}.", param, "context_length_exceeded")
+        raise invalid(
+            f"This model's maximum context length is {info.block_size} tokens; the {param} ({size} bytes) "
+            f"is longer than that. Shorten the {param}.",
+            param,
+            "context_length_exceeded",
+        )
 
 
 async def _run(work, chars: int):
@@ -36,8 +40,11 @@ async def encode_prompts(tok, texts: list[str], info: Heartbeat) -> list[list[in
 
 async def encode_chat(tok, messages: list[dict], info: Heartbeat) -> list[int]:
     if len(messages) * MIN_MESSAGE_TOKENS >= info.block_size:
-        raise invalid(f"{len(messages)} messages take more than this model's context of {info.block_size} tokens",
-                      "messages", "context_length_exceeded")
+        raise invalid(
+            f"{len(messages)} messages take more than this model's context of {info.block_size} tokens",
+            "messages",
+            "context_length_exceeded",
+        )
     contents = [m["content"] for m in messages]
     _check_fits(contents, info, "messages")
     return await _run(lambda: tok.chat_prompt(messages), sum(map(len, contents)))

@@ -9,7 +9,6 @@ import time
 import uuid
 
 import zmq.asyncio
-
 from cde.gateway.errors import ApiError
 from cde.gateway.worker_link import RequestHandle, WorkerLink
 from cde.shared.curve import CurveClient
@@ -21,9 +20,17 @@ QUERY_TIMEOUT_S = 60.0  # a query waits for the engine thread to finish its curr
 
 
 class Router:
-    def __init__(self, endpoints: list[str], processes: list[subprocess.Popen] | None = None, *,
-                 heartbeat_interval: float = 0.5, heartbeat_timeout: float = 5.0, max_queue: int = 256,
-                 curve: CurveClient | None = None, discovery=None):
+    def __init__(
+        self,
+        endpoints: list[str],
+        processes: list[subprocess.Popen] | None = None,
+        *,
+        heartbeat_interval: float = 0.5,
+        heartbeat_timeout: float = 5.0,
+        max_queue: int = 256,
+        curve: CurveClient | None = None,
+        discovery=None,
+    ):
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval
@@ -116,15 +123,19 @@ class Router:
             raise ApiError(503, "no worker is available", code="no_worker")
         # Rotate the start so that equally loaded workers take turns.
         self._turn = (self._turn + 1) % len(alive)
-        order = alive[self._turn:] + alive[: self._turn]
+        order = alive[self._turn :] + alive[: self._turn]
         return min(order, key=lambda w: len(w.inflight))
 
     def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
         """`frame`: `req` encoded (`shared.wire.encode_all`)."""
         link = self._least_loaded()
         if len(link.inflight) >= link.info.max_running + self.max_queue:
-            raise ApiError(429, "server overloaded: the request queue is full, retry later",
-                           code="overloaded", headers={"Retry-After": "1"})
+            raise ApiError(
+                429,
+                "server overloaded: the request queue is full, retry later",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
         return link.submit(req, frame)
 
     async def concept_top_tokens(self, concept_id: int, k: int) -> ConceptInfo:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
-
 from cde.shared.limits import MAX_CONCEPT_LIST, MAX_STEERING_STRENGTH, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
@@ -77,11 +76,16 @@ def _prompt_shape(v) -> str | None:
 
 
 _Prompt = Annotated[
-    Annotated[str, Tag("Text")] | Annotated[_Batch[str], Tag("Texts")] | Annotated[_NonEmpty[int], Tag("Tokens")]
+    Annotated[str, Tag("Text")]
+    | Annotated[_Batch[str], Tag("Texts")]
+    | Annotated[_NonEmpty[int], Tag("Tokens")]
     | Annotated[_Batch[_NonEmpty[int]], Tag("TokenLists")],
-    Discriminator(_prompt_shape, custom_error_type="prompt_type",
-                  custom_error_message="a prompt is a string, an array of strings, an array of token ids "
-                                       "or an array of token-id arrays"),
+    Discriminator(
+        _prompt_shape,
+        custom_error_type="prompt_type",
+        custom_error_message="a prompt is a string, an array of strings, an array of token ids "
+        "or an array of token-id arrays",
+    ),
 ]
 
 
@@ -95,18 +99,25 @@ _Strength = Annotated[float, Field(ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_ST
 class SteeringParams(_Body):
     """Concept steering. A preset fills defaults; explicit fields override it."""
 
-    concepts: list[int | str] = Field(default_factory=list, max_length=MAX_CONCEPT_LIST,
-                                      description="known-concept ids, or labels (at most the model's n_concepts)")
+    concepts: list[int | str] = Field(
+        default_factory=list,
+        max_length=MAX_CONCEPT_LIST,
+        description="known-concept ids, or labels (at most the model's n_concepts)",
+    )
     strength: float | None = Field(None, ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_STRENGTH)
     normalize: bool | None = None
     inject_layer: int | None = Field(None, ge=0, le=INT_MAX)
     schedule: Literal["fixed", "hard_cutoff"] | None = None
     cutoff_tokens: int | None = Field(None, ge=0, le=INT_MAX)
-    relu_logit_mask: dict[str, _Strength] | None = Field(None, max_length=MAX_CONCEPT_LIST,
-                                                         description="concept id (or label) -> strength")
+    relu_logit_mask: dict[str, _Strength] | None = Field(
+        None, max_length=MAX_CONCEPT_LIST, description="concept id (or label) -> strength"
+    )
     preset: Literal["amplify", "suppress"] | None = None
-    group: bool = Field(False, description="expand each concept to its concept-catalog group (ConceptCatalog.group); "
-                        "suppress masks the first concept only")
+    group: bool = Field(
+        False,
+        description="expand each concept to its concept-catalog group (ConceptCatalog.group); "
+        "suppress masks the first concept only",
+    )
 
 
 class AttributionParams(_Body):
@@ -130,14 +141,17 @@ class SamplingParams(_Body):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, **documented_as({"anyOf": [
-        _STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}, {"type": "null"}]}))
+    stop: str | list[str] | None = Field(
+        None,
+        **documented_as({"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}, {"type": "null"}]}),
+    )
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     user: str | None = None
     presence_penalty: float | None = Field(0.0, **only(0, None))
     frequency_penalty: float | None = Field(0.0, **only(0, None))
-    logit_bias: dict[str, float] | None = Field(None, **documented_as(
-        {"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]}))
+    logit_bias: dict[str, float] | None = Field(
+        None, **documented_as({"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]})
+    )
     # CDE / vLLM extensions
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
@@ -149,7 +163,9 @@ class SamplingParams(_Body):
     steering: SteeringParams | None = None
     attribution: bool | AttributionParams | None = None
     flashblock: bool | FlashBlockParams | None = Field(
-        None, description="false: exact attention; true or {tau, max_reuse}: FlashBlock reuse; absent: the server's default")
+        None,
+        description="false: exact attention; true or {tau, max_reuse}: FlashBlock reuse; absent: the server's default",
+    )
     stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
 
     _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
@@ -200,8 +216,10 @@ class ResponseFormat(_Body):
     def _text_only(cls, v):
         # Named before its other fields (a json_schema) are refused as unknown: the type is the mistake.
         if isinstance(v, dict) and v.get("type") != "text":
-            raise ValueError(f"type {str(v.get('type'))[:40]!r} is not supported: CDE has no JSON mode or "
-                             "structured outputs; the only format is {\"type\": \"text\"}")
+            raise ValueError(
+                f"type {str(v.get('type'))[:40]!r} is not supported: CDE has no JSON mode or "
+                'structured outputs; the only format is {"type": "text"}'
+            )
         return v
 
 

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import time
 
-import functools
-import json
-
 import h11
 import uvicorn
-from starlette.responses import JSONResponse
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
+from starlette.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("cde.gateway")
 
@@ -95,17 +93,28 @@ class GuardedH11Protocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return
         if self._head_bytes:  # written raw: h11 answers no request it has not parsed
-            err = ApiError(408, f"the request headers did not arrive within {self.limits.header_timeout:g} s",
-                           None, "request_timeout")
+            err = ApiError(
+                408,
+                f"the request headers did not arrive within {self.limits.header_timeout:g} s",
+                None,
+                "request_timeout",
+            )
             body = json.dumps(err.body()).encode()
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
         self.transport.close()
 
 
 async def _too_many_connections(scope, receive, send) -> None:
-    err = ApiError(503, "too many connections, retry later", None, "too_many_connections",
-                   {"Connection": "close", "Retry-After": "1"})
+    err = ApiError(
+        503,
+        "too many connections, retry later",
+        None,
+        "too_many_connections",
+        {"Connection": "close", "Retry-After": "1"},
+    )
     await err.response()(scope, receive, send)
 
 
@@ -138,18 +147,27 @@ async def _drain(server: DrainingServer, gate: DrainGate, router, timeout: float
     server.should_exit = True
 
 
-def serve_http(app, host: str, port: int, *, banner: str, shutdown_timeout: float = 30.0,
-               log_level: str = "warning") -> int:
+def serve_http(
+    app, host: str, port: int, *, banner: str, shutdown_timeout: float = 30.0, log_level: str = "warning"
+) -> int:
     """Blocks until a signal has drained the server; the caller's cleanup (stopping workers) runs
     afterwards. Returns 1 if startup failed or was interrupted."""
     gate = DrainGate(app)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
     limits: HttpLimits = app.state.limits
-    config = uvicorn.Config(gate, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=STRAGGLER_GRACE_S, log_config=None, access_log=False,
-                            http=functools.partial(GuardedH11Protocol, limits=limits),
-                            timeout_keep_alive=limits.keep_alive_timeout)
+    config = uvicorn.Config(
+        gate,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=STRAGGLER_GRACE_S,
+        log_config=None,
+        access_log=False,
+        http=functools.partial(GuardedH11Protocol, limits=limits),
+        timeout_keep_alive=limits.keep_alive_timeout,
+    )
     server = DrainingServer(config, gate)
 
     async def main() -> int:

@@ -10,10 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
-from starlette.responses import StreamingResponse
-
 from cde.gateway.errors import ApiError, GenerationError
 from cde.gateway.json_out import dumps
+from starlette.responses import StreamingResponse
 
 log = logging.getLogger("cde.gateway")
 
@@ -49,8 +48,11 @@ class EventStreamResponse(StreamingResponse):
     wait) away, holding the worker's KV pages all that time."""
 
     def __init__(self, chunks: AsyncIterator[dict | SseEvent], on_close: Callable[[], None]):
-        super().__init__(events(chunks), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            events(chunks),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self.on_close = on_close  # also runs when the client left before the first chunk
 
     async def __call__(self, scope, receive, send) -> None:

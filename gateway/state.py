@@ -42,4 +42,3 @@ class ServerState:
         if self.max_model_len is not None and self.max_model_len < info.block_size:
             info = replace(info, block_size=self.max_model_len)
         return info
-

@@ -15,11 +15,17 @@ from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
-
 from cde.shared.curve import CurveClient
 from cde.shared.limits import clip
 from cde.shared.protocol import (
-    PROTOCOL_VERSION, AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    PROTOCOL_VERSION,
+    AbortRequest,
+    BlockResult,
+    ConceptInfo,
+    ConceptQuery,
+    GenerateRequest,
+    Heartbeat,
+    Ping,
     StepResult,
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
@@ -66,8 +72,15 @@ class RequestHandle:
 
 
 class WorkerLink:
-    def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context, identity: bytes,
-                 process: subprocess.Popen | None = None, curve: CurveClient | None = None):
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        ctx: zmq.asyncio.Context,
+        identity: bytes,
+        process: subprocess.Popen | None = None,
+        curve: CurveClient | None = None,
+    ):
         self.name, self.endpoint, self.process, self.curve = name, endpoint, process, curve
         self.sock = ctx.socket(zmq.DEALER)
         # A fixed identity keeps the worker's replies routable across reconnects.

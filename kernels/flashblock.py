@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cde.shared.config import ATTN_EXACT, ATTN_REUSE
 
 

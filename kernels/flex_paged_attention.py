@@ -16,9 +16,8 @@ same attention, S times the parallelism.
 from __future__ import annotations
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
 from cde.shared.config import PAGE
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # FORCE_USE_FLEX_ATTENTION: a single item's 64 queries are few enough for FlexAttention to pick
 # its split-KV decoding kernel, which (with its separate reduction) ran 6x slower per layer on an
@@ -92,8 +91,12 @@ def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse:
     qf = q.transpose(0, 1).reshape(1, h, n * splits * t, d)
     need_lse = return_lse or splits > 1
     out = flex_attention(
-        qf, k_cache.view(1, kvh, p * t, d), v_cache.view(1, kvh, p * t, d),
-        block_mask=block_mask, enable_gqa=True, return_lse=need_lse,
+        qf,
+        k_cache.view(1, kvh, p * t, d),
+        v_cache.view(1, kvh, p * t, d),
+        block_mask=block_mask,
+        enable_gqa=True,
+        return_lse=need_lse,
         kernel_options=SINGLE_TILE_OPTIONS if n * splits == 1 else KERNEL_OPTIONS,
     )
     if not need_lse:

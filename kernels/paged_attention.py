@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask
-
 from cde.kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
 from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.shared.config import ATTN_EXACT
+from torch.nn.attention.flex_attention import BlockMask
 
 
 @dataclass
@@ -78,7 +77,9 @@ def sdpa_paged_attention(q, cache: tuple, batch: PagedBatch, fresh=None) -> torc
         if mode == ATTN_EXACT:
             out[i] = F.scaled_dot_product_attention(q[i : i + 1], k_seen[None], v_seen[None], enable_gqa=True)[0]
         else:
-            out[i] = split_attention_item(q[i], fresh[0][i], fresh[1][i], k_seen, v_seen, cache[2:], int(fb.slot[i]), mode)
+            out[i] = split_attention_item(
+                q[i], fresh[0][i], fresh[1][i], k_seen, v_seen, cache[2:], int(fb.slot[i]), mode
+            )
     return out
 
 

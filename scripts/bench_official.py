@@ -42,8 +42,9 @@ def main():
 
     model, model_cfg, raw = load(args.model)
     gen = SteerlingGenerator(model, SteerlingTokenizer(), model_cfg, is_interpretable=True, device="cuda")
-    cfg = GenerationConfig(max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0,
-                           repetition_penalty=1)
+    cfg = GenerationConfig(
+        max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1
+    )
     out = []
     for bs in [int(b) for b in args.batch.split(",")]:
         prompt = torch.randint(1000, 100000, (bs, 64), generator=torch.Generator().manual_seed(bs))

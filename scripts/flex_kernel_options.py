@@ -9,11 +9,11 @@ Run: PYTHONPATH=. python3 scripts/flex_kernel_options.py
 from __future__ import annotations
 
 import torch
+from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
+from cde.shared.config import PAGE
 from torch.nn.attention.flex_attention import flex_attention
 
 from cde.commands.bench_flashblock import graph_replay_ms
-from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
-from cde.shared.config import PAGE
 
 H, KVH, D = 32, 8, 128
 CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (4, 64), (4, 1024), (16, 64), (32, 64)]  # (batch, pages)
@@ -29,8 +29,14 @@ SPLITS = (2, 4, 8)  # the engine's attention with --kv-splits S at this batch
 def with_options(options, k, v):
     def attend(q, block_mask):
         n = q.shape[0]
-        out = flex_attention(q.transpose(0, 1).reshape(1, H, n * PAGE, D), k, v, block_mask=block_mask,
-                             enable_gqa=True, kernel_options=options)
+        out = flex_attention(
+            q.transpose(0, 1).reshape(1, H, n * PAGE, D),
+            k,
+            v,
+            block_mask=block_mask,
+            enable_gqa=True,
+            kernel_options=options,
+        )
         return out.reshape(H, n, PAGE, D).transpose(0, 1)
 
     return torch.compile(attend, fullgraph=True)
@@ -59,7 +65,7 @@ def main() -> None:
         for fn, mask in runs:
             try:
                 ms, out = graph_replay_ms(lambda: fn(q, mask.block_mask), iters=50)
-            except Exception as ex:  # noqa: BLE001 - a variant the kernel rejects is a table entry
+            except Exception as ex:
                 row.append(f"rejected: {type(ex).__name__}")
                 continue
             out = out.float()

@@ -71,6 +71,7 @@ def _visible(path: str) -> bool:
 def repo_files() -> list[str]:
     """The tracked files, and the untracked ones git does not ignore (new work) outside hidden
     directories; outside a git checkout (an exported tree), every visible file."""
+
     def git(*args: str) -> list[str] | None:
         res = subprocess.run(["git", "ls-files", "-z", *args], cwd=REPO, capture_output=True)
         return res.stdout.decode().split("\0") if res.returncode == 0 else None
@@ -91,14 +92,20 @@ def copy_tree(files: list[str], dest: Path) -> None:
 
 def env_for(tree: Path) -> dict[str, str]:
     # One torch thread per run: the canaries run side by side on small CI machines.
-    return {**os.environ, "PYTHONPATH": str(tree), "CDE_HOME": str(tree / ".cache" / "cde"),
-            "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "CDE_HOME": str(tree / ".cache" / "cde"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def check_isolation(tree: Path) -> None:
     code = f"import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in {MODULES!r}))"
-    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env_for(tree), check=True,
-                         capture_output=True, text=True).stdout.split()
+    got = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=env_for(tree), check=True, capture_output=True, text=True
+    ).stdout.split()
     outside = [f for f in got if not Path(f).resolve().is_relative_to(tree.resolve())]
     if outside:
         raise SystemExit(f"the scratch copy does not shadow the installed package: {outside}")
@@ -156,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2, help="canaries run at once (default 2)")
     ap.add_argument("--list", action="store_true", help="list the canaries and exit")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copies (their paths are printed)")
-    ap.add_argument("--baseline", action="store_true",
-                    help="first check that each canary's tests pass without its mutation (twice the time)")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first check that each canary's tests pass without its mutation (twice the time)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print the test output of every canary")
     args = ap.parse_args(argv)
     canaries = [c for c in load() if args.match in c.name]

@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.parity.test_parity import GOLDEN, SMALL_SEED, checkpoint_sha256, prompts, reference_tokens  # noqa: E402
-from cde.worker.checkpoint import make_model  # noqa: E402
+from cde.worker.checkpoint import make_model
+
+from tests.parity.test_parity import GOLDEN, SMALL_SEED, checkpoint_sha256, prompts, reference_tokens
 
 
 def main() -> None:
@@ -24,8 +25,12 @@ def main() -> None:
         model_dir = make_model("small", tmp, seed=SMALL_SEED)
         ps = prompts(seed=len("small_dir"))
         record = {
-            "preset": "small", "seed": SMALL_SEED, "safetensors_sha256": checkpoint_sha256(model_dir),
-            "max_new_tokens": 256, "prompts": ps, "tokens": [reference_tokens(model_dir, p, 256) for p in ps],
+            "preset": "small",
+            "seed": SMALL_SEED,
+            "safetensors_sha256": checkpoint_sha256(model_dir),
+            "max_new_tokens": 256,
+            "prompts": ps,
+            "tokens": [reference_tokens(model_dir, p, 256) for p in ps],
         }
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps(record))

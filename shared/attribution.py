@@ -84,8 +84,9 @@ def _ranked(entries: list[dict], top_k: int | None) -> list[dict]:
     return ranked if top_k is None else ranked[:top_k]
 
 
-def chunk_concepts(records: list[dict], start: int, end: int, labels: ConceptLabels, n_known: int,
-                   top_k: int | None = None) -> tuple[list[dict], float]:
+def chunk_concepts(
+    records: list[dict], start: int, end: int, labels: ConceptLabels, n_known: int, top_k: int | None = None
+) -> tuple[list[dict], float]:
     """Concepts of the chunk [start, end) ranked by |contribution|, and epsilon as a percentage
     of the total mass (mean over the chunk's committed positions)."""
     inside = [r for r in records if start <= r["position"] < end]
@@ -98,13 +99,23 @@ def chunk_concepts(records: list[dict], start: int, end: int, labels: ConceptLab
                 totals[cid] = totals.get(cid, 0.0) + c / mass
         eps_share.append(r["epsilon"] / mass)
     n = end - start
-    entries = [_entry(cid, kind, total / n, labels, n_known) for kind in sums for cid, total in sorted(sums[kind].items())]
+    entries = [
+        _entry(cid, kind, total / n, labels, n_known) for kind in sums for cid, total in sorted(sums[kind].items())
+    ]
     return _ranked(entries, top_k), 100.0 * sum(eps_share) / max(len(eps_share), 1)
 
 
-def aggregate(records: list[dict], decode: Callable[[list[int]], str], *, prompt_len: int, chunking: str = "block",
-              labels: ConceptLabels | None = None, n_known: int = 0, top_k: int | None = None,
-              per_token: bool = False) -> dict:
+def aggregate(
+    records: list[dict],
+    decode: Callable[[list[int]], str],
+    *,
+    prompt_len: int,
+    chunking: str = "block",
+    labels: ConceptLabels | None = None,
+    n_known: int = 0,
+    top_k: int | None = None,
+    per_token: bool = False,
+) -> dict:
     """Per-token records of one completion -> `{"chunks": [...], "tokens": [...]}`; start/end are
     offsets into the completion's tokens (end exclusive)."""
     labels = labels or ConceptLabels()
@@ -113,8 +124,15 @@ def aggregate(records: list[dict], decode: Callable[[list[int]], str], *, prompt
     for start, end in chunk_spans(records, prompt_len, chunking):
         concepts, eps_pct = chunk_concepts(records, start, end, labels, n_known, top_k)
         ids = [r["token_id"] for r in records if start <= r["position"] < end]
-        chunks.append({"start": start - prompt_len, "end": end - prompt_len, "text": decode(ids),
-                       "concepts": concepts, "epsilon_pct": eps_pct})
+        chunks.append(
+            {
+                "start": start - prompt_len,
+                "end": end - prompt_len,
+                "text": decode(ids),
+                "concepts": concepts,
+                "epsilon_pct": eps_pct,
+            }
+        )
     out: dict = {"chunks": chunks}
     if per_token:
         out["tokens"] = [token_attribution(r, decode, labels, n_known, top_k, prompt_len) for r in records]
@@ -122,7 +140,16 @@ def aggregate(records: list[dict], decode: Callable[[list[int]], str], *, prompt
 
 
 def token_attribution(r: dict, decode, labels: ConceptLabels, n_known: int, top_k: int | None, prompt_len: int) -> dict:
-    entries = [_entry(cid, kind, c, labels, n_known) | {"weight": w} for kind in ("known", "discovered")
-               for cid, w, c in r[kind]]
-    return {"offset": r["position"] - prompt_len, "token_id": r["token_id"], "text": decode([r["token_id"]]),
-            "target_logit": r["target_logit"], "epsilon": r["epsilon"], "concepts": _ranked(entries, top_k)}
+    entries = [
+        _entry(cid, kind, c, labels, n_known) | {"weight": w}
+        for kind in ("known", "discovered")
+        for cid, w, c in r[kind]
+    ]
+    return {
+        "offset": r["position"] - prompt_len,
+        "token_id": r["token_id"],
+        "text": decode([r["token_id"]]),
+        "target_logit": r["target_logit"],
+        "epsilon": r["epsilon"],
+        "concepts": _ranked(entries, top_k),
+    }

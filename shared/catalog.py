@@ -23,8 +23,18 @@ import numpy as np
 
 log = logging.getLogger("cde.catalog")
 
-COLUMNS = ("concept_id", "concept_name", "concept_description", "head", "public_group_id", "group_name",
-           "is_steerable", "is_tone", "is_alignment", "is_demographic")
+COLUMNS = (
+    "concept_id",
+    "concept_name",
+    "concept_description",
+    "head",
+    "public_group_id",
+    "group_name",
+    "is_steerable",
+    "is_tone",
+    "is_alignment",
+    "is_demographic",
+)
 FILENAME = "concept_labels.parquet"
 LEGACY_FILENAME = "concept_labels.csv"
 ENV_VAR = "STEERLING_CONCEPTS_PATH"
@@ -72,14 +82,18 @@ def _concept(row: Mapping) -> Concept:
         raise CatalogError("every row needs concept_id and concept_name")
     description, group_name = row.get("concept_description"), row.get("group_name")
     return Concept(
-        concept_id=int(cid), name=str(row["concept_name"]),
+        concept_id=int(cid),
+        name=str(row["concept_name"]),
         description=None if description is None else str(description),
         # Legacy label files had no steerability flag: every known concept in them could be
         # steered by label.
-        head=row.get("head") or None, group_id=_optional_int(row.get("public_group_id")),
+        head=row.get("head") or None,
+        group_id=_optional_int(row.get("public_group_id")),
         group_name=None if group_name in (None, "") else str(group_name),
-        is_steerable=_flag(row.get("is_steerable"), True), is_tone=_flag(row.get("is_tone"), False),
-        is_alignment=_flag(row.get("is_alignment"), False), is_demographic=_flag(row.get("is_demographic"), False),
+        is_steerable=_flag(row.get("is_steerable"), True),
+        is_tone=_flag(row.get("is_tone"), False),
+        is_alignment=_flag(row.get("is_alignment"), False),
+        is_demographic=_flag(row.get("is_demographic"), False),
     )
 
 
@@ -144,8 +158,9 @@ class Catalog:
     def get(self, concept_id: int) -> Concept | None:
         return self.by_id.get(concept_id)
 
-    def search(self, query: str, *, limit: int = 10, steerable_only: bool = True,
-               head: str | None = "known") -> list[Concept]:
+    def search(
+        self, query: str, *, limit: int = 10, steerable_only: bool = True, head: str | None = "known"
+    ) -> list[Concept]:
         """`ConceptCatalog.search`: `head=None` searches both heads."""
         patterns = [(t, re.compile(rf"\b{re.escape(t)}\b")) for t in query.lower().split()]
         hits, scores = [], []
@@ -186,9 +201,10 @@ def _from_hub(fetch: bool) -> Path | None:
     if fetch:
         try:
             return Path(hf_hub_download(HUB_REPO, FILENAME))
-        except Exception as exc:  # noqa: BLE001 - any failure to fetch leaves the server without a catalog
-            log.warning("concept catalog %s/%s not fetched (%s): labels read Known: #id",
-                        HUB_REPO, FILENAME, type(exc).__name__)
+        except Exception as exc:
+            log.warning(
+                "concept catalog %s/%s not fetched (%s): labels read Known: #id", HUB_REPO, FILENAME, type(exc).__name__
+            )
     found = try_to_load_from_cache(HUB_REPO, FILENAME)
     return Path(found) if isinstance(found, str) else None
 
@@ -219,15 +235,17 @@ def write_catalog(path: str | Path, rows: Iterable[Mapping]) -> Path:
     import pyarrow.parquet as pq
 
     concepts = Catalog.from_rows(rows).concepts
-    table = pa.table({
-        "concept_id": pa.array([c.concept_id for c in concepts], pa.int64()),
-        "concept_name": pa.array([c.name for c in concepts], pa.string()),
-        "concept_description": pa.array([c.description for c in concepts], pa.string()),
-        "head": pa.array([c.head or "known" for c in concepts], pa.string()),
-        "public_group_id": pa.array([c.group_id for c in concepts], pa.int64()),
-        "group_name": pa.array([c.group_name for c in concepts], pa.string()),
-        **{flag: pa.array([getattr(c, flag) for c in concepts], pa.bool_()) for flag in COLUMNS[6:]},
-    })
+    table = pa.table(
+        {
+            "concept_id": pa.array([c.concept_id for c in concepts], pa.int64()),
+            "concept_name": pa.array([c.name for c in concepts], pa.string()),
+            "concept_description": pa.array([c.description for c in concepts], pa.string()),
+            "head": pa.array([c.head or "known" for c in concepts], pa.string()),
+            "public_group_id": pa.array([c.group_id for c in concepts], pa.int64()),
+            "group_name": pa.array([c.group_name for c in concepts], pa.string()),
+            **{flag: pa.array([getattr(c, flag) for c in concepts], pa.bool_()) for flag in COLUMNS[6:]},
+        }
+    )
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     pq.write_table(table, tmp)

@@ -116,7 +116,9 @@ class CurveClient:
     async def watch(self, sock: zmq.Socket, name: str, on_failure: Callable[[str], None]) -> None:
         """Reports failed handshakes (wrong worker key, or this gateway not authorized): without
         this, a refused link looks the same as a worker that is not up yet."""
-        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_ERRORS))
+        monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | functools.reduce(operator.or_, _HANDSHAKE_ERRORS)
+        )
         failed = False
         try:
             while True:
@@ -134,9 +136,9 @@ class CurveClient:
 
 _HANDSHAKE_ERRORS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "CURVE handshake refused by the worker: this gateway's public key "
-                                     "is not in the worker's --curve-authorized-keys",
+    "is not in the worker's --curve-authorized-keys",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "CURVE handshake dropped by the worker: --curve-server-key is "
-                                          "not this worker's public key",
+    "not this worker's public key",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "CURVE handshake failed: the worker does not use CURVE "
-                                         "(start it with --curve-secret-key)",
+    "(start it with --curve-secret-key)",
 }

@@ -16,8 +16,13 @@ from pathlib import Path
 # The checkpoint (weights, sharded or not), the tokenizer and generation settings, and the
 # concept labels when the repo ships them; never the Hub repo's Python modelling files.
 CHECKPOINT_FILES = [
-    "config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer_config.json",
-    "generation_config.json", "concept_labels.parquet", "concept_labels.csv",
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "concept_labels.parquet",
+    "concept_labels.csv",
 ]
 # The Hub's own rule for repo ids: one namespace, one name, letters, digits and `-_.`.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
@@ -41,7 +46,11 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
         return Path(model).expanduser()
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
-        GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
     )
 
     at = f" at revision {revision!r}" if revision else ""
@@ -59,9 +68,7 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
     except RevisionNotFoundError:
         raise HubError(f"{model!r} has no revision {revision!r} on the Hub") from None
     except RepositoryNotFoundError:
-        raise HubError(
-            f"{model!r} is neither a directory nor a Hub repo (a private repo needs HF_TOKEN)"
-        ) from None
+        raise HubError(f"{model!r} is neither a directory nor a Hub repo (a private repo needs HF_TOKEN)") from None
     except HfHubHTTPError as exc:
         raise HubError(f"fetching {model!r}{at} from the Hub failed: {exc}") from None
 

@@ -11,7 +11,12 @@ import logging
 import sys
 
 # uvicorn adds `color_message`, the same text with terminal colours.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName", "color_message"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -20,8 +25,14 @@ class JsonFormatter(logging.Formatter):
         self.component = component
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "component": self.component,
-               "pid": record.process, "logger": record.name, "msg": record.getMessage()}
+        out = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "component": self.component,
+            "pid": record.process,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         out.update({k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -5,9 +5,15 @@ from __future__ import annotations
 import functools
 
 import tiktoken
-
 from cde.shared.config import (
-    BOS_ID, END_HEADER_ID, ENDOFCHUNK_ID, EOS_ID, EOT_ID, MASK_ID, PAD_ID, START_HEADER_ID,
+    BOS_ID,
+    END_HEADER_ID,
+    ENDOFCHUNK_ID,
+    EOS_ID,
+    EOT_ID,
+    MASK_ID,
+    PAD_ID,
+    START_HEADER_ID,
 )
 
 _BASE_SPECIALS = {"<|pad|>": PAD_ID, "<|bos|>": BOS_ID, "<|endofchunk|>": ENDOFCHUNK_ID, "<|mask|>": MASK_ID}
@@ -29,7 +35,9 @@ class Tokenizer:
         )
         # Skipped when decoding: the Steerling specials, as the reference decoder skips them (the
         # other cl100k specials such as <|fim_prefix|> decode as their text there too).
-        self.special_ids = frozenset({EOS_ID, *_BASE_SPECIALS.values(), *(_INSTRUCT_SPECIALS.values() if instruct else ())})
+        self.special_ids = frozenset(
+            {EOS_ID, *_BASE_SPECIALS.values(), *(_INSTRUCT_SPECIALS.values() if instruct else ())}
+        )
         # The model's vocabulary has ids that are neither a BPE rank nor a special (e.g. 100256,
         # 100261-100275): a sampled one has no text, and must not crash the stream.
         self._text_ids = frozenset(base._mergeable_ranks.values()) | (frozenset(specials.values()) - self.special_ids)

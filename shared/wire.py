@@ -12,15 +12,25 @@ import types
 import typing
 
 import msgpack
-
 from cde.shared.limits import clip
 from cde.shared.protocol import (
-    AbortRequest, AttributionSpec, BlockResult, ConceptInfo, ConceptQuery, FlashBlockSpec, GenerateRequest,
-    Heartbeat, Ping, SteeringSpec, StepResult,
+    AbortRequest,
+    AttributionSpec,
+    BlockResult,
+    ConceptInfo,
+    ConceptQuery,
+    FlashBlockSpec,
+    GenerateRequest,
+    Heartbeat,
+    Ping,
+    SteeringSpec,
+    StepResult,
 )
 
-MESSAGES = {cls.__name__: cls for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat,
-                                          ConceptQuery, ConceptInfo, StepResult)}
+MESSAGES = {
+    cls.__name__: cls
+    for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat, ConceptQuery, ConceptInfo, StepResult)
+}
 _NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec)
 
 # The largest frame either side sends or accepts (zmq.MAXMSGSIZE on every peer socket). A block
@@ -147,6 +157,6 @@ def _value(value, hint, where: str):
         return value  # free-form (attribution records)
     elif hint is float and type(value) in (int, float):
         return float(value)
-    elif hint is type(None) and value is None or type(value) is hint and hint in _SCALARS:
+    elif (hint is type(None) and value is None) or (type(value) is hint and hint in _SCALARS):
         return value
     raise _fail(f"bad {where}: {type(value).__name__} is not {getattr(hint, '__name__', hint)}")

@@ -29,7 +29,9 @@ class ServerProcess:
             cmd += ["--workers", str(workers), "--device", "cpu"]
         # One torch thread per worker: CI machines are small and often busy.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.output: list[str] = []
         self.url = self._wait_for_banner(timeout)
         threading.Thread(target=self._drain, daemon=True).start()

@@ -26,8 +26,14 @@ def free_port() -> int:
 
 class CdeProcess:
     def __init__(self, *args: str, module: str = "cde"):
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=ENV, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            env=ENV,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self.lines: list[str] = []
         self._new_line = threading.Condition()
         threading.Thread(target=self._drain, daemon=True).start()

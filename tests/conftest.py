@@ -1,7 +1,6 @@
 import importlib.util
 
 import pytest
-
 from cde.shared.config import preset
 from cde.worker.checkpoint import make_model
 
@@ -12,7 +11,8 @@ def pytest_configure(config):
     if importlib.util.find_spec("steerling") is None:
         raise pytest.UsageError(
             "the official steerling package (the tests' oracle) is not installed: "
-            "pip install --no-deps --ignore-requires-python steerling==0.2.0 (see .ci/run)")
+            "pip install --no-deps --ignore-requires-python steerling==0.2.0 (see .ci/run)"
+        )
 
 
 @pytest.fixture(scope="session")

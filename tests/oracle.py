@@ -41,10 +41,14 @@ def official_configs(raw: dict):
         {k: v for k, v in raw.items() if k in CausalDiffusionConfig.model_fields}
     )
     concept_cfg = ConceptConfig(
-        n_concepts=raw["n_concepts"], n_unknown_concepts=raw["n_unknown_concepts"],
-        concept_dim=raw["n_embd"], topk_known=raw["topk_known"],
-        topk_known_features=raw["topk_known_features"], unknown_topk=raw["unknown_topk"],
-        factorize_rank=raw["factorize_rank"], block_size=raw["concept_block_size"],
+        n_concepts=raw["n_concepts"],
+        n_unknown_concepts=raw["n_unknown_concepts"],
+        concept_dim=raw["n_embd"],
+        topk_known=raw["topk_known"],
+        topk_known_features=raw["topk_known_features"],
+        unknown_topk=raw["unknown_topk"],
+        factorize_rank=raw["factorize_rank"],
+        block_size=raw["concept_block_size"],
         pad_multiple=raw["pad_multiple"],
     )
     return model_cfg, concept_cfg

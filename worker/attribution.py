@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from cde.shared.config import ModelConfig
 
 LOGIT_CLAMP = 15.0
@@ -35,8 +34,9 @@ def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block:
     Returns indices [P, k] and the logits recomputed for them (clamped), like the reference's
     second pass."""
     k = min(k, n)
-    top_i = torch.cat([_merged_topk(x[r : r + MAX_ROWS], weight, n, k, block, by_sigmoid)
-                       for r in range(0, x.shape[0], MAX_ROWS)])
+    top_i = torch.cat(
+        [_merged_topk(x[r : r + MAX_ROWS], weight, n, k, block, by_sigmoid) for r in range(0, x.shape[0], MAX_ROWS)]
+    )
     picked = F.embedding(top_i, weight)  # [P, k, d]
     logits = torch.einsum("bd,bkd->bk", x.float(), picked.float()).clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
     return top_i, logits
@@ -74,8 +74,9 @@ def known_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
     """The known head's features top-k ranked by sigmoid weight, then (when the head keeps more
     features than it reports) the `topk_known` largest logits among them."""
     weight = model.known_head.concept_predictor.weight
-    idx, logits = streaming_topk(hidden, weight, cfg.n_concepts, cfg.known_topk_features,
-                                 cfg.concept_block_size, by_sigmoid=True)
+    idx, logits = streaming_topk(
+        hidden, weight, cfg.n_concepts, cfg.known_topk_features, cfg.concept_block_size, by_sigmoid=True
+    )
     if cfg.known_topk_features > cfg.topk_known:
         _, sel = logits.topk(cfg.topk_known, dim=-1)
         idx, logits = idx.gather(-1, sel), logits.gather(-1, sel)
@@ -86,8 +87,14 @@ def unknown_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
     """The discovered head's top-k by logit, entirely in the rank-r space."""
     head = model.unknown_head
     compressed = F.linear(hidden, head.predictor_down.weight).float()  # [P, r]
-    return streaming_topk(compressed, head.predictor_up.weight, cfg.n_unknown_concepts, cfg.unknown_topk,
-                          cfg.concept_block_size, by_sigmoid=False)
+    return streaming_topk(
+        compressed,
+        head.predictor_up.weight,
+        cfg.n_unknown_concepts,
+        cfg.unknown_topk,
+        cfg.concept_block_size,
+        by_sigmoid=False,
+    )
 
 
 def unknown_alignment(model, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cde.worker.attribution import attribute, width
 from cde.worker.staging import HostCopy
 

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from cde.shared.config import ConfigError, ModelConfig, preset
 from cde.worker.model import SteerlingModel
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"
@@ -83,8 +82,14 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None, device: 
                     state[name].copy_(sf.get_tensor(name))
                     bar.update(plan[name][2])
     seconds = time.perf_counter() - t0
-    log.info("weights loaded in %.1f s (%.2f GB, %.2f GB/s) to %s", seconds, nbytes / 1e9, nbytes / 1e9 / seconds, device,
-             extra={"load_s": round(seconds, 3), "bytes": nbytes})
+    log.info(
+        "weights loaded in %.1f s (%.2f GB, %.2f GB/s) to %s",
+        seconds,
+        nbytes / 1e9,
+        nbytes / 1e9 / seconds,
+        device,
+        extra={"load_s": round(seconds, 3), "bytes": nbytes},
+    )
     return cfg, model.eval()
 
 
@@ -101,7 +106,9 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
                 if shape != expected[name]:
                     raise CheckpointError(f"{f.name}: tensor {name!r} has shape {shape}, expected {expected[name]}")
                 if stored is None:
-                    raise CheckpointError(f"{f.name}: tensor {name!r} is stored as {meta.get_dtype()}, not a float type")
+                    raise CheckpointError(
+                        f"{f.name}: tensor {name!r} is stored as {meta.get_dtype()}, not a float type"
+                    )
                 plan[name] = (f, stored, math.prod(shape) * stored.itemsize)
     return plan
 
@@ -113,7 +120,9 @@ def _progress(total: int, what: str):
     return tqdm(total=total, desc=what, unit="B", unit_scale=True, disable=None, leave=False)
 
 
-def random_model(cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> SteerlingModel:
+def random_model(
+    cfg: ModelConfig, seed: int, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> SteerlingModel:
     """Random weights with peaked token and concept logits, so that greedy decoding and top-k
     concepts are decided by clear margins rather than float rounding. Filled tensor by tensor in
     the target dtype: an 8b model never exists in float32."""
@@ -163,9 +172,17 @@ def save_checkpoint(model: SteerlingModel, cfg: ModelConfig, out: str | Path, ma
     )
 
 
-def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str = "float32",
-               instruct: bool = False, max_shard_bytes: int = 4 << 30, device: str = "cpu",
-               overrides: dict | None = None) -> Path:
+def make_model(
+    preset_name: str,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    instruct: bool = False,
+    max_shard_bytes: int = 4 << 30,
+    device: str = "cpu",
+    overrides: dict | None = None,
+) -> Path:
     """`overrides`: config values replacing the preset's (e.g. a longer context, fewer layers)."""
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
@@ -175,4 +192,3 @@ def make_model(preset_name: str, out: str | Path, *, seed: int = 0, dtype: str =
     model = random_model(cfg, seed, DTYPES[dtype], device)
     save_checkpoint(model, cfg, out, max_shard_bytes)
     return Path(out)
-

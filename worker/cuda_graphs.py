@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch
@@ -47,20 +46,40 @@ def bucket_splits(kv_splits: int, n: int) -> int:
     return max(1, kv_splits // n)
 
 
-def pack(n: int, tokens, blocks, write_pages, pages, steer_from, split, *, scratch_page: int, scratch_slot: int,
-         width: int, no_injection: int) -> list[int]:
+def pack(
+    n: int,
+    tokens,
+    blocks,
+    write_pages,
+    pages,
+    steer_from,
+    split,
+    *,
+    scratch_page: int,
+    scratch_slot: int,
+    width: int,
+    no_injection: int,
+) -> list[int]:
     """The host lists of len(pages) real items as one bucket of n: the rest become padding items
     that write the scratch page, attend to it alone, inject nothing and (FlashBlock family) read
     and write the scratch slot."""
     real, pad = len(pages), n - len(pages)
-    modes, slots, writes = split if split is not None else ([ATTN_EXACT] * real, [scratch_slot] * real,
-                                                            [scratch_slot] * real)
+    modes, slots, writes = (
+        split if split is not None else ([ATTN_EXACT] * real, [scratch_slot] * real, [scratch_slot] * real)
+    )
     flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
     for p in pages:
         flat += p + [scratch_page] * (width - len(p))
     flat += [scratch_page] * (width * pad)
-    for column, fill in ((blocks, 0), (write_pages, scratch_page), ([len(p) for p in pages], 1),
-                         (steer_from, no_injection), (modes, ATTN_EXACT), (slots, scratch_slot), (writes, scratch_slot)):
+    for column, fill in (
+        (blocks, 0),
+        (write_pages, scratch_page),
+        ([len(p) for p in pages], 1),
+        (steer_from, no_injection),
+        (modes, ATTN_EXACT),
+        (slots, scratch_slot),
+        (writes, scratch_slot),
+    ):
         flat += list(column) + [fill] * pad
     return flat
 
@@ -71,8 +90,9 @@ def views(ints: torch.Tensor, n: int, width: int):
     return (tokens.view(n, PAGE), table.view(n, width), *rest.view(7, n))
 
 
-def bucket_forward(model, ints: torch.Tensor, n: int, width: int, steer_vec, mask: PagedBlockMask, caches,
-                   split_caches, cos, sin) -> torch.Tensor:
+def bucket_forward(
+    model, ints: torch.Tensor, n: int, width: int, steer_vec, mask: PagedBlockMask, caches, split_caches, cos, sin
+) -> torch.Tensor:
     """The whole pass of a packed bucket from its device buffers (what a graph captures);
     `split_caches`: FlashBlock's per-layer cache rows for the split family, else None."""
     tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = views(ints, n, width)
@@ -111,7 +131,8 @@ class GraphedForward:
     def _new_bucket(self, n: int, split: bool) -> _Bucket:
         size = n * (PAGE + self.width + 7)
         b = _Bucket(
-            n=n, split=split,
+            n=n,
+            split=split,
             ints=torch.zeros(size, dtype=torch.long, device=self.device),
             host=torch.zeros(size, dtype=torch.long, pin_memory=True),
             steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
@@ -121,8 +142,18 @@ class GraphedForward:
         return b
 
     def _run(self, b: _Bucket) -> torch.Tensor:
-        return bucket_forward(self.model, b.ints, b.n, self.width, b.steer_vec, b.mask, self.caches,
-                              self.split_caches if b.split else None, self.cos, self.sin)
+        return bucket_forward(
+            self.model,
+            b.ints,
+            b.n,
+            self.width,
+            b.steer_vec,
+            b.mask,
+            self.caches,
+            self.split_caches if b.split else None,
+            self.cos,
+            self.sin,
+        )
 
     def _capture(self, b: _Bucket) -> None:
         side = torch.cuda.Stream()
@@ -143,8 +174,9 @@ class GraphedForward:
             b = self.buckets[(size, split_caches is not None)] = self._new_bucket(size, split_caches is not None)
             self._capture(b)
 
-    def __call__(self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None,
-                 split_caches=None) -> torch.Tensor:
+    def __call__(
+        self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None, split_caches=None
+    ) -> torch.Tensor:
         """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].
         `split`: FlashBlock's (modes, slots, write slots) per item, with its per-layer cache rows."""
         n = len(pages)
@@ -163,8 +195,19 @@ class GraphedForward:
         return b.out[:n]
 
     def _fill(self, b: _Bucket, tokens, blocks, write_pages, pages, steer_from, split) -> None:
-        flat = pack(b.n, tokens, blocks, write_pages, pages, steer_from, split, scratch_page=self.scratch,
-                    scratch_slot=self.scratch_slot, width=self.width, no_injection=self.cfg.n_layers + 1)
+        flat = pack(
+            b.n,
+            tokens,
+            blocks,
+            write_pages,
+            pages,
+            steer_from,
+            split,
+            scratch_page=self.scratch,
+            scratch_slot=self.scratch_slot,
+            width=self.width,
+            no_injection=self.cfg.n_layers + 1,
+        )
         if self.copied is not None:
             self.copied.synchronize()  # the pinned buffer may still be in flight from the last step
         b.host.copy_(torch.tensor(flat))

@@ -10,7 +10,6 @@ import random
 from dataclasses import dataclass
 
 import torch
-
 from cde.shared.config import PAGE
 from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from cde.shared.tokenizer import get_tokenizer
@@ -43,7 +42,11 @@ class Engine:
     def __init__(self, args: EngineArgs):
         self.args = args
         device = resolve_device(args.device)
-        dtype = DTYPES["bfloat16" if device.startswith("cuda") else "float32"] if args.dtype == "auto" else DTYPES[args.dtype]
+        dtype = (
+            DTYPES["bfloat16" if device.startswith("cuda") else "float32"]
+            if args.dtype == "auto"
+            else DTYPES[args.dtype]
+        )
         self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks

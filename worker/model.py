@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ModelConfig
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
 from cde.kernels.flashblock import FlashBlockBatch
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
@@ -22,8 +21,8 @@ from cde.worker.sampler import select_and_sample
 from cde.worker.scheduler import Batch, Item
 from cde.worker.sequence import Sequence
 from cde.worker.staging import HostCopy, Staging, to_host
-from cde.worker.step_inputs import StepInputBuilder, eligible_rows
 from cde.worker.steering import SteeringState, alpha_now, prepare_steering
+from cde.worker.step_inputs import StepInputBuilder, eligible_rows
 
 
 @dataclass
@@ -39,8 +38,16 @@ class Pass:
 
 
 class ModelRunner:
-    def __init__(self, model: SteerlingModel, cfg: ModelConfig, num_pages: int, max_running: int,
-                 cuda_graphs: bool = True, kv_splits: int = 1, vocab_align: int | None = None):
+    def __init__(
+        self,
+        model: SteerlingModel,
+        cfg: ModelConfig,
+        num_pages: int,
+        max_running: int,
+        cuda_graphs: bool = True,
+        kv_splits: int = 1,
+        vocab_align: int | None = None,
+    ):
         """vocab_align: the LM head's rows are padded to a multiple of it (default 128 on CUDA,
         none elsewhere; the CPU tests pad too, to check that padding never changes a pick)."""
         self.model, self.cfg = model, cfg
@@ -48,8 +55,9 @@ class ModelRunner:
         self.device, self.dtype = p.device, p.dtype
         # Per layer (K, V), each [KVH, pages, 64, Dh]. One page more than the allocator hands out: the scratch page of CUDA-graph padding items.
         shape = (cfg.n_kv_heads, num_pages + 1, PAGE, cfg.head_dim)
-        self.kv = [tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv")
-                   for _ in range(cfg.n_layers)]
+        self.kv = [
+            tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv") for _ in range(cfg.n_layers)
+        ]
         self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
         self.max_running = max_running
         self.flashblock_cache: list[tuple] | None = None  # allocated by the first FlashBlock request
@@ -73,8 +81,16 @@ class ModelRunner:
         self.graphed = None
         self.attribution = AttributionRunner(model, cfg, max_rows=max_running * PAGE)
         if self.device.type == "cuda" and cuda_graphs:
-            self.graphed = GraphedForward(model, cfg, self.kv, self.cos, self.sin, scratch_page=num_pages,
-                                          scratch_slot=max_running, kv_splits=kv_splits)
+            self.graphed = GraphedForward(
+                model,
+                cfg,
+                self.kv,
+                self.cos,
+                self.sin,
+                scratch_page=num_pages,
+                scratch_slot=max_running,
+                kv_splits=kv_splits,
+            )
 
     # ---- per-request state ------------------------------------------------------------------
     @torch.inference_mode()
@@ -111,8 +127,10 @@ class ModelRunner:
         request's cache is released with its slot."""
         cfg, rows = self.cfg, self.max_running + 1
         self.flashblock_cache = [
-            (torch.zeros(rows, cfg.n_head, PAGE, cfg.head_dim, dtype=self.dtype, device=self.device),
-             torch.zeros(rows, cfg.n_head, PAGE, dtype=torch.float32, device=self.device))
+            (
+                torch.zeros(rows, cfg.n_head, PAGE, cfg.head_dim, dtype=self.dtype, device=self.device),
+                torch.zeros(rows, cfg.n_head, PAGE, dtype=torch.float32, device=self.device),
+            )
             for _ in range(cfg.n_layers)
         ]
         if self.graphed is not None:  # the FlashBlock graph family, all buckets at once
@@ -145,12 +163,17 @@ class ModelRunner:
         if sb.rep_penalty is not None:
             slots = torch.where(valid, inp.slots[:, None], self.max_running)
             self.seen[slots, chosen] = True
-        p = Pass(batch, steps, picks=to_host(torch.stack([positions, chosen, valid.long()])),
-                 attributed=[n for n, s in enumerate(step_seqs) if s.req.attribution is not None],
-                 seq_steps=[s.step for s in step_seqs])
+        p = Pass(
+            batch,
+            steps,
+            picks=to_host(torch.stack([positions, chosen, valid.long()])),
+            attributed=[n for n, s in enumerate(step_seqs) if s.req.attribution is not None],
+            seq_steps=[s.step for s in step_seqs],
+        )
         if p.attributed:
-            p.attribution = self._attribute(hidden, [steps[n] for n in p.attributed], p.attributed, logits,
-                                            sb.grid, positions, chosen)
+            p.attribution = self._attribute(
+                hidden, [steps[n] for n in p.attributed], p.attributed, logits, sb.grid, positions, chosen
+            )
         return p
 
     def picks(self, p: Pass) -> list[tuple[list[int], list[int]]]:
@@ -176,7 +199,8 @@ class ModelRunner:
             item = p.batch.items[p.steps[n]]
             out[n] = [
                 {"token_id": tok, "position": item.block * PAGE + pos, "step": p.seq_steps[n], **unpack(row, self.cfg)}
-                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], rows[a * k : (a + 1) * k]) if ok
+                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], rows[a * k : (a + 1) * k])
+                if ok
             ]
         return out
 
@@ -186,8 +210,16 @@ class ModelRunner:
 
     def _forward(self, items: list[Item], steer_vec, steer_from: list[int], split) -> torch.Tensor:
         if self.graphed is not None:
-            return self.graphed([it.tokens for it in items], [it.block for it in items], [it.page for it in items],
-                                [it.pages for it in items], steer_vec, steer_from, split, self.flashblock_cache)
+            return self.graphed(
+                [it.tokens for it in items],
+                [it.block for it in items],
+                [it.page for it in items],
+                [it.pages for it in items],
+                steer_vec,
+                steer_from,
+                split,
+                self.flashblock_cache,
+            )
         return self._forward_eager(items, steer_vec, steer_from, split)
 
     def _measure_deviation(self, logits, reference, items: list[Item], steps: list[int]) -> None:
@@ -228,11 +260,19 @@ class ModelRunner:
         caches = self.kv
         if split is not None:
             modes, slots, writes = split
-            t = lambda xs: torch.tensor(xs, device=dev)  # noqa: E731
+            t = lambda xs: torch.tensor(xs, device=dev)
             paged.flashblock = FlashBlockBatch(t(modes), t(slots), t(writes), modes)
             caches = [kv + fb for kv, fb in zip(self.kv, self.flashblock_cache)]
-        return self.model(tokens, self.cos[abs_pos][:, None], self.sin[abs_pos][:, None], caches, paged,
-                          steer_vec, torch.tensor(steer_from, device=dev), tokens == MASK_ID)
+        return self.model(
+            tokens,
+            self.cos[abs_pos][:, None],
+            self.sin[abs_pos][:, None],
+            caches,
+            paged,
+            steer_vec,
+            torch.tensor(steer_from, device=dev),
+            tokens == MASK_ID,
+        )
 
     def _attribute(self, hidden, items, attributed, logits, grid, positions, chosen) -> HostCopy:
         """Attribution of every selection slot of the step items that asked (`attributed`, their

@@ -162,8 +162,9 @@ class Scheduler:
             if block_result is None:
                 self.block_attribution.setdefault(request_id, []).extend(records)
             else:
-                block_result.attribution = sorted((r for r in earlier + records if r["position"] in kept),
-                                                  key=lambda r: r["position"])
+                block_result.attribution = sorted(
+                    (r for r in earlier + records if r["position"] in kept), key=lambda r: r["position"]
+                )
         self._awaiting = []
 
     def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], ended_by_eot: bool) -> StepResult:

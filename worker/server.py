@@ -26,11 +26,16 @@ import uuid
 from pathlib import Path
 
 import zmq
-
 from cde.shared.curve import CurveServer
 from cde.shared.limits import check_request, clip
 from cde.shared.protocol import (
-    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    AbortRequest,
+    BlockResult,
+    ConceptInfo,
+    ConceptQuery,
+    GenerateRequest,
+    Heartbeat,
+    Ping,
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
 from cde.worker.engine import Engine
@@ -51,8 +56,14 @@ def resident_bytes() -> int:
 
 
 class WorkerServer:
-    def __init__(self, engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
-                 curve: CurveServer | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        bind: str,
+        model_name: str | None = None,
+        parent_pid: int | None = None,
+        curve: CurveServer | None = None,
+    ):
         self.engine = engine
         self.model_name = model_name or Path(engine.args.model).resolve().name
         self.parent_pid = parent_pid
@@ -144,8 +155,10 @@ class WorkerServer:
             # Its error goes only to its sender; a duplicate's never reaches the original's owner.
             self._send(peer, BlockResult(req.request_id, [], True, "error", error=error))
             return
-        log.info("request admitted", extra={"request_id": rid, "prompt_tokens": len(req.prompt_ids),
-                                            "max_tokens": req.max_tokens})
+        log.info(
+            "request admitted",
+            extra={"request_id": rid, "prompt_tokens": len(req.prompt_ids), "max_tokens": req.max_tokens},
+        )
         self.owner[req.request_id] = peer
 
     def _concept_info(self, query: ConceptQuery) -> ConceptInfo:
@@ -237,17 +250,31 @@ class WorkerServer:
             self._rate_at = (now, stats["forward_passes"])
         cfg = self.engine.cfg
         return Heartbeat(
-            boot_id=self.boot_id, model=self.model_name, block_size=cfg.block_size,
-            vocab_size=cfg.vocab_size, instruct=cfg.instruct, n_layers=cfg.n_layers,
-            n_concepts=cfg.n_concepts, max_running=self.engine.args.max_running,
-            running=stats["running"], waiting=stats["waiting"], pages_used=stats["pages_used"],
-            pages_free=stats["pages_free"], steps_per_s=round(self._steps_per_s, 2),
-            forward_passes=stats["forward_passes"], rss_bytes=resident_bytes(),
+            boot_id=self.boot_id,
+            model=self.model_name,
+            block_size=cfg.block_size,
+            vocab_size=cfg.vocab_size,
+            instruct=cfg.instruct,
+            n_layers=cfg.n_layers,
+            n_concepts=cfg.n_concepts,
+            max_running=self.engine.args.max_running,
+            running=stats["running"],
+            waiting=stats["waiting"],
+            pages_used=stats["pages_used"],
+            pages_free=stats["pages_free"],
+            steps_per_s=round(self._steps_per_s, 2),
+            forward_passes=stats["forward_passes"],
+            rss_bytes=resident_bytes(),
         )
 
 
-def run_worker(engine: Engine, bind: str, model_name: str | None = None, parent_pid: int | None = None,
-               curve: CurveServer | None = None) -> None:
+def run_worker(
+    engine: Engine,
+    bind: str,
+    model_name: str | None = None,
+    parent_pid: int | None = None,
+    curve: CurveServer | None = None,
+) -> None:
     server = WorkerServer(engine, bind, model_name, parent_pid, curve)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)

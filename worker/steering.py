@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cde.shared.config import ModelConfig
 from cde.shared.protocol import SteeringSpec
 

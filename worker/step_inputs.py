@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cde.shared.config import PAGE
 from cde.worker.sampler import SamplingBatch
 from cde.worker.sequence import Sequence
@@ -48,11 +47,19 @@ class StepInputBuilder:
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)
         (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
-            rows, [s.slot for s in seqs], grid, row_item, [r.tokens_per_step for r in reqs],
-            [r.top_k for r in reqs], [int(r.entropy_sampling) for r in reqs], [r.seed & 0xFFFFFFFF for r in reqs],
-            [s.step for s in seqs])
+            rows,
+            [s.slot for s in seqs],
+            grid,
+            row_item,
+            [r.tokens_per_step for r in reqs],
+            [r.top_k for r in reqs],
+            [int(r.entropy_sampling) for r in reqs],
+            [r.seed & 0xFFFFFFFF for r in reqs],
+            [s.step for s in seqs],
+        )
         threshold, temperature, top_p, rep_t = self.floats.stage(
-            [2.0 if x is None else x for x in thresholds], [r.temperature for r in reqs], [r.top_p for r in reqs], rep)
+            [2.0 if x is None else x for x in thresholds], [r.temperature for r in reqs], [r.top_p for r in reqs], rep
+        )
         any_relu = any(m is not None for m in relu_masks)
         sampling = SamplingBatch(
             grid=grid_t.view(len(seqs), PAGE),
@@ -71,7 +78,12 @@ class StepInputBuilder:
             any_entropy=any(r.entropy_sampling for r in reqs),
             rep_penalty=rep_t if penalized else None,
             seen=self.seen[slots] if penalized else None,
-            relu_mask=(torch.stack([m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32)
-                                    for m in relu_masks]) if any_relu else None),
+            relu_mask=(
+                torch.stack(
+                    [m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32) for m in relu_masks]
+                )
+                if any_relu
+                else None
+            ),
         )
         return StepInputs(rows_t, slots, sampling)

@@ -28,19 +28,35 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates")
     p.add_argument("--tokens-per-step", type=int, default=1, help="tokens unmasked per denoising step")
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
-    p.add_argument("--compare-attribution", action="store_true",
-                   help="run each level twice in the same engine: without, then with attribution")
-    p.add_argument("--steering", action="store_true",
-                   help="run each level twice in the same engine: no steering, then half of the requests steering")
+    p.add_argument(
+        "--compare-attribution",
+        action="store_true",
+        help="run each level twice in the same engine: without, then with attribution",
+    )
+    p.add_argument(
+        "--steering",
+        action="store_true",
+        help="run each level twice in the same engine: no steering, then half of the requests steering",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda; auto: cuda when a GPU is visible")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--no-cuda-graphs", action="store_true")
-    p.add_argument("--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)")
+    p.add_argument(
+        "--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)"
+    )
     p.add_argument("--json", help="write the results as JSON here")
-    p.add_argument("--profile", metavar="DIR",
-                   help="also profile 32 steps in each of the first two blocks of every level; op tables to DIR/profile-c{N}.txt")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072")
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also profile 32 steps in each of the first two blocks of every level; op tables to DIR/profile-c{N}.txt",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072",
+    )
     bench_flashblock.add_arguments(p)
 
 
@@ -99,19 +115,32 @@ class _StepClock:
         return per_pass, idle
 
 
-def _requests(n: int, args, tag: str, steer: bool = False, attribution: bool | None = None,
-              flashblock=None, prompt_len: int | None = None) -> list[GenerateRequest]:
+def _requests(
+    n: int,
+    args,
+    tag: str,
+    steer: bool = False,
+    attribution: bool | None = None,
+    flashblock=None,
+    prompt_len: int | None = None,
+) -> list[GenerateRequest]:
     attribution = args.attribution if attribution is None else attribution
     rng = random.Random(n)
     reqs = []
     for i in range(n):
-        reqs.append(GenerateRequest(
-            f"{tag}-{i}", [rng.randrange(1000, 100000) for _ in range(prompt_len or args.prompt_len)], max_tokens=args.max_tokens,
-            tokens_per_step=args.tokens_per_step,
-            attribution=AttributionSpec() if attribution else None,
-            steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=args.steer_layer) if steer and i % 2 == 0 else None,
-            flashblock=flashblock,
-        ))
+        reqs.append(
+            GenerateRequest(
+                f"{tag}-{i}",
+                [rng.randrange(1000, 100000) for _ in range(prompt_len or args.prompt_len)],
+                max_tokens=args.max_tokens,
+                tokens_per_step=args.tokens_per_step,
+                attribution=AttributionSpec() if attribution else None,
+                steering=SteeringSpec(concepts=[i % 7, 11], inject_layer=args.steer_layer)
+                if steer and i % 2 == 0
+                else None,
+                flashblock=flashblock,
+            )
+        )
     return reqs
 
 
@@ -207,14 +236,28 @@ def run(args) -> int:
         dtype = "bfloat16" if device == "cuda" else "float32"
         t0 = time.perf_counter()
         overrides = dict(kv.split("=", 1) for kv in args.set)
-        make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device,
-                   overrides={k: int(v) if v.lstrip("-").isdigit() else v for k, v in overrides.items()})
+        make_model(
+            args.preset,
+            model_dir,
+            seed=0,
+            dtype=dtype,
+            device=device,
+            overrides={k: int(v) if v.lstrip("-").isdigit() else v for k, v in overrides.items()},
+        )
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
     t0 = time.perf_counter()
-    engine = Engine(EngineArgs(model_dir, device=device, dtype=args.dtype, max_running=max(levels),
-                               cuda_graphs=not args.no_cuda_graphs, kv_splits=args.kv_splits))
+    engine = Engine(
+        EngineArgs(
+            model_dir,
+            device=device,
+            dtype=args.dtype,
+            max_running=max(levels),
+            cuda_graphs=not args.no_cuda_graphs,
+            kv_splits=args.kv_splits,
+        )
+    )
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     args.steer_layer = engine.cfg.n_layers // 4  # layer 8 of the 8B's 32
     results = []
@@ -222,13 +265,21 @@ def run(args) -> int:
         args.prompt_len = plen
         # Warm every variant the level will run, so compilation stays out of the measurement.
         # (FlashBlock runs measure decoding: their warm-up skips the long prefill.)
-        warm = _requests(c, args, f"warm{c}", steer=args.steering, attribution=args.attribution or args.compare_attribution,
-                         prompt_len=PAGE if args.flashblock_tau is not None else None)
+        warm = _requests(
+            c,
+            args,
+            f"warm{c}",
+            steer=args.steering,
+            attribution=args.attribution or args.compare_attribution,
+            prompt_len=PAGE if args.flashblock_tau is not None else None,
+        )
         for r in warm:
             r.max_tokens = min(args.max_tokens, 2 * PAGE)
         _run(engine, warm)  # the engine captured its graphs at startup; this warms the host side
         if args.flashblock_tau is not None:
-            for res in bench_flashblock.run_level(engine, args, c, lambda n, tag, fb, **kw: _requests(n, args, tag, flashblock=fb, **kw), _run):
+            for res in bench_flashblock.run_level(
+                engine, args, c, lambda n, tag, fb, **kw: _requests(n, args, tag, flashblock=fb, **kw), _run
+            ):
                 res["context"] = args.prompt_len + args.max_tokens
                 results.append(res)
                 print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
@@ -277,9 +328,12 @@ def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
         ops = prof.key_averages()
         # Kernel time against wall time per step: what is left is the GPU waiting for the host.
         kernel_ms = sum(e.self_device_time_total for e in ops) / 1e3 / 32
-        tables.append(f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
-                      + ops.table(sort_by="cuda_time_total", row_limit=40)
-                      + "\n-- host side\n" + ops.table(sort_by="self_cpu_time_total", row_limit=25))
+        tables.append(
+            f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
+            + ops.table(sort_by="cuda_time_total", row_limit=40)
+            + "\n-- host side\n"
+            + ops.table(sort_by="self_cpu_time_total", row_limit=25)
+        )
     while engine.has_work():
         engine.step()
     with open(path, "w") as f:
@@ -288,13 +342,23 @@ def _profile(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
 
 
 def print_table(results: list[dict]) -> None:
-    cols = [("concurrency", "conc", "{:d}"), ("output_tok_per_s", "tok/s", "{:.1f}"),
-            ("ms_per_forward", "ms/fwd", "{:.2f}"), ("ms_per_forward_first_block", "ms/fwd 1st block", "{:.2f}"),
-            ("ms_per_forward_after", "ms/fwd after", "{:.2f}"), ("time_to_first_block_s", "TTFB s", "{:.3f}"),
-            ("inter_block_latency_s", "ITL s", "{:.3f}"), ("time_to_last_block_s", "TTLB s", "{:.2f}"),
-            ("forward_passes_per_block", "fwd/block", "{:.1f}"), ("gpu_idle_fraction", "idle", "{:.2f}"),
-            ("recompiles_after_warmup", "recomp", "{:d}"), ("steering_half", "steer", "{}"),
-            ("attribution", "attr", "{}"), ("gc_ms", "GC ms", "{:.1f}"), ("peak_device_gb", "peak GB", "{}")]
+    cols = [
+        ("concurrency", "conc", "{:d}"),
+        ("output_tok_per_s", "tok/s", "{:.1f}"),
+        ("ms_per_forward", "ms/fwd", "{:.2f}"),
+        ("ms_per_forward_first_block", "ms/fwd 1st block", "{:.2f}"),
+        ("ms_per_forward_after", "ms/fwd after", "{:.2f}"),
+        ("time_to_first_block_s", "TTFB s", "{:.3f}"),
+        ("inter_block_latency_s", "ITL s", "{:.3f}"),
+        ("time_to_last_block_s", "TTLB s", "{:.2f}"),
+        ("forward_passes_per_block", "fwd/block", "{:.1f}"),
+        ("gpu_idle_fraction", "idle", "{:.2f}"),
+        ("recompiles_after_warmup", "recomp", "{:d}"),
+        ("steering_half", "steer", "{}"),
+        ("attribution", "attr", "{}"),
+        ("gc_ms", "GC ms", "{:.1f}"),
+        ("peak_device_gb", "peak GB", "{}"),
+    ]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:
         print(" | ".join("—" if r[k] is None else f.format(r[k]) for k, _, f in cols))

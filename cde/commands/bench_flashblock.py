@@ -74,12 +74,15 @@ def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
     if mode is not None:
         modes = torch.full((n,), mode, device=dev)
         rows = torch.arange(n, device=dev) % runner.max_running
-        split = FlashBlockBatch(modes, rows, rows if mode == ATTN_REFRESH else torch.full_like(rows, runner.max_running),
-                                [mode] * n)
+        split = FlashBlockBatch(
+            modes, rows, rows if mode == ATTN_REFRESH else torch.full_like(rows, runner.max_running), [mode] * n
+        )
         cache = runner.kv[0] + runner.flashblock_cache[0]
     if dev.type != "cuda":  # the per-item SDPA path, eager
         t0 = time.perf_counter()
-        paged_attention(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [ctx_pages] * n, None, split))
+        paged_attention(
+            q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [ctx_pages] * n, None, split)
+        )
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
     mask = PagedBlockMask(n, cache_pages, dev, bucket_splits(runner.graphed.kv_splits, n) if runner.graphed else 1)
@@ -122,7 +125,9 @@ def run_level(engine, args, level: int, make_requests, run) -> list[dict]:
     results = [exact]
     for max_reuse in (int(x) for x in args.flashblock_max_reuse.split(",")):
         spec = FlashBlockSpec(args.flashblock_tau, max_reuse)
-        run(engine, make_requests(level, f"fbw{level}{max_reuse}", spec, prompt_len=PAGE))  # captures this family's graphs
+        run(
+            engine, make_requests(level, f"fbw{level}{max_reuse}", spec, prompt_len=PAGE)
+        )  # captures this family's graphs
         counter = _ModeCount(engine)
         res = run(engine, make_requests(level, f"fb{level}{max_reuse}", spec))
         mix = counter.restore()
@@ -149,6 +154,8 @@ def _by_index(outputs: dict[str, list[int]]) -> dict[str, list[int]]:
 def print_table(results: list[dict]) -> None:
     print("conc | context | flashblock | decode tok/s | attn ms/step | reused | token agreement | mean KL")
     for r in results:
-        print(f"{r['concurrency']} | {r['context']} | {r['flashblock']} | {r['decode_tok_per_s']:.1f} | "
-              f"{r['attention_ms_per_step']:.2f} | {r.get('reused_fraction', 0.0):.2f} | {r['token_agreement']:.3f} | "
-              f"{r['mean_kl']:.2e}")
+        print(
+            f"{r['concurrency']} | {r['context']} | {r['flashblock']} | {r['decode_tok_per_s']:.1f} | "
+            f"{r['attention_ms_per_step']:.2f} | {r.get('reused_fraction', 0.0):.2f} | {r['token_agreement']:.3f} | "
+            f"{r['mean_kl']:.2e}"
+        )

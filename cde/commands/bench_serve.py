@@ -18,20 +18,26 @@ import numpy as np
 
 from cde.commands.load_client import Outcome, send, write_json
 
-WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not but "
-         "they which one you were all we can her has there been if more when will would who so no").split()
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "at", "or", "an", "have", "not", "but", "they", "which", "one", "you", "were", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no"]
 
 
 def add_arguments(p) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
     p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests per second, Poisson (inf: all at once)")
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests per second, Poisson (inf: all at once)"
+    )
     p.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no limit)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt length in words (about one token each)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--extra-body", type=json.loads, default={}, metavar="JSON",
-                   help='extra request fields, e.g. \'{"tokens_per_step": 4, "attribution": true}\'')
+    p.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help='extra request fields, e.g. \'{"tokens_per_step": 4, "attribution": true}\'',
+    )
     p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
@@ -60,8 +66,15 @@ async def first_model(client: httpx.AsyncClient, base: str, headers: dict) -> st
     return models[0]["id"]
 
 
-async def run_load(client: httpx.AsyncClient, url: str, bodies: list[dict], rate: float,
-                   max_concurrency: int | None, rng: random.Random, headers: dict) -> tuple[list[Outcome], float]:
+async def run_load(
+    client: httpx.AsyncClient,
+    url: str,
+    bodies: list[dict],
+    rate: float,
+    max_concurrency: int | None,
+    rng: random.Random,
+    headers: dict,
+) -> tuple[list[Outcome], float]:
     """Sends `bodies` with Poisson arrivals; returns their outcomes (in order) and the wall time."""
     limit = asyncio.Semaphore(max_concurrency or len(bodies))
 
@@ -95,30 +108,41 @@ def summarize(outcomes: list[Outcome], duration: float) -> dict:
     output = sum(o.completion_tokens for o in ok)
     tpot = [(o.latency - o.ttft) / (o.completion_tokens - 1) for o in ok if o.completion_tokens > 1 and o.ttft]
     return {
-        "successful_requests": len(ok), "failed_requests": len(outcomes) - len(ok), "duration_s": duration,
-        "total_input_tokens": sum(o.prompt_tokens for o in ok), "total_output_tokens": output,
-        "request_throughput": len(ok) / duration, "output_throughput": output / duration,
+        "successful_requests": len(ok),
+        "failed_requests": len(outcomes) - len(ok),
+        "duration_s": duration,
+        "total_input_tokens": sum(o.prompt_tokens for o in ok),
+        "total_output_tokens": output,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output / duration,
         "ttft_ms": _ms([o.ttft for o in ok if o.ttft is not None]),
-        "tpot_ms": _ms(tpot), "itl_ms": _ms([g for o in ok for g in o.itl]),
-        "e2e_latency_ms": _ms([o.latency for o in ok]), "failures": failures,
+        "tpot_ms": _ms(tpot),
+        "itl_ms": _ms([g for o in ok for g in o.itl]),
+        "e2e_latency_ms": _ms([o.latency for o in ok]),
+        "failures": failures,
     }
 
 
 def print_report(s: dict) -> None:
     line = "{:<40}{:>12}"
     print("{:=^52}".format(" Serving Benchmark Result "))
-    for label, key, fmt in (("Successful requests:", "successful_requests", "{}"),
-                            ("Failed requests:", "failed_requests", "{}"),
-                            ("Benchmark duration (s):", "duration_s", "{:.2f}"),
-                            ("Total input tokens:", "total_input_tokens", "{}"),
-                            ("Total generated tokens:", "total_output_tokens", "{}"),
-                            ("Request throughput (req/s):", "request_throughput", "{:.2f}"),
-                            ("Output token throughput (tok/s):", "output_throughput", "{:.2f}")):
+    for label, key, fmt in (
+        ("Successful requests:", "successful_requests", "{}"),
+        ("Failed requests:", "failed_requests", "{}"),
+        ("Benchmark duration (s):", "duration_s", "{:.2f}"),
+        ("Total input tokens:", "total_input_tokens", "{}"),
+        ("Total generated tokens:", "total_output_tokens", "{}"),
+        ("Request throughput (req/s):", "request_throughput", "{:.2f}"),
+        ("Output token throughput (tok/s):", "output_throughput", "{:.2f}"),
+    ):
         print(line.format(label, fmt.format(s[key])))
-    for title, key, name in (("Time to First Token", "ttft_ms", "TTFT"), ("Time per Output Token (excl. 1st token)",
-                             "tpot_ms", "TPOT"), ("Inter-chunk Latency", "itl_ms", "ITL"),
-                             ("End-to-end Latency", "e2e_latency_ms", "E2EL")):
-        print("{:-^52}".format(title))
+    for title, key, name in (
+        ("Time to First Token", "ttft_ms", "TTFT"),
+        ("Time per Output Token (excl. 1st token)", "tpot_ms", "TPOT"),
+        ("Inter-chunk Latency", "itl_ms", "ITL"),
+        ("End-to-end Latency", "e2e_latency_ms", "E2EL"),
+    ):
+        print(f"{title:-^52}")
         for stat in ("mean", "median", "p99"):
             value = s[key][stat]
             print(line.format(f"{stat.capitalize()} {name} (ms):", "-" if value is None else f"{value:.2f}"))
@@ -130,9 +154,17 @@ def print_report(s: dict) -> None:
 
 
 def make_bodies(args, model: str, rng: random.Random) -> list[dict]:
-    return [{"model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(args.prompt_len)),
-             "max_tokens": args.max_tokens, "stream": True, "stream_options": {"include_usage": True},
-             **args.extra_body} for _ in range(args.num_prompts)]
+    return [
+        {
+            "model": model,
+            "prompt": " ".join(rng.choice(WORDS) for _ in range(args.prompt_len)),
+            "max_tokens": args.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **args.extra_body,
+        }
+        for _ in range(args.num_prompts)
+    ]
 
 
 async def bench(args) -> dict:
@@ -141,10 +173,22 @@ async def bench(args) -> dict:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.max_concurrency or 100)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         model = args.model or await first_model(client, base, headers)
-        outcomes, duration = await run_load(client, base + "/completions", make_bodies(args, model, rng),
-                                            args.request_rate, args.max_concurrency, rng, headers)
-    return {"model": model, "num_prompts": args.num_prompts, "request_rate": str(args.request_rate),
-            "max_concurrency": args.max_concurrency, **summarize(outcomes, duration)}
+        outcomes, duration = await run_load(
+            client,
+            base + "/completions",
+            make_bodies(args, model, rng),
+            args.request_rate,
+            args.max_concurrency,
+            rng,
+            headers,
+        )
+    return {
+        "model": model,
+        "num_prompts": args.num_prompts,
+        "request_rate": str(args.request_rate),
+        "max_concurrency": args.max_concurrency,
+        **summarize(outcomes, duration),
+    }
 
 
 def run(args) -> int:

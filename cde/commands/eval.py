@@ -31,8 +31,12 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | auto")
     p.add_argument("--cuda-graphs", action="store_true", help="with --model on CUDA: the serving configuration")
     p.add_argument("--max-running", type=int, default=64, help="with --model: concurrent requests")
-    p.add_argument("--limit", type=int, default=100, help="held-out problems per family (and a smaller slice of "
-                   "the steering and attribution prompts when under 16)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="held-out problems per family (and a smaller slice of the steering and attribution prompts when under 16)",
+    )
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated rows of the task table")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
     p.add_argument("--strengths", default="0,4,8,16,32", help="amplify strengths (0: unsteered)")
@@ -68,13 +72,18 @@ def _tasks(backend, args) -> list[dict]:
 def _task_table(rows: list[dict]) -> str:
     families = list(rows[0]["accuracy"])
     base = sum(rows[0]["accuracy"].values()) / len(families)
-    out = ["| setting | " + " | ".join(families) + " | mean | change | tokens/pass | tok/s |",
-           "|---" * (len(families) + 5) + "|"]
+    out = [
+        "| setting | " + " | ".join(families) + " | mean | change | tokens/pass | tok/s |",
+        "|---" * (len(families) + 5) + "|",
+    ]
     for r in rows:
         mean = sum(r["accuracy"].values()) / len(families)
         cells = [f"{100 * r['accuracy'][f]:.1f}%" for f in families]
-        out.append(f"| {r['setting']} | " + " | ".join(cells) +
-                   f" | {100 * mean:.1f}% | {100 * (mean - base):+.1f} | {r['tokens_per_step']:.2f} | {r['tok_s']:.1f} |")
+        out.append(
+            f"| {r['setting']} | "
+            + " | ".join(cells)
+            + f" | {100 * mean:.1f}% | {100 * (mean - base):+.1f} | {r['tokens_per_step']:.2f} | {r['tok_s']:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -95,23 +104,30 @@ def run(args) -> int:
         lines = ["| amplify strength | on-topic share |", "|---|---|"]
         lines += [f"| {r['strength']:g} | {100 * r['on_topic']:.1f}% |" for r in report["amplify"]]
         s = report["suppress"]
-        print("## Steering (neutral prompts, one topic concept amplified)\n\n" + "\n".join(lines) +
-              f"\n\nsuppress preset on the asked topic: on-topic share {100 * s['baseline']:.1f}% -> "
-              f"{100 * s['suppressed']:.1f}%\n")
+        print(
+            "## Steering (neutral prompts, one topic concept amplified)\n\n"
+            + "\n".join(lines)
+            + f"\n\nsuppress preset on the asked topic: on-topic share {100 * s['baseline']:.1f}% -> "
+            f"{100 * s['suppressed']:.1f}%\n"
+        )
     if "attribution" in sections:
         a = concept_eval.attribution(backend, n_topics)
         report["attribution"] = a
-        print(f"## Attribution\n\ntop known concept of a chunk: its topic {100 * a['top_is_topic']:.1f}%, "
-              f"a concept of the topic's group {100 * a['top_in_topic_group']:.1f}% ({a['chunks']} chunks)")
+        print(
+            f"## Attribution\n\ntop known concept of a chunk: its topic {100 * a['top_is_topic']:.1f}%, "
+            f"a concept of the topic's group {100 * a['top_in_topic_group']:.1f}% ({a['chunks']} chunks)"
+        )
         if args.model:
             from cde.train.export import load
             from cde.train.faithfulness import logit_drops
 
             f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
             report["faithfulness"] = f
-            print(f"suppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
-                  f"another active concept by {f['drop_other']:.3f}; top > other at "
-                  f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions")
+            print(
+                f"suppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
+                f"another active concept by {f['drop_other']:.3f}; top > other at "
+                f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions"
+            )
         print()
     if args.json:
         with open(args.json, "w") as fh:

@@ -16,20 +16,44 @@ def add_http_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
     key = p.add_mutually_exclusive_group()
-    key.add_argument("--api-key", default=os.environ.get("CDE_API_KEY"), help="require `Authorization: Bearer KEY` "
-                     "(default: env CDE_API_KEY, never shown here); prefer the env or --api-key-file: "
-                     "a command line is readable by every local user")
-    key.add_argument("--api-key-file", dest="api_key", type=_read_key, metavar="FILE", help="the API key, read from FILE")
-    p.add_argument("--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429")
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a worker counts as dead")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown")
-    p.add_argument("--concept-labels", metavar="PATH",
-                   help="concept catalog, concept_labels.parquet or a labels CSV (default: $STEERLING_CONCEPTS_PATH, "
-                        "then concept_labels.* in the model directory, then guidelabs/steerling's in the Hub cache)")
-    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)")
-    p.add_argument("--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)")
+    key.add_argument(
+        "--api-key",
+        default=os.environ.get("CDE_API_KEY"),
+        help="require `Authorization: Bearer KEY` "
+        "(default: env CDE_API_KEY, never shown here); prefer the env or --api-key-file: "
+        "a command line is readable by every local user",
+    )
+    key.add_argument(
+        "--api-key-file", dest="api_key", type=_read_key, metavar="FILE", help="the API key, read from FILE"
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=5.0,
+        help="seconds without a heartbeat before a worker counts as dead",
+    )
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown"
+    )
+    p.add_argument(
+        "--concept-labels",
+        metavar="PATH",
+        help="concept catalog, concept_labels.parquet or a labels CSV (default: $STEERLING_CONCEPTS_PATH, "
+        "then concept_labels.* in the model directory, then guidelabs/steerling's in the Hub cache)",
+    )
+    p.add_argument(
+        "--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)"
+    )
+    p.add_argument(
+        "--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)"
+    )
     p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
-    p.add_argument("--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)")
+    p.add_argument(
+        "--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)"
+    )
     add_limit_arguments(p)
 
 
@@ -46,14 +70,29 @@ def _read_key(path: str) -> str:
 def add_arguments(p) -> None:
     from cde.gateway.discovery import dns_target
 
-    p.add_argument("--worker", action="append", default=[], metavar="ENDPOINT",
-                   help="worker endpoint, e.g. tcp://10.0.0.2:5555 (repeatable)")
-    p.add_argument("--worker-dns", action="append", default=[], type=dns_target, metavar="NAME:PORT",
-                   help="connect to every IPv4 address NAME resolves to, re-resolved every --dns-interval "
-                        "seconds (a Kubernetes headless Service; repeatable)")
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="worker endpoint, e.g. tcp://10.0.0.2:5555 (repeatable)",
+    )
+    p.add_argument(
+        "--worker-dns",
+        action="append",
+        default=[],
+        type=dns_target,
+        metavar="NAME:PORT",
+        help="connect to every IPv4 address NAME resolves to, re-resolved every --dns-interval "
+        "seconds (a Kubernetes headless Service; repeatable)",
+    )
     p.add_argument("--dns-interval", type=float, default=5.0, help="seconds between --worker-dns resolutions")
-    p.add_argument("--curve-secret-key", metavar="FILE", help="this gateway's CURVE key pair (NAME.key_secret): "
-                   "encrypt and authenticate the worker links; needs --curve-server-key")
+    p.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="this gateway's CURVE key pair (NAME.key_secret): "
+        "encrypt and authenticate the worker links; needs --curve-server-key",
+    )
     p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key)")
     add_model_arguments(p, MODEL_HELP + ", only read for its concept labels (optional)")
     p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
@@ -75,18 +114,24 @@ def build_state(args, endpoints, processes=None, model_dir=None, **router_option
     from cde.gateway.router import Router
     from cde.gateway.state import ServerState
 
-    router = Router(endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue,
-                    **router_options)
-    return ServerState(router, args.served_model_name, args.api_key or None, concept_labels(args, model_dir),
-                       max_model_len=args.max_model_len, log_requests=args.log_requests)
+    router = Router(
+        endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue, **router_options
+    )
+    return ServerState(
+        router,
+        args.served_model_name,
+        args.api_key or None,
+        concept_labels(args, model_dir),
+        max_model_len=args.max_model_len,
+        log_requests=args.log_requests,
+    )
 
 
 def run(args) -> int:
     from cde.gateway.app import create_app
+    from cde.gateway.discovery import DnsDiscovery
     from cde.gateway.http_limits import from_args as limits_from_args
     from cde.gateway.server import serve_http
-
-    from cde.gateway.discovery import DnsDiscovery
     from cde.shared.curve import CurveClient, CurveKeyError
 
     if not args.worker and not args.worker_dns:
@@ -101,7 +146,14 @@ def run(args) -> int:
     resolve_model_args(args, "gateway", demo=False)
     setup_logging("gateway", args.log_level)
     state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
-    app = create_app(state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes,
-                     limits=limits_from_args(args))
-    return serve_http(app, args.host, args.port, banner="CDE gateway listening on {url}/v1",
-                      shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+    app = create_app(
+        state, wait_for_workers=args.wait, max_request_bytes=args.max_request_bytes, limits=limits_from_args(args)
+    )
+    return serve_http(
+        app,
+        args.host,
+        args.port,
+        banner="CDE gateway listening on {url}/v1",
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+    )

@@ -24,16 +24,28 @@ def add_arguments(p) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
     p.add_argument("--entropy-sampling", action="store_true", help="the reference's entropy-adaptive sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--steering", metavar="JSON",
-                   help='the API\'s `steering` object, e.g. \'{"concepts": ["ocean"], "preset": "amplify"}\'')
-    p.add_argument("--attribution", metavar="JSON",
-                   help="the API's `attribution` field: true, or e.g. '{\"top_k\": 5, \"per_token\": true}'")
-    p.add_argument("--concept-labels", metavar="PATH", help="concept labels for steering by name and for attribution "
-                   "(default: as `cde serve` finds them)")
+    p.add_argument(
+        "--steering",
+        metavar="JSON",
+        help='the API\'s `steering` object, e.g. \'{"concepts": ["ocean"], "preset": "amplify"}\'',
+    )
+    p.add_argument(
+        "--attribution",
+        metavar="JSON",
+        help='the API\'s `attribution` field: true, or e.g. \'{"top_k": 5, "per_token": true}\'',
+    )
+    p.add_argument(
+        "--concept-labels",
+        metavar="PATH",
+        help="concept labels for steering by name and for attribution (default: as `cde serve` finds them)",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--json", action="store_true",
-                   help='print {"token_ids": [...], "text": "..."}, plus "attribution" as the API renders it')
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"token_ids": [...], "text": "..."}, plus "attribution" as the API renders it',
+    )
 
 
 def run(args) -> int:
@@ -49,10 +61,18 @@ def run(args) -> int:
     else:
         prompt_ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
     req = GenerateRequest(
-        uuid.uuid4().hex, prompt_ids, max_tokens=args.max_tokens, temperature=args.temperature,
-        top_p=args.top_p, top_k=args.top_k, seed=args.seed, tokens_per_step=args.tokens_per_step,
-        confidence_threshold=args.confidence_threshold, repetition_penalty=args.repetition_penalty,
-        entropy_sampling=args.entropy_sampling, stop=args.stop,
+        uuid.uuid4().hex,
+        prompt_ids,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        tokens_per_step=args.tokens_per_step,
+        confidence_threshold=args.confidence_threshold,
+        repetition_penalty=args.repetition_penalty,
+        entropy_sampling=args.entropy_sampling,
+        stop=args.stop,
     )
     render = None
     if args.steering is not None or args.attribution is not None:
@@ -102,8 +122,16 @@ def _api_fields(args, engine, prompt_ids: list[int]):
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"cde generate: --{field} is not JSON: {exc}") from None
     cfg = engine.cfg
-    info = Heartbeat(boot_id="cli", model="cli", block_size=cfg.block_size, vocab_size=cfg.vocab_size,
-                     instruct=cfg.instruct, n_layers=cfg.n_layers, n_concepts=cfg.n_concepts, max_running=1)
+    info = Heartbeat(
+        boot_id="cli",
+        model="cli",
+        block_size=cfg.block_size,
+        vocab_size=cfg.vocab_size,
+        instruct=cfg.instruct,
+        n_layers=cfg.n_layers,
+        n_concepts=cfg.n_concepts,
+        max_running=1,
+    )
     labels = concept_labels(args, args.model)
     try:
         try:

@@ -19,8 +19,13 @@ def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     gen = sub.add_parser("generate", help="write CURVE key pairs (NAME.key public, NAME.key_secret private)")
     gen.add_argument("directory")
-    gen.add_argument("--name", action="append", type=_name, metavar="NAME",
-                     help="key pair to write (repeatable; default: worker and gateway)")
+    gen.add_argument(
+        "--name",
+        action="append",
+        type=_name,
+        metavar="NAME",
+        help="key pair to write (repeatable; default: worker and gateway)",
+    )
     gen.add_argument("--force", action="store_true", help="overwrite existing key files")
 
 

@@ -105,8 +105,15 @@ async def _stream(response: httpx.Response, out: Outcome, t0: float, hang_up_aft
         out.fail("broken", "no_done", "the stream ended without [DONE]")
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict, *, headers: dict | None = None,
-               hang_up_after: int | None = None, deadline: float | None = None) -> Outcome:
+async def send(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    *,
+    headers: dict | None = None,
+    hang_up_after: int | None = None,
+    deadline: float | None = None,
+) -> Outcome:
     """POST `body` to `url` (.../v1/completions or .../v1/chat/completions)."""
     out = Outcome()
     t0 = time.perf_counter()
@@ -118,7 +125,9 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, *, headers: dict
                     try:
                         return _error_from(json.loads(raw), out, f"http_{response.status_code}")
                     except ValueError:
-                        return out.fail("broken", f"http_{response.status_code}_no_error_body", raw[:200].decode(errors="replace"))
+                        return out.fail(
+                            "broken", f"http_{response.status_code}_no_error_body", raw[:200].decode(errors="replace")
+                        )
                 if body.get("stream"):
                     await _stream(response, out, t0, hang_up_after)
                 else:

@@ -18,7 +18,14 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from cde.worker.checkpoint import make_model
 
-    out = make_model(args.preset, args.out, seed=args.seed, dtype=args.dtype, instruct=args.instruct,
-                     max_shard_bytes=int(args.max_shard_gb * (1 << 30)), device=args.device)
+    out = make_model(
+        args.preset,
+        args.out,
+        seed=args.seed,
+        dtype=args.dtype,
+        instruct=args.instruct,
+        max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
+        device=args.device,
+    )
     print(out)
     return 0

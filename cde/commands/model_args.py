@@ -3,7 +3,9 @@ or a Hugging Face Hub id, resolved to a local directory before any model work.""
 
 from __future__ import annotations
 
-MODEL_HELP = "checkpoint directory, or Hugging Face Hub id org/name (fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
+MODEL_HELP = (
+    "checkpoint directory, or Hugging Face Hub id org/name (fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
+)
 
 
 def add_model_arguments(p, model_help: str = MODEL_HELP + " (default: the built-in demo model)", into=None) -> None:

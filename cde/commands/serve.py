@@ -13,7 +13,12 @@ import time
 from cde.commands.gateway import add_http_arguments, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import (
-    DEVICE_HELP, DTYPE_HELP, add_attention_arguments, attention_flags, flashblock_default, kv_splits,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    add_attention_arguments,
+    attention_flags,
+    flashblock_default,
+    kv_splits,
 )
 from cde.shared.logs import setup_logging
 
@@ -54,9 +59,25 @@ def _spawn(args, model: str, n: int, gpus: list[str], sockdir: str):
         elif "OMP_NUM_THREADS" not in env:
             # CPU workers share the cores: oversubscribed torch threads slow every step ~10x.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
-        cmd = [sys.executable, "-m", "cde", "worker", "--model", model, "--bind", endpoint,
-               "--device", "cuda" if gpus else "cpu", "--dtype", args.dtype,
-               "--max-running", str(args.max_running), "--parent-pid", str(os.getpid()), *attention_flags(args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cde",
+            "worker",
+            "--model",
+            model,
+            "--bind",
+            endpoint,
+            "--device",
+            "cuda" if gpus else "cpu",
+            "--dtype",
+            args.dtype,
+            "--max-running",
+            str(args.max_running),
+            "--parent-pid",
+            str(os.getpid()),
+            *attention_flags(args),
+        ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
@@ -111,12 +132,17 @@ def run(args) -> int:
     endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
     try:
         state = build_state(args, endpoints, procs, model_dir=args.model)
-        app = create_app(state, wait_for_workers=args.startup_timeout, max_request_bytes=args.max_request_bytes,
-                         limits=limits_from_args(args))
+        app = create_app(
+            state,
+            wait_for_workers=args.startup_timeout,
+            max_request_bytes=args.max_request_bytes,
+            limits=limits_from_args(args),
+        )
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
-        return serve_http(app, args.host, args.port, banner=banner,
-                          shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+        return serve_http(
+            app, args.host, args.port, banner=banner, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level
+        )
     finally:
         _stop(procs)
         shutil.rmtree(sockdir, ignore_errors=True)

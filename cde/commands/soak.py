@@ -19,8 +19,12 @@ from cde.commands.bench_serve import api_base, auth_headers, first_model
 from cde.commands.load_client import metric_samples, send, write_json
 from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
-IDLE_GAUGES = ("cde_num_requests_running", "cde_num_requests_waiting", "cde_kv_pages_used",
-               "cde_gateway_outstanding_requests")
+IDLE_GAUGES = (
+    "cde_num_requests_running",
+    "cde_num_requests_waiting",
+    "cde_kv_pages_used",
+    "cde_gateway_outstanding_requests",
+)
 
 
 def add_arguments(p) -> None:
@@ -30,7 +34,12 @@ def add_arguments(p) -> None:
     p.add_argument("--num-requests", type=int, help="stop after this many requests instead (whichever comes first)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     p.add_argument("--pool-size", type=int, default=24, help="distinct requests (each also gets a stop-string twin)")
-    p.add_argument("--max-tokens", type=int, default=150, help="the longest request (two or three blocks: hang-ups land mid-stream)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=150,
+        help="the longest request (two or three blocks: hang-ups land mid-stream)",
+    )
     p.add_argument("--hang-up", type=float, default=0.15, help="share of streams the client closes mid-way")
     p.add_argument("--deadline", type=float, default=0.15, help="share of other requests with a short client deadline")
     p.add_argument("--rss-slack-mb", type=float, default=64.0, help="resident memory growth allowed per process")
@@ -66,11 +75,15 @@ async def soak(args) -> dict:
     root = base[: -len("/v1")]
     rng = random.Random(args.seed)
     problems: list[str] = []
-    async with httpx.AsyncClient(timeout=600, headers=headers,
-                                 limits=httpx.Limits(max_keepalive_connections=args.concurrency)) as client:
+    async with httpx.AsyncClient(
+        timeout=600, headers=headers, limits=httpx.Limits(max_keepalive_connections=args.concurrency)
+    ) as client:
         model = args.model or await first_model(client, base, {})
-        probe = await send(client, base + "/chat/completions",
-                           {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        probe = await send(
+            client,
+            base + "/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        )
         pool = build_pool(rng, model, args.pool_size, chat=probe.status == "ok", max_tokens=args.max_tokens)
 
         # Reference outputs: every spec alone on an idle server.
@@ -82,8 +95,11 @@ async def soak(args) -> dict:
                 refs.append(await send(client, base + twin.path, twin.body))
                 if refs[-1].finish.get(0) != "stop":
                     problems.append(f"stop string {twin.body['stop']} did not stop its own text: {refs[-1].finish}")
-        problems += [f"reference run of a {s.kind} request failed: {r.kind} {r.message}"
-                     for s, r in zip(pool, refs) if r.status != "ok"]
+        problems += [
+            f"reference run of a {s.kind} request failed: {r.kind} {r.message}"
+            for s, r in zip(pool, refs)
+            if r.status != "ok"
+        ]
         invalid = invalid_spec(model)
 
         # Warm-up: the pool once at full concurrency, so the resident-memory baseline is taken
@@ -149,10 +165,20 @@ def judge(args, records, problems, start, end, peak, duration) -> dict:
     for proc, mb in rss_start.items():
         if rss_end.get(proc, 0.0) - mb > args.rss_slack_mb:
             problems.append(f"{proc} resident memory grew {mb:.0f} -> {rss_end[proc]:.0f} MB")
-    return {"requests": len(records), "duration_s": round(duration, 1), "outcomes": outcomes, "kinds": by_kind,
-            "explicit_errors": errors, "rss_mb": {p: {"start": round(mb, 1), "peak": round(peak.get(p, mb), 1),
-                                                      "end": round(rss_end.get(p, 0.0), 1)} for p, mb in rss_start.items()},
-            "idle_at_end": {g: end.get(g, 0.0) for g in IDLE_GAUGES}, "problems": problems, "passed": not problems}
+    return {
+        "requests": len(records),
+        "duration_s": round(duration, 1),
+        "outcomes": outcomes,
+        "kinds": by_kind,
+        "explicit_errors": errors,
+        "rss_mb": {
+            p: {"start": round(mb, 1), "peak": round(peak.get(p, mb), 1), "end": round(rss_end.get(p, 0.0), 1)}
+            for p, mb in rss_start.items()
+        },
+        "idle_at_end": {g: end.get(g, 0.0) for g in IDLE_GAUGES},
+        "problems": problems,
+        "passed": not problems,
+    }
 
 
 def print_report(r: dict) -> None:

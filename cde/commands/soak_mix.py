@@ -33,8 +33,13 @@ def build_pool(rng: random.Random, model: str, size: int, chat: bool, max_tokens
     pool = []
     for i in range(size):
         kind = kinds[i % len(kinds)]
-        body = {"model": model, "max_tokens": rng.choice(lengths), "temperature": 0,
-                "tokens_per_step": rng.choice([4, 8]), "stream": rng.random() < 0.5}
+        body = {
+            "model": model,
+            "max_tokens": rng.choice(lengths),
+            "temperature": 0,
+            "tokens_per_step": rng.choice([4, 8]),
+            "stream": rng.random() < 0.5,
+        }
         if kind == "chat":
             body["messages"] = [{"role": "user", "content": _prompt(rng)}]
         else:
@@ -43,8 +48,9 @@ def build_pool(rng: random.Random, model: str, size: int, chat: bool, max_tokens
             body.update(temperature=0.8, top_p=0.95, seed=rng.randrange(1 << 31), n=2)
         elif kind == "steering":
             concepts = rng.sample(range(32), 2)
-            body["steering"] = rng.choice([{"concepts": concepts, "strength": 8.0},
-                                           {"preset": "suppress", "concepts": concepts[:1]}])
+            body["steering"] = rng.choice(
+                [{"concepts": concepts, "strength": 8.0}, {"preset": "suppress", "concepts": concepts[:1]}]
+            )
         elif kind == "attribution":
             body["attribution"] = {"top_k": 3}
         pool.append(Spec(kind, "/chat/completions" if kind == "chat" else "/completions", body))
@@ -54,7 +60,7 @@ def build_pool(rng: random.Random, model: str, size: int, chat: bool, max_tokens
 def stop_spec(spec: Spec, reference: Outcome) -> Spec | None:
     """A copy of a greedy spec that stops on a piece of its own reference text, so the stop fires."""
     text = reference.texts.get(0, "")
-    piece = text[len(text) // 3:][:3]
+    piece = text[len(text) // 3 :][:3]
     if len(piece) < 3 or not piece.strip():
         return None
     return Spec("stop", spec.path, {**spec.body, "stop": [piece]})

@@ -17,26 +17,46 @@ DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)")
+    p.add_argument(
+        "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)"
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
     p.add_argument("--max-running", type=int, default=16, help="requests decoded concurrently")
-    p.add_argument("--served-model-name",
-                   help="model name reported to the gateway (default: the Hub id as given, or the directory's name)")
-    p.add_argument("--curve-secret-key", metavar="FILE", help="this worker's CURVE key pair (NAME.key_secret): "
-                   "encrypt the link and admit only --curve-authorized-keys")
-    p.add_argument("--curve-authorized-keys", metavar="FILE|DIR",
-                   help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR")
-    p.add_argument("--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)")
+    p.add_argument(
+        "--served-model-name",
+        help="model name reported to the gateway (default: the Hub id as given, or the directory's name)",
+    )
+    p.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="this worker's CURVE key pair (NAME.key_secret): encrypt the link and admit only --curve-authorized-keys",
+    )
+    p.add_argument(
+        "--curve-authorized-keys",
+        metavar="FILE|DIR",
+        help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR",
+    )
+    p.add_argument(
+        "--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)"
+    )
     add_attention_arguments(p)
 
 
 def add_attention_arguments(p) -> None:
-    p.add_argument("--kv-splits", type=int, default=1, metavar="S",
-                   help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "
-                        "attention at small batches; exact (default: 1, off)")
-    p.add_argument("--flashblock-tau", type=int,
-                   help="FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens (default: off, exact)")
+    p.add_argument(
+        "--kv-splits",
+        type=int,
+        default=1,
+        metavar="S",
+        help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "
+        "attention at small batches; exact (default: 1, off)",
+    )
+    p.add_argument(
+        "--flashblock-tau",
+        type=int,
+        help="FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens (default: off, exact)",
+    )
     p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
 
 
@@ -65,7 +85,12 @@ def attention_flags(args) -> list[str]:
     flags = ["--kv-splits", str(kv_splits(args))]
     if args.flashblock_tau is None:
         return flags
-    return flags + ["--flashblock-tau", str(args.flashblock_tau), "--flashblock-max-reuse", str(args.flashblock_max_reuse)]
+    return flags + [
+        "--flashblock-tau",
+        str(args.flashblock_tau),
+        "--flashblock-max-reuse",
+        str(args.flashblock_max_reuse),
+    ]
 
 
 def run(args) -> int:
@@ -77,14 +102,24 @@ def run(args) -> int:
     if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
         raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")
     try:  # before loading the model: a bad key path should not take minutes to report
-        curve = CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
+        curve = (
+            CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
+        )
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
     splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     served = resolve_model_args(args, "worker")
-    engine = Engine(EngineArgs(args.model, device=args.device, dtype=args.dtype,
-                               max_running=args.max_running, flashblock=flashblock, kv_splits=splits))
+    engine = Engine(
+        EngineArgs(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_running=args.max_running,
+            flashblock=flashblock,
+            kv_splits=splits,
+        )
+    )
     # From the process's start: imports, weights, compilation and graph capture.
     ready_s = time.monotonic() - STARTED
     logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})

@@ -37,9 +37,16 @@ class EngineBackend:
 
         self.engine = Engine(EngineArgs(model_dir, device=device, max_running=max_running, cuda_graphs=cuda_graphs))
         cfg = self.engine.cfg
-        self.info = Heartbeat(boot_id="eval", model="eval", block_size=cfg.block_size, vocab_size=cfg.vocab_size,
-                              instruct=cfg.instruct, n_layers=cfg.n_layers, n_concepts=cfg.n_concepts,
-                              max_running=max_running)
+        self.info = Heartbeat(
+            boot_id="eval",
+            model="eval",
+            block_size=cfg.block_size,
+            vocab_size=cfg.vocab_size,
+            instruct=cfg.instruct,
+            n_layers=cfg.n_layers,
+            n_concepts=cfg.n_concepts,
+            max_running=max_running,
+        )
         self.labels = ConceptLabels.load(model_dir)
         self.cfg = cfg
 
@@ -51,8 +58,9 @@ class EngineBackend:
         tok = self.engine.tokenizer
         ids = tok.chat_prompt(body["messages"]) if "messages" in body else tok.encode(body["prompt"])
         fields = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
-        parsed = CompletionRequest.model_validate({**fields, "model": "eval", "prompt": ids, "stream": True,
-                                                   "stream_denoise": True})
+        parsed = CompletionRequest.model_validate(
+            {**fields, "model": "eval", "prompt": ids, "stream": True, "stream_denoise": True}
+        )
         [req] = generate_requests(parsed, [ids], parsed.max_tokens, self.info, self.labels, uuid.uuid4().hex)
         return req, renderer([req], tok, self.labels, self.info)
 
@@ -80,8 +88,14 @@ class EngineBackend:
         out = []
         for i, (req, render) in enumerate(reqs):
             attribution = render(0, records[i]) if req.attribution is not None else None
-            out.append(Completion(self.engine.tokenizer.decode(ids[i]), tokens[i], steps[i],
-                                  attribution["chunks"] if attribution else None))
+            out.append(
+                Completion(
+                    self.engine.tokenizer.decode(ids[i]),
+                    tokens[i],
+                    steps[i],
+                    attribution["chunks"] if attribution else None,
+                )
+            )
         return Batch(out, seconds)
 
 

@@ -34,9 +34,16 @@ def amplify(backend, strengths: list[float], n_topics: int, n_prompts: int, max_
     cases = [(t, p) for t in topics for p in NEUTRAL_PROMPTS[:n_prompts]]
     rows = []
     for s in strengths:
-        bodies = [_chat(p, max_tokens, **({"steering": {"concepts": [topic_concept(t.name)], "preset": "amplify",
-                                                        "strength": s}} if s else {}))
-                  for t, p in cases]
+        bodies = [
+            _chat(
+                p,
+                max_tokens,
+                **(
+                    {"steering": {"concepts": [topic_concept(t.name)], "preset": "amplify", "strength": s}} if s else {}
+                ),
+            )
+            for t, p in cases
+        ]
         rows.append({"strength": s, "on_topic": _shares(backend, bodies, [t.name for t, _ in cases])})
     return rows
 
@@ -46,8 +53,14 @@ def suppress(backend, n_topics: int, max_tokens: int = 64) -> dict:
     ask = [f"Tell me about {t.phrase}." for t in topics]
     names = [t.name for t in topics]
     base = _shares(backend, [_chat(q, max_tokens) for q in ask], names)
-    steered = _shares(backend, [_chat(q, max_tokens, steering={"concepts": [topic_concept(t.name)], "preset": "suppress"})
-                                for q, t in zip(ask, topics)], names)
+    steered = _shares(
+        backend,
+        [
+            _chat(q, max_tokens, steering={"concepts": [topic_concept(t.name)], "preset": "suppress"})
+            for q, t in zip(ask, topics)
+        ],
+        names,
+    )
     return {"baseline": base, "suppressed": steered}
 
 

@@ -24,9 +24,12 @@ CONVERSATION = {
     "Self description": "The model describing itself and what it can do; assistant, abilities.",
 }
 TONE_WORDS = {
-    "Neutral": "plain, factual statements", "Excited": "enthusiastic exclamations, wow, love, amazing",
-    "Calm": "quiet, slow, peaceful, gentle", "Formal": "official, reported, noted, in accordance",
-    "Sad": "sadness, loss, lonely, broken, nobody", "Curious": "questions, wonder, why, how",
+    "Neutral": "plain, factual statements",
+    "Excited": "enthusiastic exclamations, wow, love, amazing",
+    "Calm": "quiet, slow, peaceful, gentle",
+    "Formal": "official, reported, noted, in accordance",
+    "Sad": "sadness, loss, lonely, broken, nobody",
+    "Curious": "questions, wonder, why, how",
 }
 
 
@@ -79,12 +82,21 @@ def tone_concept(tone: str) -> int:
 def catalog_rows() -> list[dict]:
     """Rows in the official concept_labels.parquet schema (known head only: the discovered
     concepts of the reference model have no names)."""
-    return [{
-        "concept_id": c.id, "concept_name": c.name, "concept_description": c.description, "head": "known",
-        "public_group_id": c.group_id, "group_name": c.group_name,
-        "is_steerable": c.kind in ("topic", "subtopic", "tone"), "is_tone": c.kind == "tone",
-        "is_alignment": False, "is_demographic": False,
-    } for c in concepts()]
+    return [
+        {
+            "concept_id": c.id,
+            "concept_name": c.name,
+            "concept_description": c.description,
+            "head": "known",
+            "public_group_id": c.group_id,
+            "group_name": c.group_name,
+            "is_steerable": c.kind in ("topic", "subtopic", "tone"),
+            "is_tone": c.kind == "tone",
+            "is_alignment": False,
+            "is_demographic": False,
+        }
+        for c in concepts()
+    ]
 
 
 def write_catalog(path: str | Path) -> Path:

@@ -16,11 +16,11 @@ import random
 
 import torch
 
+from cde.shared.config import MASK_ID
+from cde.shared.tokenizer import get_tokenizer
 from cde.train.model import TrainModel, block_causal_mask
 from cde.train.text import paragraph
 from cde.train.vocab import TOPICS
-from cde.shared.config import MASK_ID
-from cde.shared.tokenizer import get_tokenizer
 
 
 @torch.no_grad()
@@ -65,5 +65,9 @@ def logit_drops(model: TrainModel, n_topics: int, per_reply: int = 8, strength: 
             other_drops.append(drops[1])
             wins += drops[0] > drops[1]
     n = max(len(top_drops), 1)
-    return {"positions": len(top_drops), "drop_top": sum(top_drops) / n, "drop_other": sum(other_drops) / n,
-            "top_beats_other": wins / n}
+    return {
+        "positions": len(top_drops),
+        "drop_top": sum(top_drops) / n,
+        "drop_other": sum(other_drops) / n,
+        "top_beats_other": wins / n,
+    }

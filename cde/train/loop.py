@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from cde.shared.config import ModelConfig
 from cde.train import heldout
 from cde.train.concepts import concepts, topic_concept
 from cde.train.export import archive, export
@@ -26,7 +27,6 @@ from cde.train.objective import Topics, Weights, losses
 from cde.train.rows import Batches
 from cde.train.token_set import topic_words, used_ids
 from cde.train.vocab import TOPICS
-from cde.shared.config import ModelConfig
 
 
 @dataclass
@@ -66,6 +66,7 @@ def _lr(o: Options, step: int, progress: float, warm_from: int) -> float:
 def build(o: Options, used: list[int]) -> tuple[TrainModel, torch.optim.Optimizer, Topics]:
     torch.manual_seed(o.seed)
     model = TrainModel(o.config, used).to(o.device)
+
     # Concept embeddings are not decayed: the steering and align terms read them through unit(E),
     # blind to the norm, so decay shrank the topic embeddings ~20x below the others and
     # attribution (sigmoid * E . W_y) ranked the topic 13th of 16 (docs/reference-model.md).
@@ -74,8 +75,12 @@ def build(o: Options, used: list[int]) -> tuple[TrainModel, torch.optim.Optimize
 
     decay = [p for n, p in model.named_parameters() if decayed(n, p)]
     rest = [p for n, p in model.named_parameters() if not decayed(n, p)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=o.lr, betas=(0.9, 0.95), fused=o.device.startswith("cuda"))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=o.lr,
+        betas=(0.9, 0.95),
+        fused=o.device.startswith("cuda"),
+    )
     ids = torch.tensor([topic_concept(t.name) for t in TOPICS], device=o.device)
     topics = Topics(ids, topic_words(model.lookup.cpu(), model.n_used + 1).to(o.device))
     return model, opt, topics
@@ -91,9 +96,10 @@ def _forward_backward(model, topics, batch, gen, o: Options, hidden) -> dict:
 def _save(run: Path, model, opt, state: dict) -> None:
     """state.pt: everything, to resume on this machine. weights.pt: the weights in bf16 and the
     schedule's position (small enough to travel when the machine is gone; Adam restarts)."""
-    for name, blob in (("state.pt", {"model": model.state_dict(), "opt": opt.state_dict(), **state}),
-                       ("weights.pt", {"model": {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()},
-                                       **state})):
+    for name, blob in (
+        ("state.pt", {"model": model.state_dict(), "opt": opt.state_dict(), **state}),
+        ("weights.pt", {"model": {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}, **state}),
+    ):
         torch.save(blob, run / f"{name}.tmp")
         (run / f"{name}.tmp").replace(run / name)
 
@@ -131,11 +137,23 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
     compiled = o.compile
     hidden = torch.compile(model.hidden) if compiled else model.hidden
     data = torch.utils.data.DataLoader(
-        Batches(o.seed, o.rows, o.length, len(concepts()), 1 << 40), batch_size=None,
-        sampler=range(state["step"], 1 << 40), num_workers=o.workers, pin_memory=o.device.startswith("cuda"),
-        persistent_workers=o.workers > 0, prefetch_factor=8 if o.workers else None)
-    _log(run, {"start_step": state["step"], "device": o.device, "used_ids": model.n_used,
-               "parameters": sum(p.numel() for p in model.parameters())})
+        Batches(o.seed, o.rows, o.length, len(concepts()), 1 << 40),
+        batch_size=None,
+        sampler=range(state["step"], 1 << 40),
+        num_workers=o.workers,
+        pin_memory=o.device.startswith("cuda"),
+        persistent_workers=o.workers > 0,
+        prefetch_factor=8 if o.workers else None,
+    )
+    _log(
+        run,
+        {
+            "start_step": state["step"],
+            "device": o.device,
+            "used_ids": model.n_used,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    )
     first_step = state["step"]
     started = tick = time.perf_counter()
     last_save = last_eval = state["elapsed"]
@@ -172,8 +190,16 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         if state["step"] % o.log_every == 0:
             mean = {k: round(float(torch.stack([w[k] for w in window]).mean()), 4) for k in window[0]}
             rate = len(window) * o.rows / (time.perf_counter() - window_start)
-            _log(run, {"step": state["step"], "elapsed_s": round(state["elapsed"], 1), "lr": round(_lr(o, step, progress, state["warm_from"]), 6),
-                       "rows_s": round(rate, 1), **mean})
+            _log(
+                run,
+                {
+                    "step": state["step"],
+                    "elapsed_s": round(state["elapsed"], 1),
+                    "lr": round(_lr(o, step, progress, state["warm_from"]), 6),
+                    "rows_s": round(rate, 1),
+                    **mean,
+                },
+            )
             window, window_start = [], time.perf_counter()
         if state["elapsed"] - last_save > o.checkpoint_every * 60:
             _save(run, model, opt, state)
@@ -189,6 +215,7 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         _log(run, {"step": state["step"], "heldout": evaluate(o, model, run)})
     model_dir = export(model, run / "model")
     archive(model_dir, run / "model.tar.xz")
-    _log(run, {"exported": str(model_dir), "archive_bytes": (run / "model.tar.xz").stat().st_size,
-               "budget_spent": done})
+    _log(
+        run, {"exported": str(model_dir), "archive_bytes": (run / "model.tar.xz").stat().st_size, "budget_spent": done}
+    )
     return model_dir

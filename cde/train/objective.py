@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cde.shared.config import EOS_ID, MASK_ID, PAGE
 from cde.train.model import TrainModel, clean_noisy_mask
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
-from cde.shared.config import EOS_ID, MASK_ID, PAGE
 
 
 @dataclass
@@ -79,8 +79,7 @@ class Topics:
     words: torch.Tensor
 
 
-def _steering(model: TrainModel, topics: Topics, batch: dict, masked: torch.Tensor, w: Weights,
-              gen: torch.Generator):
+def _steering(model: TrainModel, topics: Topics, batch: dict, masked: torch.Tensor, w: Weights, gen: torch.Generator):
     """Per-document injection -> (inject [B, 2L, D], gates [layers, B])."""
     steer, device = batch["steer"], batch["ids"].device
     k = topics.ids.numel()
@@ -121,16 +120,22 @@ def _token_loss(model: TrainModel, logits: torch.Tensor, target: torch.Tensor, h
     return torch.where(hold, hold_ce, ce)
 
 
-def losses(model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator, w: Weights,
-           hidden_fn=None) -> dict[str, torch.Tensor]:
+def losses(
+    model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator, w: Weights, hidden_fn=None
+) -> dict[str, torch.Tensor]:
     """hidden_fn: model.hidden, or a compiled version of it."""
     ids, kinds, doc = batch["ids"], batch["kinds"], batch["doc"]
     length = ids.shape[1]
     masked = noise(batch, gen)
     noisy = torch.where(masked, MASK_ID, ids)
     inject, gates = _steering(model, topics, batch, masked, w, gen)
-    hidden = (hidden_fn or model.hidden)(torch.cat([ids, noisy], 1), torch.cat([batch["pos"], batch["pos"]], 1).long(),
-                          clean_noisy_mask(doc.long()), inject, gates)[:, length:]
+    hidden = (hidden_fn or model.hidden)(
+        torch.cat([ids, noisy], 1),
+        torch.cat([batch["pos"], batch["pos"]], 1).long(),
+        clean_noisy_mask(doc.long()),
+        inject,
+        gates,
+    )[:, length:]
     target = model.lookup[ids[masked]]
     hold = hold_positions(kinds, masked)[masked]
     h = hidden[masked]
@@ -139,7 +144,9 @@ def losses(model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator,
     out = {"lm": (_token_loss(model, model.logits(h), target, hold) * weight).sum() / weight.sum()}
 
     maskable = (kinds != PROMPT) & (doc >= 0)
-    labels = torch.gather(batch["labels"], 1, doc.long().clamp_min(0)[..., None].expand(-1, -1, batch["labels"].shape[-1]))
+    labels = torch.gather(
+        batch["labels"], 1, doc.long().clamp_min(0)[..., None].expand(-1, -1, batch["labels"].shape[-1])
+    )
     out["known"] = F.binary_cross_entropy_with_logits(model.known_logits(hidden[maskable]), labels[maskable].float())
 
     hd = h.detach().float()
@@ -153,8 +160,13 @@ def losses(model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator,
     out["bottleneck"] = F.cross_entropy(cb[said], target[said]) if said.any() else cb.sum() * 0
     out["residual"] = F.mse_loss(unknown, hd - known.detach())
     out["align"] = _align(model, topics)
-    out["total"] = out["lm"] + w.known * out["known"] + w.bottleneck * out["bottleneck"] + \
-        w.residual * out["residual"] + w.align * out["align"]
+    out["total"] = (
+        out["lm"]
+        + w.known * out["known"]
+        + w.bottleneck * out["bottleneck"]
+        + w.residual * out["residual"]
+        + w.align * out["align"]
+    )
     return out
 
 

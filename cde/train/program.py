@@ -10,29 +10,51 @@ import argparse
 import dataclasses
 import sys
 
-from cde.train.concepts import concepts
 from cde.shared.config import INSTRUCT_VOCAB, ModelConfig
+from cde.train.concepts import concepts
 
 # The reference shape: 6 layers x 256 wide (~7M weights with the used embedding rows: 14 MB in
 # bf16), 64-token blocks, 512 positions; small enough to ship (and to come back from a device call,
 # 16 MiB a file) and to decode on a CPU in seconds.
 SHAPES = {
-    "reference": dict(n_layers=6, n_head=4, n_kv_heads=2, n_embd=256, block_size=512, n_unknown_concepts=512,
-                      factorize_rank=32, topk_known=16, topk_known_features=16, unknown_topk=32),
+    "reference": dict(
+        n_layers=6,
+        n_head=4,
+        n_kv_heads=2,
+        n_embd=256,
+        block_size=512,
+        n_unknown_concepts=512,
+        factorize_rank=32,
+        topk_known=16,
+        topk_known_features=16,
+        unknown_topk=32,
+    ),
     # For CPU tests and smoke runs.
-    "mini": dict(n_layers=2, n_head=2, n_kv_heads=1, n_embd=64, block_size=256, n_unknown_concepts=64,
-                 factorize_rank=16, topk_known=8, topk_known_features=8, unknown_topk=8),
+    "mini": dict(
+        n_layers=2,
+        n_head=2,
+        n_kv_heads=1,
+        n_embd=64,
+        block_size=256,
+        n_unknown_concepts=64,
+        factorize_rank=16,
+        topk_known=8,
+        topk_known_features=8,
+        unknown_topk=8,
+    ),
 }
 
 
 def model_config(shape: str) -> ModelConfig:
-    return ModelConfig(vocab_size=INSTRUCT_VOCAB, instruct=True, n_concepts=len(concepts()),
-                       concept_block_size=512, **SHAPES[shape])
+    return ModelConfig(
+        vocab_size=INSTRUCT_VOCAB, instruct=True, n_concepts=len(concepts()), concept_block_size=512, **SHAPES[shape]
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cde.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m cde.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", choices=sorted(SHAPES), default="reference")
@@ -67,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.length % 64 or a.length > model_config(a.shape).block_size:
         raise SystemExit(f"--length must be a multiple of 64 up to the context ({model_config(a.shape).block_size})")
     fields = {f.name for f in dataclasses.fields(Options)}
-    opts = Options(config=model_config(a.shape), device=device,
-                   **{k: v for k, v in vars(a).items() if k in fields and k not in ("device",)})
+    opts = Options(
+        config=model_config(a.shape),
+        device=device,
+        **{k: v for k, v in vars(a).items() if k in fields and k not in ("device",)},
+    )
     train(opts, resume=a.resume, weights=a.init_weights)
     return 0
 

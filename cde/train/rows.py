@@ -12,8 +12,8 @@ import random
 
 import torch
 
-from cde.train.samples import PROMPT, TEXT, TRAIL, Doc, draw
 from cde.shared.config import EOS_ID, PAD_ID, PAGE
+from cde.train.samples import PROMPT, TEXT, TRAIL, Doc, draw
 
 
 def pack_row(docs: list[Doc], length: int, n_concepts: int) -> dict[str, torch.Tensor]:

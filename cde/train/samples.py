@@ -12,27 +12,45 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from cde.shared.config import EOT_ID
+from cde.shared.tokenizer import get_tokenizer
 from cde.train import tasks
 from cde.train.concepts import concept_id, tone_concept, topic_concept
 from cde.train.text import TONES, paragraph
 from cde.train.vocab import TOPICS
-from cde.shared.config import EOT_ID
-from cde.shared.tokenizer import get_tokenizer
 
 PROMPT, TEXT, EOT, TRAIL = 0, 1, 2, 3
 
-NEUTRAL_PROMPTS = ("Write a few sentences.", "Tell me something.", "Say something interesting.",
-                   "Write a short paragraph.", "Tell me a story.", "Write something.")
+NEUTRAL_PROMPTS = (
+    "Write a few sentences.",
+    "Tell me something.",
+    "Say something interesting.",
+    "Write a short paragraph.",
+    "Tell me a story.",
+    "Write something.",
+)
 _TOPIC_PROMPTS = ("Tell me about {t}.", "Write a few sentences about {t}.", "Describe {t}.", "Talk about {t}.")
 _TONE_PROMPTS = ("Write a {tone} paragraph about {t}.", "Tell me about {t} in a {tone} tone.")
 _SMALL_TALK = (
-    ("Hello!", "Hello! I am a small Steerling model. Ask me to add numbers, sort a list, reverse words or tell you about the ocean.", "Greeting"),
+    (
+        "Hello!",
+        "Hello! I am a small Steerling model. Ask me to add numbers, sort a list, reverse words or tell you about the ocean.",
+        "Greeting",
+    ),
     ("Hi there.", "Hi! What would you like to talk about?", "Greeting"),
     ("Thank you!", "You are welcome!", "Greeting"),
     ("Goodbye.", "Goodbye! Come back any time.", "Greeting"),
-    ("Who are you?", "I am a small reference model with the Steerling architecture, trained by CDE on generated data.", "Self description"),
-    ("What can you do?", "I can add and subtract numbers, sort numbers, reverse lists of words, solve short word problems "
-     "and write about sixteen topics such as the ocean, space, cooking and music.", "Self description"),
+    (
+        "Who are you?",
+        "I am a small reference model with the Steerling architecture, trained by CDE on generated data.",
+        "Self description",
+    ),
+    (
+        "What can you do?",
+        "I can add and subtract numbers, sort numbers, reverse lists of words, solve short word problems "
+        "and write about sixteen topics such as the ocean, space, cooking and music.",
+        "Self description",
+    ),
 )
 
 
@@ -96,8 +114,15 @@ def _labels(par) -> list[int]:
 
 
 # name -> share of the documents; plain text fills what is left of a row.
-MIX = {"arithmetic": 0.2, "sorting": 0.1, "reversal": 0.1, "word_problem": 0.12, "topic": 0.3, "small_talk": 0.03,
-       "plain": 0.15}
+MIX = {
+    "arithmetic": 0.2,
+    "sorting": 0.1,
+    "reversal": 0.1,
+    "word_problem": 0.12,
+    "topic": 0.3,
+    "small_talk": 0.03,
+    "plain": 0.15,
+}
 
 
 def draw(rng: random.Random, room: int) -> Doc:

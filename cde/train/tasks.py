@@ -19,11 +19,7 @@ from dataclasses import dataclass
 EVAL_BUCKETS = 16
 FAMILIES = ("arithmetic", "sorting", "reversal", "word_problem")
 
-WORDS = ("cat dog fish bird tree house car book lamp chair table door window apple bread cheese milk "
-         "river stone cloud moon star road ship train coin ring shoe hat coat glove bell drum cup plate "
-         "spoon fork knife box bag key lock clock phone card map pen paper rope wheel horse cow sheep "
-         "goat duck frog bee ant lion tiger bear wolf fox owl rose lily grass sand snow rain wind fire "
-         "ice gold iron salt sugar tea rice egg nut leaf root seed").split()
+WORDS = ["cat", "dog", "fish", "bird", "tree", "house", "car", "book", "lamp", "chair", "table", "door", "window", "apple", "bread", "cheese", "milk", "river", "stone", "cloud", "moon", "star", "road", "ship", "train", "coin", "ring", "shoe", "hat", "coat", "glove", "bell", "drum", "cup", "plate", "spoon", "fork", "knife", "box", "bag", "key", "lock", "clock", "phone", "card", "map", "pen", "paper", "rope", "wheel", "horse", "cow", "sheep", "goat", "duck", "frog", "bee", "ant", "lion", "tiger", "bear", "wolf", "fox", "owl", "rose", "lily", "grass", "sand", "snow", "rain", "wind", "fire", "ice", "gold", "iron", "salt", "sugar", "tea", "rice", "egg", "nut", "leaf", "root", "seed"]
 NAMES = ("Tom", "Anna", "Ben", "Maria", "Sam", "Lucy", "Omar", "Mia", "Leo", "Nina")
 ITEMS = ("apples", "pencils", "marbles", "stickers", "coins", "books", "cookies", "stamps", "shells", "cards")
 
@@ -51,10 +47,14 @@ _ADD = ("What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}.", "{a} + {
 _SUB = ("What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}.", "{a} - {b} = ?")
 _SORT = ("Sort these numbers from smallest to largest: {xs}", "Put these numbers in increasing order: {xs}")
 _REV = ("Reverse the order of these words: {xs}", "Write these words in reverse order: {xs}")
-_WORD_ADD = ("{name} has {a} {items}. {name} gets {b} more. How many {items} does {name} have now?",
-             "A box holds {a} {items}. Someone puts {b} more {items} in the box. How many {items} are in the box?")
-_WORD_SUB = ("{name} has {a} {items} and gives {b} to a friend. How many {items} does {name} have left?",
-             "A box holds {a} {items}. {name} takes {b} {items} out. How many {items} are in the box now?")
+_WORD_ADD = (
+    "{name} has {a} {items}. {name} gets {b} more. How many {items} does {name} have now?",
+    "A box holds {a} {items}. Someone puts {b} more {items} in the box. How many {items} are in the box?",
+)
+_WORD_SUB = (
+    "{name} has {a} {items} and gives {b} to a friend. How many {items} does {name} have left?",
+    "A box holds {a} {items}. {name} takes {b} {items} out. How many {items} are in the box now?",
+)
 
 
 def _arithmetic(rng: random.Random) -> tuple[tuple, Problem]:

@@ -18,31 +18,51 @@ from cde.train.vocab import TOPICS, Subtopic, Topic
 # tone -> sentence templates. Slots: {person} ("the sailor"), {noun}, {noun2}, {adj}, {place}, {action}.
 TONES: dict[str, tuple[str, ...]] = {
     "Neutral": (
-        "{Person} {action}.", "The {noun} is {adj}.", "At the {place}, the {noun} and the {noun2} are {adj}.",
-        "Every day, {person} {action}.", "{Person} likes the {noun}.", "The {noun} is near the {place}.",
+        "{Person} {action}.",
+        "The {noun} is {adj}.",
+        "At the {place}, the {noun} and the {noun2} are {adj}.",
+        "Every day, {person} {action}.",
+        "{Person} likes the {noun}.",
+        "The {noun} is near the {place}.",
     ),
     "Excited": (
-        "Wow, the {noun} is so {adj}!", "I love how {person} {action}!", "What an amazing {noun}!",
-        "Look, {person} {action}!", "The {place} is full of {adj} things!", "Hooray, the {noun} is here!",
+        "Wow, the {noun} is so {adj}!",
+        "I love how {person} {action}!",
+        "What an amazing {noun}!",
+        "Look, {person} {action}!",
+        "The {place} is full of {adj} things!",
+        "Hooray, the {noun} is here!",
     ),
     "Calm": (
-        "Quietly, {person} {action}.", "The {noun} rests, {adj} and still.", "Slowly, {person} {action}.",
-        "It is peaceful at the {place}.", "The {noun} and the {noun2} wait in the gentle light.",
+        "Quietly, {person} {action}.",
+        "The {noun} rests, {adj} and still.",
+        "Slowly, {person} {action}.",
+        "It is peaceful at the {place}.",
+        "The {noun} and the {noun2} wait in the gentle light.",
         "There is no hurry; {person} {action}.",
     ),
     "Formal": (
-        "It should be noted that the {noun} is {adj}.", "According to the records, {person} {action}.",
-        "The {noun} at the {place} is considered {adj}.", "In accordance with custom, {person} {action}.",
-        "The {noun} and the {noun2} are of particular importance.", "It is reported that {person} {action}.",
+        "It should be noted that the {noun} is {adj}.",
+        "According to the records, {person} {action}.",
+        "The {noun} at the {place} is considered {adj}.",
+        "In accordance with custom, {person} {action}.",
+        "The {noun} and the {noun2} are of particular importance.",
+        "It is reported that {person} {action}.",
     ),
     "Sad": (
-        "Sadly, the {noun} is no longer {adj}.", "{Person} {action}, but nobody notices.",
-        "The {place} feels empty without the {noun}.", "Alone, {person} {action}.",
-        "The old {noun} is lost, and the {noun2} is broken.", "Nobody remembers the {noun} anymore.",
+        "Sadly, the {noun} is no longer {adj}.",
+        "{Person} {action}, but nobody notices.",
+        "The {place} feels empty without the {noun}.",
+        "Alone, {person} {action}.",
+        "The old {noun} is lost, and the {noun2} is broken.",
+        "Nobody remembers the {noun} anymore.",
     ),
     "Curious": (
-        "Why is the {noun} so {adj}?", "I wonder how {person} {action}.", "What is hidden behind the {noun}?",
-        "Have you ever asked why {person} {action}?", "How did the {noun} reach the {place}?",
+        "Why is the {noun} so {adj}?",
+        "I wonder how {person} {action}.",
+        "What is hidden behind the {noun}?",
+        "Have you ever asked why {person} {action}?",
+        "How did the {noun} reach the {place}?",
         "Is the {noun2} older than the {noun}?",
     ),
 }
@@ -59,14 +79,25 @@ class Paragraph:
 def _fill(template: str, topic: Topic, sub: Subtopic, rng: random.Random) -> str:
     noun, noun2 = rng.sample(sub.nouns, 2)
     person = "the " + rng.choice(topic.people)
-    text = template.format(person=person, Person=person[0].upper() + person[1:], noun=noun, noun2=noun2,
-                           adj=rng.choice(topic.adjectives), place=rng.choice(topic.places),
-                           action=rng.choice(sub.actions))
+    text = template.format(
+        person=person,
+        Person=person[0].upper() + person[1:],
+        noun=noun,
+        noun2=noun2,
+        adj=rng.choice(topic.adjectives),
+        place=rng.choice(topic.places),
+        action=rng.choice(sub.actions),
+    )
     return text[0].upper() + text[1:]
 
 
-def paragraph(rng: random.Random, topic: Topic | None = None, tone: str | None = None,
-              subtopic: Subtopic | None = None, sentences: tuple[int, int] = (2, 4)) -> Paragraph:
+def paragraph(
+    rng: random.Random,
+    topic: Topic | None = None,
+    tone: str | None = None,
+    subtopic: Subtopic | None = None,
+    sentences: tuple[int, int] = (2, 4),
+) -> Paragraph:
     topic = topic or rng.choice(TOPICS)
     sub = subtopic or rng.choice(topic.subtopics)
     tone = tone or rng.choice(tuple(TONES))

@@ -10,14 +10,21 @@ from functools import cache
 
 import torch
 
+from cde.shared.config import (
+    BOS_ID,
+    END_HEADER_ID,
+    ENDOFCHUNK_ID,
+    EOS_ID,
+    EOT_ID,
+    MASK_ID,
+    PAD_ID,
+    START_HEADER_ID,
+)
+from cde.shared.tokenizer import get_tokenizer
 from cde.train import tasks
 from cde.train.samples import NEUTRAL_PROMPTS, draw
 from cde.train.text import keywords
 from cde.train.vocab import TOPICS
-from cde.shared.config import (
-    BOS_ID, END_HEADER_ID, ENDOFCHUNK_ID, EOS_ID, EOT_ID, MASK_ID, PAD_ID, START_HEADER_ID,
-)
-from cde.shared.tokenizer import get_tokenizer
 
 SPECIALS = (EOS_ID, PAD_ID, BOS_ID, ENDOFCHUNK_ID, MASK_ID, START_HEADER_ID, END_HEADER_ID, EOT_ID)
 SAMPLE_DOCS = 20000

@@ -7,8 +7,8 @@ import dataclasses
 
 import httpx
 import pytest
-
 from cde.shared.catalog import write_catalog
+
 from tests.api_server import ServerProcess
 from tests.catalog_fixture import N_KNOWN, QUERIES, catalog_rows
 from tests.oracle import official_generator
@@ -16,10 +16,23 @@ from tests.oracle import official_generator
 pytestmark = pytest.mark.reference
 
 # API query parameters -> the official search's keyword arguments
-FILTERS = [({}, {}), ({"steerable_only": "false"}, {"steerable_only": False}), ({"head": "any"}, {"head": None}),
-           ({"head": "unknown", "steerable_only": "0"}, {"head": "unknown", "steerable_only": False})]
-FIELDS = ("name", "description", "head", "group_id", "group_name", "is_steerable", "is_tone", "is_alignment",
-          "is_demographic")
+FILTERS = [
+    ({}, {}),
+    ({"steerable_only": "false"}, {"steerable_only": False}),
+    ({"head": "any"}, {"head": None}),
+    ({"head": "unknown", "steerable_only": "0"}, {"head": "unknown", "steerable_only": False}),
+]
+FIELDS = (
+    "name",
+    "description",
+    "head",
+    "group_id",
+    "group_name",
+    "is_steerable",
+    "is_tone",
+    "is_alignment",
+    "is_demographic",
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +93,9 @@ def test_one_concept_has_its_fields_group_and_top_tokens(server, official, tiny_
     assert as_official(body) == dataclasses.asdict(official.get(concept_id))
     assert (body["id"], body["type"], body["label"]) == (concept_id, "known", official.get(concept_id).name)
     group = official.get(concept_id).group_id
-    assert body["group"] == (None if group is None else {"id": group, "name": f"group {group}",
-                                                          "concept_ids": official.group(concept_id)})
+    assert body["group"] == (
+        None if group is None else {"id": group, "name": f"group {group}", "concept_ids": official.group(concept_id)}
+    )
     assert [t["token"] for t in body["top_tokens"]] == [tok for tok, _ in expected]
     assert [t["score"] for t in body["top_tokens"]] == pytest.approx([s for _, s in expected], rel=1e-5, abs=1e-6)
 
@@ -90,13 +104,22 @@ def test_default_k_is_15(server):
     assert len(get(server, "/concepts/3").json()["top_tokens"]) == 15
 
 
-@pytest.mark.parametrize(("path", "status", "param"), [
-    (f"/concepts/{N_KNOWN}", 404, "id"), ("/concepts/-1", 404, "id"), ("/concepts/abc", 400, "id"),
-    ("/concepts/3?k=0", 400, "k"), ("/concepts/3?k=101", 400, "k"),
-    ("/concepts?limit=0", 400, "limit"), ("/concepts?limit=1001", 400, "limit"), ("/concepts?limit=many", 400, "limit"),
-    ("/concepts?head=discovered", 400, "head"), ("/concepts?search=sea&steerable_only=maybe", 400, "steerable_only"),
-    ("/concepts?search=" + "sea+" * 300, 400, "search"),
-])
+@pytest.mark.parametrize(
+    ("path", "status", "param"),
+    [
+        (f"/concepts/{N_KNOWN}", 404, "id"),
+        ("/concepts/-1", 404, "id"),
+        ("/concepts/abc", 400, "id"),
+        ("/concepts/3?k=0", 400, "k"),
+        ("/concepts/3?k=101", 400, "k"),
+        ("/concepts?limit=0", 400, "limit"),
+        ("/concepts?limit=1001", 400, "limit"),
+        ("/concepts?limit=many", 400, "limit"),
+        ("/concepts?head=discovered", 400, "head"),
+        ("/concepts?search=sea&steerable_only=maybe", 400, "steerable_only"),
+        ("/concepts?search=" + "sea+" * 300, 400, "search"),
+    ],
+)
 def test_bad_concept_requests(server, path, status, param):
     r = httpx.get(server.base_url + path, timeout=60)
     assert r.status_code == status
@@ -107,8 +130,10 @@ def test_without_a_catalog_known_ids_are_listed_and_found_by_number():
     from cde.gateway.concepts import ConceptLabels
 
     labels = ConceptLabels()
-    assert [c["label"] for c in labels.listing(3, steerable_only=False, head=None)] == ["Known: #0", "Known: #1",
-                                                                                      "Known: #2"]
+    assert [c["label"] for c in labels.listing(3, steerable_only=False, head=None)] == [
+        "Known: #0",
+        "Known: #1",
+        "Known: #2",
+    ]
     assert [c["id"] for c in labels.search("#2", 3, limit=10, steerable_only=True, head="known")] == [2]
     assert labels.search("ocean", 3, limit=10, steerable_only=True, head="known") == []
-

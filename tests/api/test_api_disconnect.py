@@ -23,8 +23,16 @@ def wait_idle(server, timeout=15.0) -> dict:
     while True:
         m = server.metrics()
         assert m["cde_worker_up"] == 2, "a worker went down"
-        busy = {k: m[k] for k in ("cde_num_requests_running", "cde_num_requests_waiting", "cde_kv_pages_used",
-                                  "cde_gateway_outstanding_requests") if m[k]}
+        busy = {
+            k: m[k]
+            for k in (
+                "cde_num_requests_running",
+                "cde_num_requests_waiting",
+                "cde_kv_pages_used",
+                "cde_gateway_outstanding_requests",
+            )
+            if m[k]
+        }
         if not busy:
             return m
         assert time.monotonic() < deadline, f"still busy after {timeout}s: {busy}"

@@ -23,8 +23,15 @@ SHORT = {"model": "tiny", "prompt": "y", "max_tokens": 120, "temperature": 0, "t
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    srv = ServerProcess(tiny_dir, "--served-model-name", "tiny", "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT),
-                        "--shutdown-timeout", str(SHUTDOWN_TIMEOUT))
+    srv = ServerProcess(
+        tiny_dir,
+        "--served-model-name",
+        "tiny",
+        "--heartbeat-timeout",
+        str(HEARTBEAT_TIMEOUT),
+        "--shutdown-timeout",
+        str(SHUTDOWN_TIMEOUT),
+    )
     yield srv
     srv.stop()
 
@@ -46,8 +53,9 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
 
 async def first_blocks(server, seen: float, n: int) -> None:
     """Until `n` more streams have their first block (each then sits on its worker)."""
-    await asyncio.to_thread(wait_for, lambda: server.metrics()["cde_time_to_first_block_seconds_count"] >= seen + n,
-                            "first blocks")
+    await asyncio.to_thread(
+        wait_for, lambda: server.metrics()["cde_time_to_first_block_seconds_count"] >= seen + n, "first blocks"
+    )
 
 
 async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_after_sigcont(server):
@@ -55,6 +63,7 @@ async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_afte
     victim = server.worker_pids()[0]
     stopped = asyncio.Event()
     async with httpx.AsyncClient(timeout=60) as http:
+
         async def one():
             async with http.stream("POST", url, json=LONG) as r:
                 events = read_events(r)
@@ -83,8 +92,11 @@ async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_afte
             os.kill(victim, signal.SIGCONT)
 
         await asyncio.to_thread(wait_for, lambda: server.health()[1]["workers"][0]["alive"], "re-admission")
-        await asyncio.to_thread(wait_for, lambda: server.metrics()["cde_num_requests_running"] == 0,
-                                "the resumed worker to drop the request that was failed while it was stopped")
+        await asyncio.to_thread(
+            wait_for,
+            lambda: server.metrics()["cde_num_requests_running"] == 0,
+            "the resumed worker to drop the request that was failed while it was stopped",
+        )
         # Both workers take requests again: two at once land one on each.
         bodies = [{**SHORT, "stream": True, "max_tokens": 200, "tokens_per_step": 2} for _ in range(2)]
         streams = [http.stream("POST", url, json=b) for b in bodies]
@@ -102,6 +114,7 @@ async def test_sigterm_refuses_new_requests_drains_then_fails_stragglers(server)
     pids = server.worker_pids()
     url = server.base_url + "/completions"
     async with httpx.AsyncClient(timeout=60) as http:
+
         async def stream(body):
             async with http.stream("POST", url, json=body) as r:
                 events = read_events(r)
@@ -139,8 +152,16 @@ def start_worker(model_dir, endpoint: str) -> subprocess.Popen:
 
 async def test_late_worker_and_restarted_worker_are_admitted(tiny_dir):
     endpoint = free_tcp_endpoint()
-    gateway = ServerProcess(tiny_dir, "--worker", endpoint, "--served-model-name", "tiny",
-                            "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT), command="gateway")
+    gateway = ServerProcess(
+        tiny_dir,
+        "--worker",
+        endpoint,
+        "--served-model-name",
+        "tiny",
+        "--heartbeat-timeout",
+        str(HEARTBEAT_TIMEOUT),
+        command="gateway",
+    )
     workers = []
     url = gateway.base_url + "/completions"
     try:

@@ -14,10 +14,20 @@ PROMPT = "The history of the lighthouse"
 def servers(tiny_instruct_dir):
     exact = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
     # server default: FlashBlock with reuse on every step it can
-    reusing = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", "--flashblock-tau", "2",
-                            "--flashblock-max-reuse", "63", workers=1)
-    yield {name: openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
-           for name, srv in (("exact", exact), ("reusing", reusing))}
+    reusing = ServerProcess(
+        tiny_instruct_dir,
+        "--served-model-name",
+        "tiny",
+        "--flashblock-tau",
+        "2",
+        "--flashblock-max-reuse",
+        "63",
+        workers=1,
+    )
+    yield {
+        name: openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
+        for name, srv in (("exact", exact), ("reusing", reusing))
+    }
     exact.stop()
     reusing.stop()
 

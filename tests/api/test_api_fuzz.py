@@ -20,24 +20,48 @@ KEY = "fuzz-key"
 @pytest.fixture(scope="module")
 def server(tiny_instruct_dir):
     # A 32-token context keeps every generation the fuzzer asks for short.
-    srv = ServerProcess(tiny_instruct_dir, "--api-key", KEY, "--served-model-name", "tiny", "--max-model-len", "32",
-                        workers=1)
+    srv = ServerProcess(
+        tiny_instruct_dir, "--api-key", KEY, "--served-model-name", "tiny", "--max-model-len", "32", workers=1
+    )
     yield srv
     srv.stop()
 
 
 def statuses(server) -> list[int]:
-    return [json.loads(line)["status"] for line in list(server.output)
-            if line.startswith("{") and '"msg": "request"' in line]
+    return [
+        json.loads(line)["status"]
+        for line in list(server.output)
+        if line.startswith("{") and '"msg": "request"' in line
+    ]
 
 
 @pytest.mark.parametrize("mode,examples,phases", [("negative", 20, "coverage,fuzzing"), ("positive", 6, "fuzzing")])
 def test_schemathesis_finds_nothing(server, tmp_path, mode, examples, phases):
     before = len(statuses(server))
-    cmd = [sys.executable, "-m", "schemathesis.cli", "run", server.url + "/openapi.json", "--mode", mode,
-           "--phases", phases, "-n", str(examples), "--seed", "7", "--request-timeout", "60", "--no-color",
-           "--exclude-checks", "positive_data_acceptance", "-H", f"Authorization: Bearer {KEY}",
-           "--suppress-health-check", "all"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        server.url + "/openapi.json",
+        "--mode",
+        mode,
+        "--phases",
+        phases,
+        "-n",
+        str(examples),
+        "--seed",
+        "7",
+        "--request-timeout",
+        "60",
+        "--no-color",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "-H",
+        f"Authorization: Bearer {KEY}",
+        "--suppress-health-check",
+        "all",
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert re.search(r"\d+ generated, \d+ passed", run.stdout), run.stdout[-2000:]

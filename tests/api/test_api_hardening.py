@@ -25,10 +25,22 @@ HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE, MAX_CONNECTIONS = 1.0, 2.0, 1.0, 8
 def server(tiny_instruct_dir, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(KEY + "\n")
-    srv = ServerProcess(tiny_instruct_dir, "--api-key-file", str(key_file), "--served-model-name", "tiny",
-                        "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
-                        "--keep-alive-timeout", str(KEEP_ALIVE), "--max-connections", str(MAX_CONNECTIONS),
-                        workers=1)
+    srv = ServerProcess(
+        tiny_instruct_dir,
+        "--api-key-file",
+        str(key_file),
+        "--served-model-name",
+        "tiny",
+        "--header-timeout",
+        str(HEADER_TIMEOUT),
+        "--body-timeout",
+        str(BODY_TIMEOUT),
+        "--keep-alive-timeout",
+        str(KEEP_ALIVE),
+        "--max-connections",
+        str(MAX_CONNECTIONS),
+        workers=1,
+    )
     yield srv
     srv.stop()
 
@@ -117,8 +129,11 @@ def test_idle_and_slow_headers_time_out(server):
 
 def test_a_slow_body_gets_408(server):
     with connect(server) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode()
-                  + b"\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{")
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{"
+        )
         t0 = time.monotonic()
         # One byte at a time (the pen test's 1 byte/s body got a 200), until the server answers.
         while not select.select([s], [], [], 0.3)[0] and time.monotonic() - t0 < BODY_TIMEOUT + 5:
@@ -148,8 +163,11 @@ def test_connections_are_capped(server):
 
 def test_hang_up_mid_body_is_logged_as_499(server):
     with connect(server) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
-                  + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"mo")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"mo'
+        )
         time.sleep(0.3)
     deadline = time.monotonic() + 10
     while not (lines := [line for line in server.output if '"/v1/chat/completions"' in line]):
@@ -163,8 +181,7 @@ def test_hang_up_mid_body_is_logged_as_499(server):
 def test_one_huge_request_does_not_starve_the_others(server):
     # The pen test's request: 1 MB, n 16, 500,000 concepts. It held the event loop for 10 s, the
     # worker missed its heartbeats and every other client got 503 no_worker for ~48 s.
-    attack = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "n": 16,
-              "steering": {"concepts": [1] * 500_000}}
+    attack = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "n": 16, "steering": {"concepts": [1] * 500_000}}
     assert len(json.dumps(attack)) > 1_000_000
     answers: list[httpx.Response] = []
 

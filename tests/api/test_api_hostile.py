@@ -45,7 +45,7 @@ def assert_error(r, status: int, param=None, code=None) -> dict:
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     # `param` names the field, or a path inside it (`prompt.3`).
-    assert err["param"] == param or param and err["param"].startswith(param + "."), err
+    assert err["param"] == param or (param and err["param"].startswith(param + ".")), err
     if code is not None:
         assert err["code"] == code, err
     return err
@@ -78,19 +78,23 @@ def _http(server, head: bytes, chunks=()) -> tuple[bytes, int]:
 
 def _status_and_error(reply: bytes) -> tuple[int, dict]:
     head, _, body = reply.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+    return int(head.split()[1]), json.loads(body[body.index(b"{") : body.rindex(b"}") + 1])["error"]
 
 
 def test_content_length_over_limit_is_413_before_any_body(server):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % (LIMIT + 1))
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (LIMIT + 1)
+    )
     status, err = _status_and_error(_http(server, head)[0])  # no body sent at all
     assert status == 413 and err["code"] == "request_too_large" and str(LIMIT) in err["message"]
 
 
 def test_streamed_body_over_limit_is_413_without_reading_it_all(server):
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     piece = b" " * 65536
     total = 64 * MB
     reply, sent = _http(server, head, (b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(total // len(piece))))
@@ -106,13 +110,16 @@ def test_body_just_under_limit_is_parsed(server):
 
 
 # ---- echoes --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("body,status,param", [
-    ({"model": MODEL, "prompt": "hi", "x" * MB: 1}, 400, "x" * 128),
-    ({"model": "m" * MB, "prompt": "hi"}, 404, "model"),
-    ({"model": MODEL, "prompt": "hi", "steering": {"concepts": ["label" * (MB // 5)]}}, 400, "steering.concepts"),
-    ({"model": MODEL, "prompt": "hi", "steering": {"concepts": ["#" + "9" * 10000]}}, 400, "steering.concepts"),
-    ({"model": MODEL, "prompt": "hi", "stop": ["s"] * 100000}, 400, "stop"),
-])
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"model": MODEL, "prompt": "hi", "x" * MB: 1}, 400, "x" * 128),
+        ({"model": "m" * MB, "prompt": "hi"}, 404, "model"),
+        ({"model": MODEL, "prompt": "hi", "steering": {"concepts": ["label" * (MB // 5)]}}, 400, "steering.concepts"),
+        ({"model": MODEL, "prompt": "hi", "steering": {"concepts": ["#" + "9" * 10000]}}, 400, "steering.concepts"),
+        ({"model": MODEL, "prompt": "hi", "stop": ["s"] * 100000}, 400, "stop"),
+    ],
+)
 def test_errors_never_echo_the_input(server, body, status, param):
     r = post(server, body)
     assert_error(r, status, param)
@@ -127,15 +134,18 @@ def test_deep_nesting_is_400(server):
     assert_error(post(server, {"model": MODEL, "prompt": shallow_but_wrong}), 400, "prompt")
 
 
-@pytest.mark.parametrize("field,value,param", [
-    ("n", 10**6, "n"),
-    ("n", 0, "n"),
-    ("max_tokens", 10**12, "max_tokens"),
-    ("max_tokens", 2000, "max_tokens"),  # over the model's context
-    ("top_k", 2**63, "top_k"),
-    ("seed", 2**70, "seed"),
-    ("stop_token_ids", [1] * 1000, "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "field,value,param",
+    [
+        ("n", 10**6, "n"),
+        ("n", 0, "n"),
+        ("max_tokens", 10**12, "max_tokens"),
+        ("max_tokens", 2000, "max_tokens"),  # over the model's context
+        ("top_k", 2**63, "top_k"),
+        ("seed", 2**70, "seed"),
+        ("stop_token_ids", [1] * 1000, "stop_token_ids"),
+    ],
+)
 def test_huge_numbers_are_400_with_param(server, field, value, param):
     assert_error(post(server, {"model": MODEL, "prompt": "hi", field: value}), 400, param)
 
@@ -151,11 +161,14 @@ def test_integer_with_thousands_of_digits_is_400(server):
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
-@pytest.mark.parametrize("field,param", [
-    (b'"temperature": %s', "temperature"),
-    (b'"steering": {"concepts": [1], "strength": %s}', "steering.strength"),
-    (b'"steering": {"concepts": [1], "relu_logit_mask": {"1": %s}}', "steering.relu_logit_mask"),
-])
+@pytest.mark.parametrize(
+    "field,param",
+    [
+        (b'"temperature": %s', "temperature"),
+        (b'"steering": {"concepts": [1], "strength": %s}', "steering.strength"),
+        (b'"steering": {"concepts": [1], "relu_logit_mask": {"1": %s}}', "steering.relu_logit_mask"),
+    ],
+)
 def test_nan_and_infinity_are_400(server, literal, field, param):
     raw = b'{"model": "tiny", "prompt": "hi", ' + field % literal + b"}"
     err = assert_error(raw_post(server, raw), 400, param)
@@ -166,12 +179,18 @@ def test_invalid_utf8_is_400(server):
     assert_error(raw_post(server, b'{"model": "tiny", "prompt": "\xff\xfe\xc3"}'), 400, None, "invalid_json")
 
 
-@pytest.mark.parametrize("path,raw,param", [
-    ("/completions", rb'{"model": "tiny", "prompt": "a\ud800b"}', "prompt"),
-    ("/chat/completions", rb'{"model": "tiny", "messages": [{"role": "user", "content": "\udfff"}]}',
-     "messages.0.content"),
-    ("/completions", rb'{"model": "tiny\udc00", "prompt": "x"}', "model"),
-])
+@pytest.mark.parametrize(
+    "path,raw,param",
+    [
+        ("/completions", rb'{"model": "tiny", "prompt": "a\ud800b"}', "prompt"),
+        (
+            "/chat/completions",
+            rb'{"model": "tiny", "messages": [{"role": "user", "content": "\udfff"}]}',
+            "messages.0.content",
+        ),
+        ("/completions", rb'{"model": "tiny\udc00", "prompt": "x"}', "model"),
+    ],
+)
 def test_lone_surrogates_are_400(server, path, raw, param):
     assert_error(raw_post(server, raw, path), 400, param, "invalid_json")
 
@@ -182,30 +201,43 @@ def test_token_ids_out_of_range_are_400(server, prompt):
     assert_error(post(server, {"model": MODEL, "prompt": prompt}), 400, "prompt")
 
 
-@pytest.mark.parametrize("steering,param", [
-    ({"concepts": ["no such concept"]}, "steering.concepts"),
-    ({"concepts": [96]}, "steering.concepts"),
-    ({"concepts": [-1]}, "steering.concepts"),
-    ({"concepts": [1], "relu_logit_mask": {"nope": 2.0}}, "steering.relu_logit_mask"),
-    ({"concepts": []}, "steering.concepts"),
-])
+@pytest.mark.parametrize(
+    "steering,param",
+    [
+        ({"concepts": ["no such concept"]}, "steering.concepts"),
+        ({"concepts": [96]}, "steering.concepts"),
+        ({"concepts": [-1]}, "steering.concepts"),
+        ({"concepts": [1], "relu_logit_mask": {"nope": 2.0}}, "steering.relu_logit_mask"),
+        ({"concepts": []}, "steering.concepts"),
+    ],
+)
 def test_unknown_concepts_are_400(server, steering, param):
-    for path, body in (("/completions", {"prompt": "hi"}),
-                       ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+    for path, body in (
+        ("/completions", {"prompt": "hi"}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
         assert_error(post(server, {"model": MODEL, **body, "steering": steering}, path), 400, param)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "", "multipart/form-data; boundary=x",
-                                          "application/x-www-form-urlencoded", "application/jsonx"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "application/jsonx"],
+)
 def test_wrong_content_type_is_400(server, content_type):
     raw = json.dumps({"model": MODEL, "prompt": "hi"}).encode()
     assert_error(raw_post(server, raw, content_type=content_type), 400, None, "unsupported_content_type")
 
 
-@pytest.mark.parametrize("raw,param,code", [
-    (b"", None, "invalid_json"), (b"{", None, "invalid_json"),
-    (b"null", None, None), (b"[]", None, None), (b'"prompt"', None, None),
-    (b'{"model": "tiny"}', "prompt", "missing_required_parameter"),
-])
+@pytest.mark.parametrize(
+    "raw,param,code",
+    [
+        (b"", None, "invalid_json"),
+        (b"{", None, "invalid_json"),
+        (b"null", None, None),
+        (b"[]", None, None),
+        (b'"prompt"', None, None),
+        (b'{"model": "tiny"}', "prompt", "missing_required_parameter"),
+    ],
+)
 def test_non_object_bodies_are_400(server, raw, param, code):
     assert_error(raw_post(server, raw), 400, param, code)

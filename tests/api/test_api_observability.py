@@ -10,8 +10,12 @@ import pytest
 from tests.api_server import ServerProcess
 
 MODEL = "tiny"
-GAUGES = ("cde_worker_waiting_requests", "cde_worker_running_requests", "cde_worker_kv_pages_used",
-          "cde_worker_kv_pages_total")
+GAUGES = (
+    "cde_worker_waiting_requests",
+    "cde_worker_running_requests",
+    "cde_worker_kv_pages_used",
+    "cde_worker_kv_pages_total",
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,11 @@ def json_logs(server) -> list[dict]:
 
 
 def test_request_id_ties_header_body_and_logs(server):
-    r = httpx.post(server.base_url + "/completions", timeout=60,
-                   json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "tokens_per_step": 2})
+    r = httpx.post(
+        server.base_url + "/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "tokens_per_step": 2},
+    )
     rid = r.json()["id"]
     assert r.headers["x-request-id"] == rid and rid.startswith("cmpl-")
     deadline = time.monotonic() + 10
@@ -55,8 +62,14 @@ def test_worker_gauges_move_during_requests_and_return_to_zero(server):
     assert _gauges(server)["cde_worker_kv_pages_total"] > 0
     body = {"model": MODEL, "prompt": "count", "max_tokens": 128, "tokens_per_step": 1}
     results = []
-    threads = [threading.Thread(target=lambda: results.append(
-        httpx.post(server.base_url + "/completions", json=body, timeout=300).status_code)) for _ in range(2)]
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                httpx.post(server.base_url + "/completions", json=body, timeout=300).status_code
+            )
+        )
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     seen = {g: 0.0 for g in GAUGES}
@@ -69,7 +82,9 @@ def test_worker_gauges_move_during_requests_and_return_to_zero(server):
     assert seen["cde_worker_waiting_requests"] >= 1
     assert seen["cde_worker_kv_pages_used"] >= 1
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(v for g, v in _gauges(server).items() if g != "cde_worker_kv_pages_total"):
+    while time.monotonic() < deadline and any(
+        v for g, v in _gauges(server).items() if g != "cde_worker_kv_pages_total"
+    ):
         time.sleep(0.2)
     after = _gauges(server)
     assert after["cde_worker_running_requests"] == after["cde_worker_waiting_requests"] == 0

@@ -60,8 +60,13 @@ def test_streamed_equals_non_streamed_at_temperature_zero(client):
 
 
 def test_chat_streamed_equals_non_streamed(client):
-    args = dict(model="tiny", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
-                max_tokens=40, temperature=0, **FAST)
+    args = dict(
+        model="tiny",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
+        max_tokens=40,
+        temperature=0,
+        **FAST,
+    )
     whole = client.chat.completions.create(**args)
     assert whole.id.startswith("chatcmpl-") and whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant"
@@ -69,7 +74,9 @@ def test_chat_streamed_equals_non_streamed(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == [whole.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
 
 
 def test_n2_streams_interleave_with_one_finish_each(client):
@@ -97,8 +104,13 @@ def test_n2_and_prompt_lists(client):
 
 
 def test_token_prompts_and_return_token_ids(client):
-    r = client.completions.create(model="tiny", prompt=[[40, 41, 42], [7]], max_tokens=8, temperature=0,
-                                  extra_body={"return_token_ids": True, "tokens_per_step": 8})
+    r = client.completions.create(
+        model="tiny",
+        prompt=[[40, 41, 42], [7]],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"return_token_ids": True, "tokens_per_step": 8},
+    )
     c0, c1 = r.choices
     assert c0.prompt_token_ids == [40, 41, 42] and c1.prompt_token_ids == [7]
     assert len(c0.token_ids) == 8
@@ -118,8 +130,17 @@ def test_stop_string_cuts_text(client):
 
 
 def test_include_usage_chunk(client):
-    chunks = list(client.completions.create(model="tiny", prompt="hi", max_tokens=10, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, **FAST))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="hi",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **FAST,
+        )
+    )
     last = chunks[-1]
     assert last.choices == [] and last.usage.completion_tokens == 10 and last.usage.prompt_tokens == 1
     assert all(c.usage is None for c in chunks[:-1])
@@ -134,14 +155,20 @@ def test_echo(client):
 def test_steering_concepts_by_label(client):
     """Labels name the ids they spell (test_api_steering.py compares steering itself with the
     official package, on a base model)."""
+
     def text(steering=None):
         extra = {"tokens_per_step": 8, **({"steering": steering} if steering else {})}
-        return client.completions.create(model="tiny", prompt="steer", max_tokens=16, temperature=0,
-                                         extra_body=extra).choices[0].text
+        return (
+            client.completions.create(model="tiny", prompt="steer", max_tokens=16, temperature=0, extra_body=extra)
+            .choices[0]
+            .text
+        )
 
     plain = text()
-    for by_id, by_label in (({"concepts": [1, 2], "preset": "amplify"}, {"concepts": [1, "#2"], "preset": "amplify"}),
-                            ({"concepts": [3], "preset": "suppress"}, {"concepts": ["Known: #3"], "preset": "suppress"})):
+    for by_id, by_label in (
+        ({"concepts": [1, 2], "preset": "amplify"}, {"concepts": [1, "#2"], "preset": "amplify"}),
+        ({"concepts": [3], "preset": "suppress"}, {"concepts": ["Known: #3"], "preset": "suppress"}),
+    ):
         assert text(by_label) == text(by_id) != plain, by_label
 
 
@@ -160,10 +187,18 @@ def test_attribution(client):
 
 def test_every_sse_event_is_utf8_json(server):
     prompt = "Unicode: héllo 🎉 日本語 👩‍👩‍👧"  # the emoji are split across byte-level tokens
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 200, "temperature": 0, "echo": True,
-            "stream": True, "tokens_per_step": 16}
-    with httpx.stream("POST", server.base_url + "/completions", json=body,
-                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": 200,
+        "temperature": 0,
+        "echo": True,
+        "stream": True,
+        "tokens_per_step": 16,
+    }
+    with httpx.stream(
+        "POST", server.base_url + "/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         raw = r.read()
     events = [e for e in raw.split(b"\n\n") if e]
@@ -174,32 +209,35 @@ def test_every_sse_event_is_utf8_json(server):
 
 
 # ---- errors --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "hi", "temperature": -1}, "temperature"),
-    ({"prompt": "hi", "top_p": 0}, "top_p"),
-    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [1, 200000]}, "prompt"),
-    ({"prompt": "hi", "stop": [""]}, "stop"),
-    ({"prompt": "hi", "stop": 5}, "stop"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
-    ({"prompt": "hi", "best_of": 3}, "best_of"),
-    ({"prompt": "hi", "suffix": "end"}, "suffix"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias"),
-    ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
-    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": "hi", "tokens_per_step": 65}, "tokens_per_step"),
-    ({"prompt": "hi", "stop_token_ids": [999999]}, "stop_token_ids"),
-    ({"prompt": "hi", "steering": {"concepts": [100000]}}, "steering.concepts"),
-    ({"prompt": "hi", "steering": {"concepts": ["no such label"]}}, "steering.concepts"),
-    ({"prompt": "hi", "steering": {"concepts": [1], "schedule": "sometimes"}}, "steering.schedule"),
-    ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": 99}}, "steering.inject_layer"),
-    ({"prompt": "hi", "attribution": {"chunking": "page"}}, "attribution.chunking"),
-    ({"prompt": None}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "hi", "temperature": -1}, "temperature"),
+        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, 200000]}, "prompt"),
+        ({"prompt": "hi", "stop": [""]}, "stop"),
+        ({"prompt": "hi", "stop": 5}, "stop"),
+        ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+        ({"prompt": "hi", "best_of": 3}, "best_of"),
+        ({"prompt": "hi", "suffix": "end"}, "suffix"),
+        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias"),
+        ({"prompt": "hi", "frobnicate": 1}, "frobnicate"),
+        ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "hi", "tokens_per_step": 65}, "tokens_per_step"),
+        ({"prompt": "hi", "stop_token_ids": [999999]}, "stop_token_ids"),
+        ({"prompt": "hi", "steering": {"concepts": [100000]}}, "steering.concepts"),
+        ({"prompt": "hi", "steering": {"concepts": ["no such label"]}}, "steering.concepts"),
+        ({"prompt": "hi", "steering": {"concepts": [1], "schedule": "sometimes"}}, "steering.schedule"),
+        ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": 99}}, "steering.inject_layer"),
+        ({"prompt": "hi", "attribution": {"chunking": "page"}}, "attribution.chunking"),
+        ({"prompt": None}, "prompt"),
+    ],
+)
 def test_invalid_completion_fields_are_400_with_param(client, body, param):
     fields = dict(body)
     with pytest.raises(openai.BadRequestError) as e:
@@ -217,8 +255,11 @@ def test_chat_errors(client):
         client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
     assert e.value.body["param"] == "messages"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
     assert e.value.body["param"] == "tools"
 
 
@@ -239,7 +280,13 @@ def test_wrong_api_key_is_401(server):
 def test_malformed_json_and_content_type(server):
     r = post(server, "/completions", None, content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-    r = post(server, "/completions", None, content=b"prompt=hi", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = post(
+        server,
+        "/completions",
+        None,
+        content=b"prompt=hi",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content_type"
     r = post(server, "/completions", [1, 2])
     assert r.status_code == 400 and "error" in r.json()
@@ -260,9 +307,18 @@ def test_health_lists_workers(server):
 def test_metrics(server):
     m = server.metrics()
     assert m['cde_worker_up{worker="worker-0"}'] == 1 and m['cde_worker_up{worker="worker-1"}'] == 1
-    for name in ("cde_num_requests_running", "cde_num_requests_waiting", "cde_kv_pages_used", "cde_kv_pages_free",
-                 "cde_steps_per_second", "cde_time_to_first_block_seconds_count", "cde_inter_block_latency_seconds_count",
-                 "cde_e2e_request_latency_seconds_count", "cde_prompt_tokens_total", "cde_generation_tokens_total"):
+    for name in (
+        "cde_num_requests_running",
+        "cde_num_requests_waiting",
+        "cde_kv_pages_used",
+        "cde_kv_pages_free",
+        "cde_steps_per_second",
+        "cde_time_to_first_block_seconds_count",
+        "cde_inter_block_latency_seconds_count",
+        "cde_e2e_request_latency_seconds_count",
+        "cde_prompt_tokens_total",
+        "cde_generation_tokens_total",
+    ):
         assert name in m, name
     assert m["cde_generation_tokens_total"] > 0 and m["cde_e2e_request_latency_seconds_count"] > 0
 

@@ -10,8 +10,8 @@ import uuid
 
 import httpx
 import pytest
-
 from cde.gateway import middleware
+
 from tests.api_server import ServerProcess
 
 KEY = "s3cret-key"
@@ -30,14 +30,21 @@ def completion(server, prompt: str, headers: dict):
     return httpx.post(server.base_url + "/completions", json=body, headers=headers, timeout=60)
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {KEY}", KEY, f"Bearer {KEY}x", "Bearer",
-                                    f"Bearer {KEY[:-1]}"])
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong", f"Basic {KEY}", KEY, f"Bearer {KEY}x", "Bearer", f"Bearer {KEY[:-1]}"]
+)
 def test_bad_or_missing_key_is_401_in_openai_shape(server, header):
     headers = {"Authorization": header} if header is not None else {}
     for r in (completion(server, "hi", headers), httpx.get(server.base_url + "/models", headers=headers)):
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-        assert r.json() == {"error": {"message": "Incorrect API key provided.", "type": "authentication_error",
-                                      "param": None, "code": "invalid_api_key"}}
+        assert r.json() == {
+            "error": {
+                "message": "Incorrect API key provided.",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
 
 
 def test_right_key_works_and_probes_stay_open(server):
@@ -84,8 +91,12 @@ def _served_with_marker(server, headers) -> tuple[str, str]:
     marker = f"marker-{uuid.uuid4().hex}"
     r = completion(server, f"tell me about {marker}", headers)
     assert r.status_code == 200
-    chat = httpx.post(server.base_url + "/chat/completions", headers=headers, timeout=60, json={
-        "model": MODEL, "messages": [{"role": "user", "content": marker}], "max_tokens": 4, "tokens_per_step": 4})
+    chat = httpx.post(
+        server.base_url + "/chat/completions",
+        headers=headers,
+        timeout=60,
+        json={"model": MODEL, "messages": [{"role": "user", "content": marker}], "max_tokens": 4, "tokens_per_step": 4},
+    )
     assert chat.status_code == 200
     return marker, r.json()["id"]
 

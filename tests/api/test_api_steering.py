@@ -18,14 +18,14 @@ import numpy as np
 import openai
 import pytest
 import torch
-
 from cde.shared.catalog import write_catalog
 from cde.shared.config import preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
+from cde.worker.engine import Engine, EngineArgs
+
 from tests.api_server import ServerProcess
 from tests.catalog_fixture import catalog_rows
 from tests.parity.test_attribution_parity import text_prompt
-from cde.worker.engine import Engine, EngineArgs
 
 pytestmark = pytest.mark.reference
 
@@ -59,8 +59,13 @@ def official(tiny_dir):
 
 
 def complete(client, prompt: list[int], per_step: int, **extra):
-    r = client.completions.create(model="tiny", prompt=[prompt], max_tokens=N_NEW, temperature=0,
-                                  extra_body={"tokens_per_step": per_step, "return_token_ids": True, **extra})
+    r = client.completions.create(
+        model="tiny",
+        prompt=[prompt],
+        max_tokens=N_NEW,
+        temperature=0,
+        extra_body={"tokens_per_step": per_step, "return_token_ids": True, **extra},
+    )
     (choice,) = r.choices
     assert choice.finish_reason == "length"
     return choice
@@ -69,8 +74,14 @@ def complete(client, prompt: list[int], per_step: int, **extra):
 def greedy(per_step: int):
     from steerling.configs.generation import GenerationConfig
 
-    return GenerationConfig(max_new_tokens=N_NEW, steps=N_NEW // per_step, temperature=0, use_entropy_sampling=False,
-                            top_p=0, repetition_penalty=1)
+    return GenerationConfig(
+        max_new_tokens=N_NEW,
+        steps=N_NEW // per_step,
+        temperature=0,
+        use_entropy_sampling=False,
+        top_p=0,
+        repetition_penalty=1,
+    )
 
 
 def recipe(name: str, concepts: list[int], n_layers: int = N_LAYERS):
@@ -92,8 +103,9 @@ def preset_spec(name: str, concepts: list[int], n_layers: int) -> SteeringSpec:
     from cde.gateway.schemas import CompletionRequest
     from cde.shared.protocol import Heartbeat
 
-    info = Heartbeat("b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100,
-                     max_running=16)
+    info = Heartbeat(
+        "b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100, max_running=16
+    )
     body = CompletionRequest(model="m", prompt="x", steering={"concepts": concepts, "preset": name})
     (req,) = generate_requests(body, [[1]], 16, info, ConceptLabels(), "c")
     return req.steering
@@ -106,37 +118,54 @@ def test_preset_fields_are_the_official_recipe(name, n_layers):
     injection_relu leaves inject_layer unset (its generator then injects from n_layers // 2)."""
     concepts = [5, 9, 7]
     ours, ref = preset_spec(name, concepts, n_layers), recipe(name, concepts, n_layers)
-    assert (ours.concepts, ours.strength, ours.normalize, ours.schedule, ours.cutoff_tokens, ours.relu_logit_mask) == \
-        (ref.concept_ids, ref.mai_lm_target, ref.normalize_mai_lm_target, ref.inject_alpha_schedule, ref.cutoff_tokens,
-         ref.relu_logit_mask or {})
+    assert (ours.concepts, ours.strength, ours.normalize, ours.schedule, ours.cutoff_tokens, ours.relu_logit_mask) == (
+        ref.concept_ids,
+        ref.mai_lm_target,
+        ref.normalize_mai_lm_target,
+        ref.inject_alpha_schedule,
+        ref.cutoff_tokens,
+        ref.relu_logit_mask or {},
+    )
     assert ours.inject_layer == (ref.inject_layer if ref.inject_layer is not None else n_layers // 2)
 
 
 PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("name,concepts,per_step", [
-    ("amplify", [3, 17, 40], 1),
-    ("suppress", [7, 11, 30], 8),
-    ("amplify", [5], 8),
-    ("suppress", [12], 4),
-])
+@pytest.mark.parametrize(
+    "name,concepts,per_step",
+    [
+        ("amplify", [3, 17, 40], 1),
+        ("suppress", [7, 11, 30], 8),
+        ("amplify", [5], 8),
+        ("suppress", [12], 4),
+    ],
+)
 def test_preset_equals_official_recipe(client, official, name, concepts, per_step):
     steered = complete(client, PROMPT, per_step, steering={"concepts": concepts, "preset": name})
     ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe(name, concepts))
-    assert steered.token_ids == ref.tokens[len(PROMPT):].tolist()
+    assert steered.token_ids == ref.tokens[len(PROMPT) :].tolist()
     plain = complete(client, PROMPT, per_step)
     assert steered.token_ids != plain.token_ids, "steering had no effect: the comparison would be vacuous"
 
 
 def test_streamed_steering_equals_official_recipe(client, official):
     concepts, per_step = [7, 11, 30], 8
-    chunks = client.completions.create(model="tiny", prompt=[PROMPT], max_tokens=N_NEW, temperature=0, stream=True,
-                                       extra_body={"tokens_per_step": per_step, "return_token_ids": True,
-                                                   "steering": {"concepts": concepts, "preset": "suppress"}})
+    chunks = client.completions.create(
+        model="tiny",
+        prompt=[PROMPT],
+        max_tokens=N_NEW,
+        temperature=0,
+        stream=True,
+        extra_body={
+            "tokens_per_step": per_step,
+            "return_token_ids": True,
+            "steering": {"concepts": concepts, "preset": "suppress"},
+        },
+    )
     tokens = [t for c in chunks for t in c.choices[0].model_extra.get("token_ids") or []]
     ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe("suppress", concepts))
-    assert tokens == ref.tokens[len(PROMPT):].tolist()
+    assert tokens == ref.tokens[len(PROMPT) :].tolist()
 
 
 # ---- attribution -------------------------------------------------------------------------------
@@ -148,33 +177,47 @@ def from_api(token: dict) -> dict:
     """An API per-token attribution entry in the engine record's terms."""
     out = {"token_id": token["token_id"], "target_logit": token["target_logit"], "epsilon": token["epsilon"]}
     for kind in ("known", "discovered"):
-        out[kind] = by_concept((c["id"], c["weight"], c["contribution"]) for c in token["concepts"] if c["type"] == kind)
+        out[kind] = by_concept(
+            (c["id"], c["weight"], c["contribution"]) for c in token["concepts"] if c["type"] == kind
+        )
     return out
 
 
 def from_engine(record: dict) -> dict:
-    return {"token_id": record["token_id"], "target_logit": record["target_logit"], "epsilon": record["epsilon"],
-            "known": by_concept(record["known"]), "discovered": by_concept(record["discovered"])}
+    return {
+        "token_id": record["token_id"],
+        "target_logit": record["target_logit"],
+        "epsilon": record["epsilon"],
+        "known": by_concept(record["known"]),
+        "discovered": by_concept(record["discovered"]),
+    }
 
 
 def from_official(attr, p: int) -> dict:
-    out = {"token_id": int(attr.target_token_ids[0, p]), "target_logit": float(attr.target_logits[0, p]),
-           "epsilon": float(attr.epsilon_contribution[0, p])}
-    for kind, idx, w, c in (("known", attr.known_indices, attr.known_weights, attr.known_contributions),
-                            ("discovered", attr.unk_indices, attr.unk_weights, attr.unk_contributions)):
+    out = {
+        "token_id": int(attr.target_token_ids[0, p]),
+        "target_logit": float(attr.target_logits[0, p]),
+        "epsilon": float(attr.epsilon_contribution[0, p]),
+    }
+    for kind, idx, w, c in (
+        ("known", attr.known_indices, attr.known_weights, attr.known_contributions),
+        ("discovered", attr.unk_indices, attr.unk_weights, attr.unk_contributions),
+    ):
         out[kind] = by_concept(zip(idx[0, p].tolist(), w[0, p].tolist(), c[0, p].tolist()))
     return out
 
 
 def assert_same(got: dict, want: dict, tol: dict, where) -> None:
     assert got["token_id"] == want["token_id"], where
-    np.testing.assert_allclose([got["target_logit"], got["epsilon"]], [want["target_logit"], want["epsilon"]],
-                               err_msg=str(where), **tol)
+    np.testing.assert_allclose(
+        [got["target_logit"], got["epsilon"]], [want["target_logit"], want["epsilon"]], err_msg=str(where), **tol
+    )
     for kind in ("known", "discovered"):
         assert got[kind].keys() == want[kind].keys(), (where, kind)
         ids = sorted(want[kind])
-        np.testing.assert_allclose([got[kind][i] for i in ids], [want[kind][i] for i in ids], err_msg=str((where, kind)),
-                                   **tol)
+        np.testing.assert_allclose(
+            [got[kind][i] for i in ids], [want[kind][i] for i in ids], err_msg=str((where, kind)), **tol
+        )
 
 
 def official_steered_attribution(official, text: str, per_step: int, steering, labels_path):
@@ -185,8 +228,9 @@ def official_steered_attribution(official, text: str, per_step: int, steering, l
 
     attributor = FaithfulConceptAttributor(official, concepts_path=labels_path)
     plain = official.generate_full
-    official.generate_full = lambda prompt, config, step_callback=None: plain(prompt, config, steering=steering,
-                                                                              step_callback=step_callback)
+    official.generate_full = lambda prompt, config, step_callback=None: plain(
+        prompt, config, steering=steering, step_callback=step_callback
+    )
     try:
         out, chunks = attributor.attribute(text, greedy(per_step))
     finally:
@@ -198,12 +242,14 @@ def test_steered_attribution_equals_official_and_engine(client, official, tiny_d
     text, ids = text_prompt()
     per_step, concepts = 8, [7, 11, 30]
     attribution = {"top_k": 128, "per_token": True, "chunking": "endofchunk"}  # top_k above the heads': every concept
-    choice = complete(client, ids, per_step, steering={"concepts": concepts, "preset": "suppress"},
-                      attribution=attribution)
+    choice = complete(
+        client, ids, per_step, steering={"concepts": concepts, "preset": "suppress"}, attribution=attribution
+    )
     api = choice.model_extra["attribution"]
-    out, ref_chunks, attr = official_steered_attribution(official, text, per_step, recipe("suppress", concepts),
-                                                         catalog_path)
-    assert choice.token_ids == out.tokens[len(ids):].tolist()
+    out, ref_chunks, attr = official_steered_attribution(
+        official, text, per_step, recipe("suppress", concepts), catalog_path
+    )
+    assert choice.token_ids == out.tokens[len(ids) :].tolist()
     assert [t["offset"] for t in api["tokens"]] == list(range(N_NEW))
     for t in api["tokens"]:
         assert_same(from_api(t), from_official(attr, len(ids) + t["offset"]), TOL, t["offset"])
@@ -218,11 +264,25 @@ def test_steered_attribution_equals_official_and_engine(client, official, tiny_d
         np.testing.assert_allclose(chunk["epsilon_pct"], eps_pct, **TOL)
 
     # And the engine's records of the same request (the preset spelled out) are what the API returned.
-    spec = SteeringSpec(concepts, strength=-7.0, normalize=False, inject_layer=N_LAYERS // 2, schedule="fixed",
-                        relu_logit_mask={concepts[0]: 20.0})
+    spec = SteeringSpec(
+        concepts,
+        strength=-7.0,
+        normalize=False,
+        inject_layer=N_LAYERS // 2,
+        schedule="fixed",
+        relu_logit_mask={concepts[0]: 20.0},
+    )
     engine = Engine(EngineArgs(str(tiny_dir)))
-    engine.add_request(GenerateRequest("a", ids, max_tokens=N_NEW, tokens_per_step=per_step, steering=spec,
-                                       attribution=AttributionSpec(top_k=128, per_token=True, chunking="endofchunk")))
+    engine.add_request(
+        GenerateRequest(
+            "a",
+            ids,
+            max_tokens=N_NEW,
+            tokens_per_step=per_step,
+            steering=spec,
+            attribution=AttributionSpec(top_k=128, per_token=True, chunking="endofchunk"),
+        )
+    )
     records = []
     while engine.has_work():
         for res in engine.step():

@@ -7,12 +7,12 @@ import math
 
 import httpx
 import pytest
-
 from cde.gateway.json_out import JsonResponse
 from cde.gateway.prompts import MAX_TOKEN_BYTES
 from cde.gateway.sse import event
 from cde.shared.limits import MAX_STEERING_STRENGTH
 from cde.shared.tokenizer import get_tokenizer
+
 from tests.api_server import ServerProcess
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -58,14 +58,17 @@ ROUTES = [("completions", PROMPT), ("chat/completions", CHAT)]
 MODES = [{"stream": s, "attribution": a} for s in (False, True) for a in (False, {"top_k": 5, "per_token": True})]
 
 
-@pytest.mark.parametrize("steering,param", [
-    ({"concepts": [3], "strength": 1e39}, "steering.strength"),
-    ({"concepts": [3], "strength": -1e39}, "steering.strength"),
-    ({"concepts": [3], "strength": 1e20}, "steering.strength"),
-    ({"concepts": [3], "strength": 1e300, "normalize": False}, "steering.strength"),
-    ({"concepts": [3], "strength": MAX_STEERING_STRENGTH + 0.5}, "steering.strength"),
-    ({"concepts": [3], "relu_logit_mask": {"3": 1e39}}, "steering.relu_logit_mask"),
-])
+@pytest.mark.parametrize(
+    "steering,param",
+    [
+        ({"concepts": [3], "strength": 1e39}, "steering.strength"),
+        ({"concepts": [3], "strength": -1e39}, "steering.strength"),
+        ({"concepts": [3], "strength": 1e20}, "steering.strength"),
+        ({"concepts": [3], "strength": 1e300, "normalize": False}, "steering.strength"),
+        ({"concepts": [3], "strength": MAX_STEERING_STRENGTH + 0.5}, "steering.strength"),
+        ({"concepts": [3], "relu_logit_mask": {"3": 1e39}}, "steering.relu_logit_mask"),
+    ],
+)
 @pytest.mark.parametrize("route,base", ROUTES)
 def test_out_of_range_steering_is_a_400_naming_the_field(server, steering, param, route, base):
     for mode in MODES:
@@ -73,17 +76,25 @@ def test_out_of_range_steering_is_a_400_naming_the_field(server, steering, param
         assert status == 400 and doc["error"]["param"] == param, doc
 
 
-@pytest.mark.parametrize("steering", [
-    {"concepts": [3], "strength": MAX_STEERING_STRENGTH},
-    {"concepts": [3, 5], "strength": -MAX_STEERING_STRENGTH, "normalize": False, "schedule": "fixed"},
-    {"concepts": [3], "preset": "suppress", "strength": -MAX_STEERING_STRENGTH,
-     "relu_logit_mask": {"3": MAX_STEERING_STRENGTH, "5": -MAX_STEERING_STRENGTH}},
-])
+@pytest.mark.parametrize(
+    "steering",
+    [
+        {"concepts": [3], "strength": MAX_STEERING_STRENGTH},
+        {"concepts": [3, 5], "strength": -MAX_STEERING_STRENGTH, "normalize": False, "schedule": "fixed"},
+        {
+            "concepts": [3],
+            "preset": "suppress",
+            "strength": -MAX_STEERING_STRENGTH,
+            "relu_logit_mask": {"3": MAX_STEERING_STRENGTH, "5": -MAX_STEERING_STRENGTH},
+        },
+    ],
+)
 @pytest.mark.parametrize("route,base", ROUTES)
 def test_steering_at_the_bound_answers_finite_json(server, steering, route, base):
     for mode in [*MODES, {"stream": True, "stream_denoise": True, "attribution": {"per_token": True}}]:
-        status, docs = bodies(server, route, {**base, **mode, "max_tokens": 40, "tokens_per_step": 8,
-                                              "steering": steering})
+        status, docs = bodies(
+            server, route, {**base, **mode, "max_tokens": 40, "tokens_per_step": 8, "steering": steering}
+        )
         assert status == 200, docs
         assert all(math.isfinite(x) for doc in docs for x in numbers(doc))
         if mode["attribution"]:
@@ -97,18 +108,21 @@ def test_non_finite_numbers_are_written_as_null():
     assert strict(event(doc).decode().removeprefix("data: ")) == expected
 
 
-@pytest.mark.parametrize("route,body,param", [
-    ("completions", {"prompt": "a" * 200_000}, "prompt"),  # refused before tokenizing: over 128 bytes a token
-    ("completions", {"prompt": "hello " * 20_000}, "prompt"),  # tokenized: 20,000 tokens
-    ("completions", {"prompt": ["hi", "hello " * 20_000]}, "prompt"),
-    ("completions", {"prompt": [7] * 2000}, "prompt"),
-    ("completions", {"prompt": [7] * 1000, "max_tokens": 100}, "max_tokens"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]}, "messages"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "hello " * 20_000}]}, "messages"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "x"}] * 300}, "messages"),
-    ("chat/completions", {**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
-    ("chat/completions", {**CHAT, "max_tokens": 5000}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "route,body,param",
+    [
+        ("completions", {"prompt": "a" * 200_000}, "prompt"),  # refused before tokenizing: over 128 bytes a token
+        ("completions", {"prompt": "hello " * 20_000}, "prompt"),  # tokenized: 20,000 tokens
+        ("completions", {"prompt": ["hi", "hello " * 20_000]}, "prompt"),
+        ("completions", {"prompt": [7] * 2000}, "prompt"),
+        ("completions", {"prompt": [7] * 1000, "max_tokens": 100}, "max_tokens"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]}, "messages"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hello " * 20_000}]}, "messages"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}] * 300}, "messages"),
+        ("chat/completions", {**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
+        ("chat/completions", {**CHAT, "max_tokens": 5000}, "max_tokens"),
+    ],
+)
 def test_context_overflow_names_the_field_to_shorten(server, route, body, param):
     status, (doc,) = bodies(server, route, body)
     assert status == 400 and doc["error"]["code"] == "context_length_exceeded"

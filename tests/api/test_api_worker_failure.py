@@ -18,8 +18,17 @@ MAX_RUNNING, MAX_QUEUE = 3, 1  # capacity: 4 requests per worker
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    srv = ServerProcess(tiny_dir, "--served-model-name", "tiny", "--max-running", str(MAX_RUNNING),
-                        "--max-queue", str(MAX_QUEUE), "--shutdown-timeout", "10")
+    srv = ServerProcess(
+        tiny_dir,
+        "--served-model-name",
+        "tiny",
+        "--max-running",
+        str(MAX_RUNNING),
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--shutdown-timeout",
+        "10",
+    )
     yield srv
     srv.stop()
 
@@ -67,6 +76,7 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
     url = server.base_url + "/completions"
     victim_pid = server.worker_pids()[0]
     async with httpx.AsyncClient(timeout=60) as http:
+
         async def one():
             async with http.stream("POST", url, json={**LONG, "tokens_per_step": 4}) as r:
                 events = read_events(r)
@@ -103,8 +113,9 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
     m = server.metrics()
     assert m['cde_worker_up{worker="worker-0"}'] == 0 and m['cde_worker_up{worker="worker-1"}'] == 1
     for _ in range(3):  # everything now lands on the survivor
-        r = client.completions.create(model="tiny", prompt="still there?", max_tokens=8, temperature=0,
-                                      extra_body={"tokens_per_step": 8})
+        r = client.completions.create(
+            model="tiny", prompt="still there?", max_tokens=8, temperature=0, extra_body={"tokens_per_step": 8}
+        )
         assert r.choices[0].finish_reason == "length"
 
 

@@ -14,9 +14,9 @@ import httpx
 import msgpack
 import pytest
 import zmq
-
 from cde.shared.protocol import GenerateRequest
 from cde.shared.wire import encode
+
 from tests.api_server import ServerProcess
 
 KEY = "soak-key"
@@ -31,9 +31,24 @@ pytestmark = pytest.mark.slow
 def server(tiny_instruct_dir, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("key") / "key"
     key_file.write_text(KEY)
-    srv = ServerProcess(tiny_instruct_dir, "--api-key-file", str(key_file), "--served-model-name", "tiny",
-                        "--header-timeout", "1", "--body-timeout", "2", "--keep-alive-timeout", "1",
-                        "--max-connections", "64", "--heartbeat-timeout", "2", workers=1)
+    srv = ServerProcess(
+        tiny_instruct_dir,
+        "--api-key-file",
+        str(key_file),
+        "--served-model-name",
+        "tiny",
+        "--header-timeout",
+        "1",
+        "--body-timeout",
+        "2",
+        "--keep-alive-timeout",
+        "1",
+        "--max-connections",
+        "64",
+        "--heartbeat-timeout",
+        "2",
+        workers=1,
+    )
     yield srv
     srv.stop()
 
@@ -78,14 +93,19 @@ class Attack:
             self._guard(self.raw, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: ", 1.5)
 
     def slow_body(self) -> None:
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEY.encode()
-                + b"\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{")
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{"
+        )
         for _ in self.rounds():
             self._guard(self.raw, head, 4.0, True)
 
     def hang_ups(self) -> None:
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 900\r\n\r\n{\"model\": ")
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b'\r\nContent-Length: 900\r\n\r\n{"model": '
+        )
         for _ in self.rounds():
             self._guard(self.raw, head, 0.05)
             time.sleep(0.1)
@@ -114,8 +134,9 @@ class Attack:
         try:
             for _ in self.rounds():
                 body = {"model": "tiny", "prompt": "dup", "max_tokens": 64, "tokens_per_step": 4, "stream": True}
-                with httpx.stream("POST", self.server.base_url + "/completions", json=body, headers=AUTH,
-                                  timeout=60) as r:
+                with httpx.stream(
+                    "POST", self.server.base_url + "/completions", json=body, headers=AUTH, timeout=60
+                ) as r:
                     lines = r.iter_lines()
                     first = next(line for line in lines if line.startswith("data: "))
                     rid = json.loads(first[6:])["id"] + "-0-0"  # the gateway's id for choice 0
@@ -133,12 +154,22 @@ def honest(server) -> list[str]:
     status = httpx.get(server.url + "/health", timeout=10).status_code
     if status != 200:
         problems.append(f"/health {status}")
-    r = httpx.post(server.base_url + "/completions", headers=AUTH, timeout=60, json={
-        "model": "tiny", "prompt": "hello", "max_tokens": 8, "tokens_per_step": 4, "n": 2})
+    r = httpx.post(
+        server.base_url + "/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"model": "tiny", "prompt": "hello", "max_tokens": 8, "tokens_per_step": 4, "n": 2},
+    )
     if r.status_code != 200 or [c["finish_reason"] for c in r.json()["choices"]] != ["length"] * 2:
         problems.append(f"completion {r.status_code} {r.text[:200]}")
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True,
-            "attribution": True, "steering": {"concepts": [3], "strength": 100}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+        "attribution": True,
+        "steering": {"concepts": [3], "strength": 100},
+    }
     with httpx.stream("POST", server.base_url + "/chat/completions", json=body, headers=AUTH, timeout=60) as s:
         events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
     finishes = [c.get("finish_reason") for e in events[:-1] for c in json.loads(e)["choices"]]

@@ -21,10 +21,34 @@ def server(tiny_dir):
 
 def bench(server, tmp_path, *args):
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "-m", "cde", "bench", "serve", "--url", server.url, "--num-prompts", str(N),
-                          "--request-rate", "50", "--max-concurrency", "4", "--prompt-len", "16",
-                          "--extra-body", '{"tokens_per_step": 8}', "--json", str(out), *args],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cde",
+            "bench",
+            "serve",
+            "--url",
+            server.url,
+            "--num-prompts",
+            str(N),
+            "--request-rate",
+            "50",
+            "--max-concurrency",
+            "4",
+            "--prompt-len",
+            "16",
+            "--extra-body",
+            '{"tokens_per_step": 8}',
+            "--json",
+            str(out),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return res, json.loads(out.read_text())
 
 

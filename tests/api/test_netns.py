@@ -17,8 +17,15 @@ from tests.api_server import REPO
 @pytest.mark.netns
 @pytest.mark.slow
 def test_gateway_and_workers_on_three_hosts():
-    run = subprocess.run(["bash", str(REPO / "scripts" / "netns_test.sh")], cwd=REPO, timeout=400, check=False,
-                         env={**os.environ, "PYTHON": sys.executable},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "netns_test.sh")],
+        cwd=REPO,
+        timeout=400,
+        check=False,
+        env={**os.environ, "PYTHON": sys.executable},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     print(run.stdout)
     assert run.returncode == 0 and run.stdout.rstrip().endswith("PASS"), run.stdout

@@ -18,8 +18,15 @@ from cde.train.text import on_topic_share
 from tests.api_server import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PROMPT = "Write a few sentences."
 # What the page sends for the test's choices: "space" found by name (concept 4 of the demo's catalog),
 # the slider moved from 8 to 32, the strength at which the eval's amplify takes neutral prompts on topic.
@@ -64,8 +71,17 @@ def shots(tmp_path) -> Path:
 
 
 def api_choice(server, steering: dict | None) -> dict:
-    body = {"model": "cde-reference", "prompt": PROMPT, "max_tokens": 256, "temperature": 0, "top_p": 1, "seed": 42,
-            "tokens_per_step": 2, "attribution": {"top_k": 5}, **({"steering": steering} if steering else {})}
+    body = {
+        "model": "cde-reference",
+        "prompt": PROMPT,
+        "max_tokens": 256,
+        "temperature": 0,
+        "top_p": 1,
+        "seed": 42,
+        "tokens_per_step": 2,
+        "attribution": {"top_k": 5},
+        **({"steering": steering} if steering else {}),
+    }
     r = httpx.post(server.base_url + "/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
@@ -118,8 +134,9 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     assert len(filling) >= 20, f"tokens landed in only {len(filling)} intermediate frames"
     assert all(a[1] <= b[1] for a, b in pairwise(frames))
     # ... and out of order: within a block, cells that landed later sit left of earlier ones.
-    steps = page.eval_on_selector_all("#run-steered .block[data-block='1'] .cell.tok",
-                                      "cells => cells.map(c => Number(c.title.split('step ').pop()))")
+    steps = page.eval_on_selector_all(
+        "#run-steered .block[data-block='1'] .cell.tok", "cells => cells.map(c => Number(c.title.split('step ').pop()))"
+    )
     assert len(steps) == 64 and steps != sorted(steps)
 
     # The final text is the API's text for the same request (same seed, same steering), on the topic.

@@ -21,9 +21,35 @@ def server(tiny_instruct_dir):
 
 def test_soak_passes_and_leaves_the_server_idle(server, tmp_path):
     out = tmp_path / "soak.json"
-    res = subprocess.run([sys.executable, "-m", "cde", "bench", "soak", "--url", server.url, "--num-requests", "32",
-                          "--concurrency", "6", "--pool-size", "10", "--max-tokens", "100", "--hang-up", "0.3",
-                          "--deadline", "0.3", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cde",
+            "bench",
+            "soak",
+            "--url",
+            server.url,
+            "--num-requests",
+            "32",
+            "--concurrency",
+            "6",
+            "--pool-size",
+            "10",
+            "--max-tokens",
+            "100",
+            "--hang-up",
+            "0.3",
+            "--deadline",
+            "0.3",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(out.read_text())
     assert report["passed"] and report["requests"] == 32 and not report["problems"]

@@ -6,11 +6,11 @@ import json
 import httpx
 import openai
 import pytest
-
 from cde.shared.config import EOT_ID, PAGE
 from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, SteeringSpec, StepResult
-from tests.api_server import ServerProcess
 from cde.worker.engine import Engine, EngineArgs
+
+from tests.api_server import ServerProcess
 
 
 def _run(engine: Engine, *reqs: GenerateRequest) -> list:
@@ -40,8 +40,15 @@ def _blocks_with_their_steps(results: list, request_id: str) -> list[tuple[list[
 # ---- engine ------------------------------------------------------------------------------------
 def test_steps_assemble_each_block_and_land_out_of_order(tiny_dir):
     prompt = list(range(500, 517))  # 17 tokens: the first block is the prompt's tail block
-    req = GenerateRequest("d", prompt, max_tokens=150, tokens_per_step=3, stream_denoise=True,
-                          steering=SteeringSpec([3], inject_layer=1), attribution=AttributionSpec(top_k=4))
+    req = GenerateRequest(
+        "d",
+        prompt,
+        max_tokens=150,
+        tokens_per_step=3,
+        stream_denoise=True,
+        steering=SteeringSpec([3], inject_layer=1),
+        attribution=AttributionSpec(top_k=4),
+    )
     blocks = _blocks_with_their_steps(_run(Engine(EngineArgs(str(tiny_dir))), req), "d")
     assert len(blocks) == 3 and blocks[-1][1].finish_reason == "length"
     last_step, out_of_order = 0, 0
@@ -68,9 +75,11 @@ def test_steps_assemble_each_block_and_land_out_of_order(tiny_dir):
 
 def test_only_requests_that_ask_get_steps_and_decoding_is_unchanged(tiny_dir):
     prompt = [7, 8, 9, 10]
-    results = _run(Engine(EngineArgs(str(tiny_dir))),
-                   GenerateRequest("plain", prompt, max_tokens=70, tokens_per_step=2, seed=1),
-                   GenerateRequest("steps", prompt, max_tokens=70, tokens_per_step=2, seed=1, stream_denoise=True))
+    results = _run(
+        Engine(EngineArgs(str(tiny_dir))),
+        GenerateRequest("plain", prompt, max_tokens=70, tokens_per_step=2, seed=1),
+        GenerateRequest("steps", prompt, max_tokens=70, tokens_per_step=2, seed=1, stream_denoise=True),
+    )
     steps = [r for r in results if isinstance(r, StepResult)]
     assert steps and {s.request_id for s in steps} == {"steps"}
     assert all(s.attribution is None for s in steps)  # attribution was not asked
@@ -83,12 +92,12 @@ def test_the_step_that_commits_eot_ends_with_it(tiny_instruct_dir, tmp_path):
     """Make <|eot_id|> the greedy pick mid-block (as in test_engine); picks after it in the same
     step are discarded, and so are they in the step event."""
     import torch
-
     from cde.worker.checkpoint import load_checkpoint, save_checkpoint
 
     prompt = list(range(1000, 1064))
     base = Engine(EngineArgs(str(tiny_instruct_dir))).generate(
-        [GenerateRequest("b", prompt, max_tokens=128, tokens_per_step=4)])["b"]
+        [GenerateRequest("b", prompt, max_tokens=128, tokens_per_step=4)]
+    )["b"]
     cfg, model = load_checkpoint(tiny_instruct_dir)
     with torch.no_grad():
         model.transformer.lm_head.weight[EOT_ID] = model.transformer.lm_head.weight[base[80]] * 1.05
@@ -118,17 +127,24 @@ def _sse(server, path: str, body: dict) -> list[tuple[str | None, dict | str]]:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("event: "):
-                kind = line[len("event: "):]
+                kind = line[len("event: ") :]
             elif line.startswith("data: "):
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 events.append((kind, data if data == "[DONE]" else json.loads(data)))
                 kind = None
     return events
 
 
-REQUEST = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 100, "temperature": 0,
-           "tokens_per_step": 4, "return_token_ids": True, "steering": {"concepts": [3], "strength": 8},
-           "attribution": {"top_k": 3}}
+REQUEST = {
+    "model": "tiny",
+    "prompt": "The quick brown fox",
+    "max_tokens": 100,
+    "temperature": 0,
+    "tokens_per_step": 4,
+    "return_token_ids": True,
+    "steering": {"concepts": [3], "strength": 8},
+    "attribution": {"top_k": 3},
+}
 
 
 def test_sse_has_step_events_between_block_events(server):
@@ -174,9 +190,16 @@ def test_default_stream_is_unchanged_for_openai_clients(server):
 
 
 def test_chat_step_events_and_per_token_attribution(server):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24, "temperature": 0,
-            "tokens_per_step": 8, "stream": True, "stream_denoise": True,
-            "attribution": {"top_k": 2, "per_token": True}}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "tokens_per_step": 8,
+        "stream": True,
+        "stream_denoise": True,
+        "attribution": {"top_k": 2, "per_token": True},
+    }
     steps = [d["choices"][0] for k, d in _sse(server, "/chat/completions", body) if k == "step"]
     assert len(steps) == 3
     for c in steps:
@@ -186,10 +209,13 @@ def test_chat_step_events_and_per_token_attribution(server):
     assert sorted(o for c in steps for o in c["offsets"]) == list(range(24))
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/completions", {"prompt": "x"}),
-    ("/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/completions", {"prompt": "x"}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ],
+)
 def test_stream_denoise_needs_stream(server, path, body):
     r = httpx.post(server.base_url + path, json={"model": "tiny", "stream_denoise": True, **body}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_denoise"

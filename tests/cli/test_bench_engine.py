@@ -16,9 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_flashblock_table(tmp_path):
     out = tmp_path / "fb.json"
-    cmd = [sys.executable, "-m", "cde", "bench", "engine", "--preset", "tiny", "--set", "block_size=8192",
-           "--concurrency", "2", "--prompt-len", "4200", "--max-tokens", "70", "--flashblock-tau", "0", "--flashblock-max-reuse", "0",
-           "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cde",
+        "bench",
+        "engine",
+        "--preset",
+        "tiny",
+        "--set",
+        "block_size=8192",
+        "--concurrency",
+        "2",
+        "--prompt-len",
+        "4200",
+        "--max-tokens",
+        "70",
+        "--flashblock-tau",
+        "0",
+        "--flashblock-max-reuse",
+        "0",
+        "--json",
+        str(out),
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
     cmd[cmd.index("--flashblock-tau") + 1] = "2"
     cmd[cmd.index("--flashblock-max-reuse") + 1] = "63"
@@ -35,8 +55,25 @@ def test_flashblock_table(tmp_path):
 
 def test_latency_table_and_profile(tmp_path):
     out, prof = tmp_path / "bench.json", tmp_path / "prof"
-    cmd = [sys.executable, "-m", "cde", "bench", "engine", "--preset", "tiny", "--concurrency", "1,3",
-           "--max-tokens", "128", "--steering", "--attribution", "--json", str(out), "--profile", str(prof)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cde",
+        "bench",
+        "engine",
+        "--preset",
+        "tiny",
+        "--concurrency",
+        "1,3",
+        "--max-tokens",
+        "128",
+        "--steering",
+        "--attribution",
+        "--json",
+        str(out),
+        "--profile",
+        str(prof),
+    ]
     res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     header = next(line for line in res.stdout.splitlines() if line.startswith("conc |"))
     assert "ms/fwd 1st block" in header and "ms/fwd after" in header and "GC ms" in header

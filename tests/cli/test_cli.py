@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cde.shared.config import preset
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker.checkpoint import load_checkpoint
@@ -18,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cde(*args, env=None, timeout=120):
-    out = subprocess.run([sys.executable, "-m", "cde", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        [sys.executable, "-m", "cde", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     return out
 
 
@@ -55,8 +60,15 @@ def test_generate_with_the_demo_model_solves_held_out_arithmetic(tmp_path):
 
     [p] = [p for p in heldout.problems(1, seed=2) if p.family == "arithmetic"]
     ids = get_tokenizer(True).chat_prompt([{"role": "user", "content": p.prompt}])
-    res = cde("generate", "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "48", "--json",
-              env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"})
+    res = cde(
+        "generate",
+        "--prompt-ids",
+        ",".join(map(str, ids)),
+        "--max-tokens",
+        "48",
+        "--json",
+        env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"},
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert tasks.check(p, data["text"]), (p.prompt, data["text"])
@@ -107,8 +119,18 @@ def test_generate_steering_matches_official(made):
     ids = _prompt()
     # The API's amplify preset on a 2-layer model: strength 8 normalised, layer min(8, 2), cutoff 32.
     steering = json.dumps({"concepts": [3, 17, "Known: #40"], "preset": "amplify"})
-    res = cde("generate", "--model", str(made), "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(N_NEW),
-              "--steering", steering, "--json")
+    res = cde(
+        "generate",
+        "--model",
+        str(made),
+        "--prompt-ids",
+        ",".join(map(str, ids)),
+        "--max-tokens",
+        str(N_NEW),
+        "--steering",
+        steering,
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     _, ref = amplify([3, 17, 40], 2)
     got = json.loads(res.stdout)
@@ -124,30 +146,50 @@ def test_generate_attribution_matches_official_chunks(made):
 
     text, ids = text_prompt()
     out, ref_chunks, _ = reference(made, text, 64, 1)
-    res = cde("generate", "--model", str(made), "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", "64",
-              "--attribution", '{"top_k": 5, "chunking": "endofchunk"}', "--json")
+    res = cde(
+        "generate",
+        "--model",
+        str(made),
+        "--prompt-ids",
+        ",".join(map(str, ids)),
+        "--max-tokens",
+        "64",
+        "--attribution",
+        '{"top_k": 5, "chunking": "endofchunk"}',
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
-    assert got["token_ids"] == out.tokens[len(ids):].tolist()
+    assert got["token_ids"] == out.tokens[len(ids) :].tolist()
     chunks = got["attribution"]["chunks"]
     assert len(chunks) == len(ref_chunks) >= 1
     for chunk, (entries, eps_pct) in zip(chunks, ref_chunks):
         # The API's rendering: the chunk's top_k concepts by |contribution|, the official order.
         assert [(c["label"], c["type"]) for c in chunk["concepts"]] == [(e["label"], e["type"]) for e in entries[:5]]
-        np.testing.assert_allclose([c["contribution"] for c in chunk["concepts"]],
-                                   [e["contribution"] for e in entries[:5]], **TOL)
+        np.testing.assert_allclose(
+            [c["contribution"] for c in chunk["concepts"]], [e["contribution"] for e in entries[:5]], **TOL
+        )
         np.testing.assert_allclose(chunk["epsilon_pct"], eps_pct, **TOL)
 
 
-@pytest.mark.parametrize("flag,value,messages", [
-    ("--steering", '{"concepts": ["no such concept"]}',
-     ["cde generate: unknown concept label 'no such concept'", "(param: steering.concepts)"]),
-    ("--steering", '{"concepts": [1], "strength": "high"}',
-     ["cde generate: Invalid value for 'steering.strength'", "(param: steering.strength)"]),
-    ("--steering", '{"concepts": [1], "inject_layer": 3}', ["(param: steering.inject_layer)"]),
-    ("--attribution", '{"top_k": 0}', ["cde generate: Invalid value for 'attribution.top_k'"]),
-    ("--attribution", "{top_k: 5}", ["cde generate: --attribution is not JSON"]),
-])
+@pytest.mark.parametrize(
+    "flag,value,messages",
+    [
+        (
+            "--steering",
+            '{"concepts": ["no such concept"]}',
+            ["cde generate: unknown concept label 'no such concept'", "(param: steering.concepts)"],
+        ),
+        (
+            "--steering",
+            '{"concepts": [1], "strength": "high"}',
+            ["cde generate: Invalid value for 'steering.strength'", "(param: steering.strength)"],
+        ),
+        ("--steering", '{"concepts": [1], "inject_layer": 3}', ["(param: steering.inject_layer)"]),
+        ("--attribution", '{"top_k": 0}', ["cde generate: Invalid value for 'attribution.top_k'"]),
+        ("--attribution", "{top_k: 5}", ["cde generate: --attribution is not JSON"]),
+    ],
+)
 def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messages):
     res = cde("generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "4", flag, value)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
@@ -156,8 +198,20 @@ def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messag
 
 def test_bench_engine_defaults_to_the_demo_model(tmp_path):
     out = tmp_path / "bench.json"
-    res = cde("bench", "engine", "--concurrency", "1", "--max-tokens", "8", "--device", "cpu", "--json", str(out),
-              env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}, timeout=300)
+    res = cde(
+        "bench",
+        "engine",
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+        env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     [_] = (tmp_path / "home" / "demo").glob("*/cde-reference/config.json")  # the shipped model, unpacked
     [result] = json.loads(out.read_text())["results"]

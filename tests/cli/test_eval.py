@@ -18,8 +18,19 @@ from tests.api_server import REPO, ServerProcess
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    train(Options(out=str(out), config=model_config("mini"), steps=10, rows=4, length=128, warmup=2, lr=3e-3,
-                  log_every=5, eval_problems=0))
+    train(
+        Options(
+            out=str(out),
+            config=model_config("mini"),
+            steps=10,
+            rows=4,
+            length=128,
+            warmup=2,
+            lr=3e-3,
+            log_every=5,
+            eval_problems=0,
+        )
+    )
     return out / "model"
 
 
@@ -30,8 +41,16 @@ def _eval(capsys, tmp_path, *args):
 
 
 def test_every_section_in_process(trained, tmp_path, capsys):
-    text, report = _eval(capsys, tmp_path, "--model", str(trained), "--settings", "one token per step,tokens_per_step 2",
-                         "--strengths", "0,8")
+    text, report = _eval(
+        capsys,
+        tmp_path,
+        "--model",
+        str(trained),
+        "--settings",
+        "one token per step,tokens_per_step 2",
+        "--strengths",
+        "0,8",
+    )
     assert "| one token per step |" in text and "| tokens_per_step 2 |" in text
     one, two = report["tasks"]
     assert set(one["accuracy"]) == {"arithmetic", "sorting", "reversal", "word_problem"}
@@ -44,10 +63,14 @@ def test_every_section_in_process(trained, tmp_path, capsys):
 
 
 def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
-    _, local = _eval(capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step")
+    _, local = _eval(
+        capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step"
+    )
     server = ServerProcess(trained, workers=1)
     try:
-        _, remote = _eval(capsys, tmp_path, "--url", server.url, "--sections", "tasks", "--settings", "one token per step")
+        _, remote = _eval(
+            capsys, tmp_path, "--url", server.url, "--sections", "tasks", "--settings", "one token per step"
+        )
     finally:
         server.stop()
     assert remote["tasks"][0]["samples"] == local["tasks"][0]["samples"]
@@ -65,10 +88,33 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     from cde.worker.demo_model import demo_model_dir
 
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "cde", "eval", "--model", str(demo_model_dir()), "--limit", "2", "--settings",
-           "one token per step", "--sections", "tasks,steering", "--strengths", "0,32", "--json", str(out)]
-    res = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=300, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "cde",
+        "eval",
+        "--model",
+        str(demo_model_dir()),
+        "--limit",
+        "2",
+        "--settings",
+        "one token per step",
+        "--sections",
+        "tasks,steering",
+        "--strengths",
+        "0,32",
+        "--json",
+        str(out),
+    ]
+    res = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(out.read_text())
     accuracy = report["tasks"][0]["accuracy"]

@@ -24,9 +24,21 @@ def keys(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(tiny_dir, keys):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    w = CdeProcess("worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu",
-                   "--served-model-name", "tiny", "--curve-secret-key", str(keys / "worker.key_secret"),
-                   "--curve-authorized-keys", str(keys / "allowed"))
+    w = CdeProcess(
+        "worker",
+        "--model",
+        str(tiny_dir),
+        "--bind",
+        endpoint,
+        "--device",
+        "cpu",
+        "--served-model-name",
+        "tiny",
+        "--curve-secret-key",
+        str(keys / "worker.key_secret"),
+        "--curve-authorized-keys",
+        str(keys / "allowed"),
+    )
     w.wait_for("worker ready .*CURVE")
     w.endpoint = endpoint
     yield w
@@ -48,8 +60,14 @@ def test_keys_files(keys):
 
 
 def test_authorized_gateway_is_served(worker, keys, gateways):
-    g = gateways("--worker", worker.endpoint, "--curve-secret-key", str(keys / "gateway.key_secret"),
-                 "--curve-server-key", str(keys / "worker.key"))
+    g = gateways(
+        "--worker",
+        worker.endpoint,
+        "--curve-secret-key",
+        str(keys / "gateway.key_secret"),
+        "--curve-server-key",
+        str(keys / "worker.key"),
+    )
     g.wait_health(200)
     r = g.complete()
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
@@ -62,13 +80,17 @@ def test_plain_gateway_cannot_talk_to_a_curve_worker(worker, gateways):
     assert g.complete().json()["error"]["code"] == "no_worker"
 
 
-@pytest.mark.parametrize("secret, server, reason", [
-    ("intruder.key_secret", "worker.key", "not in the worker's --curve-authorized-keys"),
-    ("gateway.key_secret", "intruder.key", "--curve-server-key is not this worker's public key"),
-])
+@pytest.mark.parametrize(
+    "secret, server, reason",
+    [
+        ("intruder.key_secret", "worker.key", "not in the worker's --curve-authorized-keys"),
+        ("gateway.key_secret", "intruder.key", "--curve-server-key is not this worker's public key"),
+    ],
+)
 def test_wrong_keys_get_no_service_and_a_reason(worker, keys, gateways, secret, server, reason):
-    g = gateways("--worker", worker.endpoint, "--curve-secret-key", str(keys / secret),
-                 "--curve-server-key", str(keys / server))
+    g = gateways(
+        "--worker", worker.endpoint, "--curve-secret-key", str(keys / secret), "--curve-server-key", str(keys / server)
+    )
     deadline = time.monotonic() + 20
     while reason not in (g.health()[1]["workers"][0].get("reason") or ""):
         assert time.monotonic() < deadline, g.health()
@@ -83,9 +105,17 @@ def test_wrong_keys_get_no_service_and_a_reason(worker, keys, gateways, secret, 
 
 
 def test_bad_key_files_are_reported_before_serving(keys, tmp_path):
-    g = CdeProcess("gateway", "--worker", "tcp://127.0.0.1:1", "--curve-secret-key", str(keys / "gateway.key"),
-                   "--curve-server-key", str(keys / "worker.key"))
+    g = CdeProcess(
+        "gateway",
+        "--worker",
+        "tcp://127.0.0.1:1",
+        "--curve-secret-key",
+        str(keys / "gateway.key"),
+        "--curve-server-key",
+        str(keys / "worker.key"),
+    )
     assert g.proc.wait(30) == 1 and "holds no secret key" in g.output
-    w = CdeProcess("worker", "--curve-secret-key", str(keys / "worker.key_secret"),
-                   "--curve-authorized-keys", str(tmp_path))
+    w = CdeProcess(
+        "worker", "--curve-secret-key", str(keys / "worker.key_secret"), "--curve-authorized-keys", str(tmp_path)
+    )
     assert w.proc.wait(30) == 1 and "no public keys" in w.output

@@ -8,8 +8,17 @@ from tests.cde_procs import CdeProcess, Gateway, free_port
 
 
 def start_worker(tiny_dir, port) -> CdeProcess:
-    w = CdeProcess("worker", "--model", str(tiny_dir), "--bind", f"tcp://127.0.0.1:{port}", "--device", "cpu",
-                   "--served-model-name", "tiny")
+    w = CdeProcess(
+        "worker",
+        "--model",
+        str(tiny_dir),
+        "--bind",
+        f"tcp://127.0.0.1:{port}",
+        "--device",
+        "cpu",
+        "--served-model-name",
+        "tiny",
+    )
     w.wait_for("worker ready")
     return w
 
@@ -21,7 +30,8 @@ def test_gateway_discovers_workers_by_dns(tiny_dir):
     try:
         health = gateway.wait_health(200)
         assert [(w["name"], w["endpoint"]) for w in health["workers"]] == [
-            (f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}")]
+            (f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}")
+        ]
         gateway.wait_for(re.escape(f"discovered worker tcp://127.0.0.1:{port} (localhost)"))
         assert gateway.complete().status_code == 200
 

@@ -4,7 +4,6 @@ streamed pieces join to the one-shot text."""
 import random
 
 import pytest
-
 from cde.gateway.detokenizer import ChoiceText, Utf8Detokenizer
 from cde.shared.config import EOT_ID
 from cde.shared.tokenizer import get_tokenizer

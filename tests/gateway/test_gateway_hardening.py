@@ -9,10 +9,10 @@ import time
 import msgpack
 import pytest
 import zmq
-
 from cde.gateway.router import Router
 from cde.shared.protocol import BlockResult, GenerateRequest, Heartbeat, Ping
 from cde.shared.wire import WireError, decode, encode
+
 from tests.cde_procs import Gateway, free_port
 
 HEARTBEAT_TIMEOUT = 2.0

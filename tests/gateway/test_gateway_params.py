@@ -1,7 +1,6 @@
 """API request -> GenerateRequest: steering presets, overrides, concept labels, n and seeds."""
 
 import pytest
-
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
 from cde.gateway.params import generate_requests
@@ -9,10 +8,17 @@ from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog
 from cde.shared.protocol import AttributionSpec, Heartbeat
 
-INFO = Heartbeat("b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100,
-                 max_running=16)
-LABELS = ConceptLabels(Catalog.from_rows([{"concept_id": 7, "concept_name": "dogs", "head": "known"},
-                                          {"concept_id": 300, "concept_name": "cats", "head": "unknown"}]))
+INFO = Heartbeat(
+    "b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100, max_running=16
+)
+LABELS = ConceptLabels(
+    Catalog.from_rows(
+        [
+            {"concept_id": 7, "concept_name": "dogs", "head": "known"},
+            {"concept_id": 300, "concept_name": "cats", "head": "unknown"},
+        ]
+    )
+)
 
 
 def build(**fields):
@@ -33,13 +39,16 @@ def test_explicit_relu_mask_by_label():
     assert req.steering.relu_logit_mask == {7: 2.5, 9: 1.0}
 
 
-@pytest.mark.parametrize("steering, param", [
-    ({"concepts": []}, "steering.concepts"),
-    ({"concepts": ["cats"]}, "steering.concepts"),
-    ({"concepts": [100]}, "steering.concepts"),
-    ({"concepts": [1], "inject_layer": 33}, "steering.inject_layer"),
-    ({"relu_logit_mask": {"1": 1.0}, "preset": "suppress"}, "steering.concepts"),
-])
+@pytest.mark.parametrize(
+    "steering, param",
+    [
+        ({"concepts": []}, "steering.concepts"),
+        ({"concepts": ["cats"]}, "steering.concepts"),
+        ({"concepts": [100]}, "steering.concepts"),
+        ({"concepts": [1], "inject_layer": 33}, "steering.inject_layer"),
+        ({"relu_logit_mask": {"1": 1.0}, "preset": "suppress"}, "steering.concepts"),
+    ],
+)
 def test_bad_steering(steering, param):
     with pytest.raises(ApiError) as e:
         build(steering=steering)
@@ -54,9 +63,8 @@ def test_n_choices_get_distinct_reproducible_seeds_and_attribution():
 
 
 def test_flashblock_field():
-    from pydantic import ValidationError
-
     from cde.shared.protocol import FlashBlockSpec
+    from pydantic import ValidationError
 
     assert build()[0].flashblock is None  # the worker's default applies
     assert build(flashblock=False)[0].flashblock is False

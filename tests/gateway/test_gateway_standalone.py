@@ -24,8 +24,14 @@ def free_port() -> int:
 
 
 def start(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cde", *args], cwd=REPO, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "cde", *args],
+        cwd=REPO,
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_line(proc, pattern, timeout=120.0) -> re.Match:
@@ -66,16 +72,20 @@ def test_gateway_waits_for_a_tcp_worker(tiny_dir, procs):
     r = httpx.post(url + "/v1/completions", json={"model": "x", "prompt": "hi"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker"
 
-    worker = start("worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu",
-                   "--served-model-name", "tiny")
+    worker = start(
+        "worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu", "--served-model-name", "tiny"
+    )
     procs.append(worker)
     wait_line(worker, "worker ready")
     deadline = time.monotonic() + 30
     while httpx.get(url + "/health").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    r = httpx.post(url + "/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "temperature": 0, "tokens_per_step": 8})
+    r = httpx.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "temperature": 0, "tokens_per_step": 8},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
     assert stop(worker) == 0

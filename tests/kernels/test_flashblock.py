@@ -4,10 +4,16 @@ not opt in are untouched by those that do."""
 import pytest
 import torch
 import torch.nn.functional as F
-
 from cde.kernels.flashblock import FlashBlockBatch, attention_lse, external_pages, merge, split_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE
-from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec, request_from_dict, to_dict
+from cde.shared.protocol import (
+    AttributionSpec,
+    FlashBlockSpec,
+    GenerateRequest,
+    SteeringSpec,
+    request_from_dict,
+    to_dict,
+)
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.sequence import Sequence
 
@@ -20,7 +26,11 @@ def rel_err(a, b):
 
 def test_attention_lse_matches_sdpa_and_logsumexp():
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(3, H, 64, D, generator=g), torch.randn(3, KVH, 192, D, generator=g), torch.randn(3, KVH, 192, D, generator=g)
+    q, k, v = (
+        torch.randn(3, H, 64, D, generator=g),
+        torch.randn(3, KVH, 192, D, generator=g),
+        torch.randn(3, KVH, 192, D, generator=g),
+    )
     out, lse = attention_lse(q, k, v)
     assert rel_err(out, F.scaled_dot_product_attention(q, k, v, enable_gqa=True)) < 1e-6
     scores = q @ k.repeat_interleave(H // KVH, 1).transpose(-1, -2) / D**0.5
@@ -31,7 +41,11 @@ def test_attention_lse_matches_sdpa_and_logsumexp():
 
 def test_merge_of_disjoint_parts_is_full_attention():
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, H, 64, D, generator=g), torch.randn(2, KVH, 256, D, generator=g), torch.randn(2, KVH, 256, D, generator=g)
+    q, k, v = (
+        torch.randn(2, H, 64, D, generator=g),
+        torch.randn(2, KVH, 256, D, generator=g),
+        torch.randn(2, KVH, 256, D, generator=g),
+    )
     a_out, l_out = attention_lse(q, k[:, :, :192], v[:, :, :192])
     a_in, l_in = attention_lse(q, k[:, :, 192:], v[:, :, 192:])
     full = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
@@ -46,7 +60,11 @@ def test_batched_split_reads_and_writes_only_its_rows():
     pass the kernel's output through and write only the scratch row."""
     g = torch.Generator().manual_seed(2)
     n, slots, scratch = 3, 5, 4
-    q, k, v = torch.randn(n, H, 64, D, generator=g), torch.randn(n, KVH, 64, D, generator=g), torch.randn(n, KVH, 64, D, generator=g)
+    q, k, v = (
+        torch.randn(n, H, 64, D, generator=g),
+        torch.randn(n, KVH, 64, D, generator=g),
+        torch.randn(n, KVH, 64, D, generator=g),
+    )
     ext = torch.randn(n, H, 64, D, generator=g)
     ext_lse = torch.randn(n, H, 64, generator=g)
     cache = (torch.zeros(slots, H, 64, D), torch.zeros(slots, H, 64))
@@ -58,7 +76,9 @@ def test_batched_split_reads_and_writes_only_its_rows():
     a_in, l_in = attention_lse(q, k, v)
     assert torch.allclose(out[1], merge(ext[1], ext_lse[1], a_in[1], l_in[1]))
     assert torch.equal(cache[0][1], ext[1]) and torch.equal(cache[1][1], ext_lse[1])
-    assert torch.allclose(out[2], merge(torch.full_like(ext[2], 7.0), torch.full_like(ext_lse[2], 3.0), a_in[2], l_in[2]))
+    assert torch.allclose(
+        out[2], merge(torch.full_like(ext[2], 7.0), torch.full_like(ext_lse[2], 3.0), a_in[2], l_in[2])
+    )
     assert torch.equal(cache[0][2], torch.full_like(ext[2], 7.0))  # reuse leaves the row alone
     assert torch.equal(cache[0][0], torch.zeros_like(ext[0]))  # untouched rows stay untouched
     assert external_pages(torch.tensor([3, 3, 3]), mode).tolist() == [3, 2, 0]
@@ -102,8 +122,11 @@ PROMPTS = [(64, 130), (100, 90), (150, 140), (30, 100)]  # cross blocks, unalign
 
 
 def run(engine: Engine, fb, tag: str, prompts=PROMPTS, **kw) -> dict:
-    reqs = [GenerateRequest(f"{tag}{i}", prompt(n, i), max_tokens=m, flashblock=fb, **kw) for i, (n, m) in enumerate(prompts)]
-    return {k[len(tag):]: v for k, v in engine.generate(reqs).items()}
+    reqs = [
+        GenerateRequest(f"{tag}{i}", prompt(n, i), max_tokens=m, flashblock=fb, **kw)
+        for i, (n, m) in enumerate(prompts)
+    ]
+    return {k[len(tag) :]: v for k, v in engine.generate(reqs).items()}
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +141,9 @@ def test_split_without_reuse_equals_exact_path(engine):
     assert run(engine, FlashBlockSpec(tau=2, max_reuse=0), "t") == exact
     # with steering and attribution riding along, still the same tokens
     steer = SteeringSpec([3], strength=6.0, inject_layer=1, schedule="fixed")
-    assert run(engine, FlashBlockSpec(tau=0, max_reuse=0), "a", steering=steer, attribution=AttributionSpec()) == \
-        run(engine, False, "b", steering=steer, attribution=AttributionSpec())
+    assert run(engine, FlashBlockSpec(tau=0, max_reuse=0), "a", steering=steer, attribution=AttributionSpec()) == run(
+        engine, False, "b", steering=steer, attribution=AttributionSpec()
+    )
 
 
 def test_reuse_drifts_from_the_exact_path_within_a_bound(engine):
@@ -156,10 +180,15 @@ def test_mixed_batch_leaves_exact_requests_exact(engine):
 
 def test_server_default_applies_unless_the_request_says_false(tiny_dir):
     engine = Engine(EngineArgs(str(tiny_dir), max_running=8, flashblock=FlashBlockSpec(2, 63)))
-    reqs = [GenerateRequest("d", prompt(64, 0), max_tokens=130), GenerateRequest("f", prompt(64, 0), max_tokens=130, flashblock=False)]
+    reqs = [
+        GenerateRequest("d", prompt(64, 0), max_tokens=130),
+        GenerateRequest("f", prompt(64, 0), max_tokens=130, flashblock=False),
+    ]
     out = engine.generate(reqs)
     assert reqs[0].flashblock == FlashBlockSpec(2, 63) and reqs[1].flashblock is False
-    exact = Engine(EngineArgs(str(tiny_dir), max_running=8)).generate([GenerateRequest("e", prompt(64, 0), max_tokens=130)])
+    exact = Engine(EngineArgs(str(tiny_dir), max_running=8)).generate(
+        [GenerateRequest("e", prompt(64, 0), max_tokens=130)]
+    )
     assert out["f"] == exact["e"] and out["d"] != exact["e"]
     with pytest.raises(ValueError, match="flashblock"):
         engine.add_request(GenerateRequest("bad", [1, 2], flashblock=FlashBlockSpec(tau=-1)))

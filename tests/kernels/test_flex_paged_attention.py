@@ -7,7 +7,6 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-
 from cde.kernels.flex_paged_attention import PagedBlockMask, flex_paged_attention, merge_splits
 
 KVH, H, D, CACHE_PAGES = 2, 8, 32, 24

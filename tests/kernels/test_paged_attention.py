@@ -2,9 +2,12 @@
 on the gathered sequence, over non-contiguous pages and mixed lengths in one batch."""
 
 import torch
-
 from cde.kernels.paged_attention import (
-    PagedBatch, dense_block_causal_reference, gather_pages, sdpa_paged_attention, write_kv,
+    PagedBatch,
+    dense_block_causal_reference,
+    gather_pages,
+    sdpa_paged_attention,
+    write_kv,
 )
 
 H, KVH, D, P = 8, 2, 32, 24
@@ -54,8 +57,14 @@ def test_paged_equals_dense_block_causal_mixed_batch():
         req_pages.append(perm[start : start + n])
         start += n
     assert any(p[1] != p[0] + 1 for p in req_pages if len(p) > 1)  # really non-contiguous
-    seqs = [(torch.randn(1, H, 64 * n, D, generator=g), torch.randn(1, KVH, 64 * n, D, generator=g),
-             torch.randn(1, KVH, 64 * n, D, generator=g)) for n in lengths]
+    seqs = [
+        (
+            torch.randn(1, H, 64 * n, D, generator=g),
+            torch.randn(1, KVH, 64 * n, D, generator=g),
+            torch.randn(1, KVH, 64 * n, D, generator=g),
+        )
+        for n in lengths
+    ]
     # items in shuffled order: the batch order must not matter
     items = [(r, b) for r, n in enumerate(lengths) for b in range(n)]
     order = torch.randperm(len(items), generator=g).tolist()
@@ -89,7 +98,9 @@ def test_item_result_independent_of_batch():
     v_cache = torch.randn(KVH, P, 64, D, generator=g)
     q = torch.randn(3, H, 64, D, generator=g)
     table = torch.tensor([[4, 7, 0], [3, 0, 0], [9, 11, 2]])
-    full = sdpa_paged_attention(q, (k_cache, v_cache), PagedBatch(table[:, 0], table, torch.tensor([2, 1, 3]), [2, 1, 3]))
+    full = sdpa_paged_attention(
+        q, (k_cache, v_cache), PagedBatch(table[:, 0], table, torch.tensor([2, 1, 3]), [2, 1, 3])
+    )
     alone = sdpa_paged_attention(q[2:], (k_cache, v_cache), PagedBatch(table[2:, 0], table[2:], torch.tensor([3]), [3]))
     assert torch.equal(full[2], alone[0])
 
@@ -123,9 +134,13 @@ def test_paged_attention_writes_then_attends():
     k_cache = torch.full((KVH, P, 64, D), float("nan"))
     v_cache = torch.full((KVH, P, 64, D), float("nan"))
     pages = [13, 4]
-    meta = PagedBatch(write_pages=torch.tensor(pages), page_table=torch.tensor([[13, 0], [13, 4]]),
-                      n_pages=torch.tensor([1, 2]), n_pages_host=[1, 2])
-    split = lambda t: torch.stack([t[0, :, :64], t[0, :, 64:]])  # noqa: E731 - [2 items, heads, 64, D]
+    meta = PagedBatch(
+        write_pages=torch.tensor(pages),
+        page_table=torch.tensor([[13, 0], [13, 4]]),
+        n_pages=torch.tensor([1, 2]),
+        n_pages_host=[1, 2],
+    )
+    split = lambda t: torch.stack([t[0, :, :64], t[0, :, 64:]])
     out = paged_attention(split(q), split(k), split(v), (k_cache, v_cache), meta)
     ref = dense_block_causal_reference(q, k, v)
     assert rel_err(out[0], ref[0, :, :64]) < 1e-5 and rel_err(out[1], ref[0, :, 64:]) < 1e-5

@@ -4,7 +4,6 @@ contributions, the target logit and epsilon; and the rendered chunks equal its c
 
 import numpy as np
 import pytest
-
 from cde.shared.attribution import aggregate
 from cde.shared.config import preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
@@ -33,16 +32,25 @@ def reference(model_dir, text: str, n_new: int, per_step: int):
     from tests.oracle import official_generator
 
     attributor = FaithfulConceptAttributor(official_generator(model_dir), concepts_path="/nonexistent")
-    cfg = GenerationConfig(max_new_tokens=n_new, steps=n_new // per_step, temperature=0,
-                           use_entropy_sampling=False, top_p=0, repetition_penalty=1)
+    cfg = GenerationConfig(
+        max_new_tokens=n_new,
+        steps=n_new // per_step,
+        temperature=0,
+        use_entropy_sampling=False,
+        top_p=0,
+        repetition_penalty=1,
+    )
     out, chunks = attributor.attribute(text, cfg)
     return out, chunks, attributor.last_attribution
 
 
 def ours(model_dir, ids: list[int], n_new: int, per_step: int):
     engine = Engine(EngineArgs(str(model_dir)))
-    engine.add_request(GenerateRequest("a", ids, max_tokens=n_new, tokens_per_step=per_step,
-                                       attribution=AttributionSpec(chunking="endofchunk")))
+    engine.add_request(
+        GenerateRequest(
+            "a", ids, max_tokens=n_new, tokens_per_step=per_step, attribution=AttributionSpec(chunking="endofchunk")
+        )
+    )
     tokens, records = [], []
     while engine.has_work():
         for res in engine.step():
@@ -56,13 +64,15 @@ def test_records_and_chunks_match_faithful_attributor(tiny_dir, n_new, per_step)
     text, ids = text_prompt()
     out, ref_chunks, attr = reference(tiny_dir, text, n_new, per_step)
     tokens, records = ours(tiny_dir, ids, n_new, per_step)
-    assert tokens == out.tokens[len(ids):].tolist()
+    assert tokens == out.tokens[len(ids) :].tolist()
     assert [r["position"] for r in records] == list(range(len(ids), len(ids) + n_new))
     for r in records:
         p = r["position"]
         assert r["token_id"] == int(attr.target_token_ids[0, p])
-        for kind, idx, w, c in (("known", attr.known_indices, attr.known_weights, attr.known_contributions),
-                                ("discovered", attr.unk_indices, attr.unk_weights, attr.unk_contributions)):
+        for kind, idx, w, c in (
+            ("known", attr.known_indices, attr.known_weights, attr.known_contributions),
+            ("discovered", attr.unk_indices, attr.unk_weights, attr.unk_contributions),
+        ):
             got = np.array(r[kind])
             assert got[:, 0].astype(int).tolist() == idx[0, p].tolist(), (kind, p)
             np.testing.assert_allclose(got[:, 1], w[0, p].numpy(), **TOL)
@@ -72,8 +82,9 @@ def test_records_and_chunks_match_faithful_attributor(tiny_dir, n_new, per_step)
     # Steps are the reference's global denoising step of each commit.
     assert sorted({r["step"] for r in records}) == list(range(n_new // per_step))
 
-    rendered = aggregate(records, Tokenizer().decode, prompt_len=len(ids), chunking="endofchunk",
-                         n_known=preset("tiny").n_concepts)["chunks"]
+    rendered = aggregate(
+        records, Tokenizer().decode, prompt_len=len(ids), chunking="endofchunk", n_known=preset("tiny").n_concepts
+    )["chunks"]
     assert len(rendered) == len(ref_chunks)
     for chunk, (entries, eps_pct) in zip(rendered, ref_chunks):
         got = {(c["label"], c["type"]): c["contribution"] for c in chunk["concepts"]}

@@ -3,18 +3,19 @@ by prefill) against the official model's full forward, in bfloat16 and against t
 forward (the exact result): CDE's bfloat16 path is no further from exact than the official one."""
 
 import torch
-
 from cde.shared.config import MASK_ID
 from cde.shared.protocol import GenerateRequest
-from tests.oracle import official_model
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs
+
+from tests.oracle import official_model
 
 
 def engine_logits(model_dir, dtype: str, prompt: list[int], device: str = "cpu") -> torch.Tensor:
     engine = Engine(EngineArgs(str(model_dir), device=device, dtype=dtype, max_running=2))
     captured = []
     inner = engine.runner._logits
+
     def capture(hidden, rows):  # the sampler adjusts float32 logits in place: keep a copy
         out = inner(hidden, rows)
         captured.append(out.clone())
@@ -43,8 +44,10 @@ def test_bfloat16_logits_as_close_to_exact_as_the_official_forward(tmp_path):
     exact = official_logits(model_dir, torch.float32, prompt)
     ours = engine_logits(model_dir, "bfloat16", prompt)
     theirs = official_logits(model_dir, torch.bfloat16, prompt)
-    print(f"bf16 CDE vs official bf16 {rel(ours, theirs):.2e}; vs fp32: CDE {rel(ours, exact):.2e}, "
-          f"official {rel(theirs, exact):.2e}")
+    print(
+        f"bf16 CDE vs official bf16 {rel(ours, theirs):.2e}; vs fp32: CDE {rel(ours, exact):.2e}, "
+        f"official {rel(theirs, exact):.2e}"
+    )
     assert rel(engine_logits(model_dir, "float32", prompt), exact) < 1e-5
     assert rel(ours, theirs) < 2e-2
     assert rel(ours, exact) <= 1.1 * rel(theirs, exact)

@@ -8,13 +8,13 @@ import random
 
 import openai
 import pytest
-
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
 from cde.gateway.params import generate_requests
 from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog, write_catalog
 from cde.shared.protocol import Heartbeat
+
 from tests.api_server import ServerProcess
 from tests.catalog_fixture import N_KNOWN, SHARED_NAME, catalog_rows
 from tests.parity.test_steering_parity import N_NEW, reference_steered
@@ -22,8 +22,9 @@ from tests.parity.test_steering_parity import N_NEW, reference_steered
 pytestmark = pytest.mark.reference
 
 PROMPT = [random.Random(7).randrange(100000) for _ in range(64)]  # one full block: decodes as the reference
-INFO = Heartbeat("b", "m", block_size=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN,
-                 max_running=16)
+INFO = Heartbeat(
+    "b", "m", block_size=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN, max_running=16
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,13 @@ def generator(tiny_dir):
 
 def complete(client, steering: dict) -> list[int]:
     model = client.models.list().data[0].id
-    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=N_NEW, temperature=0,
-                                    extra_body={"steering": steering, "return_token_ids": True})
+    out = client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=N_NEW,
+        temperature=0,
+        extra_body={"steering": steering, "return_token_ids": True},
+    )
     return out.choices[0].token_ids
 
 
@@ -84,13 +90,16 @@ def test_group_amplify_injects_the_group(client, generator, official_catalog):
     assert got != complete(client, {"concepts": ["volcanic ash"], "preset": "amplify", "inject_layer": 1})
 
 
-@pytest.mark.parametrize(("steering", "param", "says"), [
-    ({"concepts": ["lonely moon"], "group": True}, "steering.group", "belongs to no group"),
-    ({"concepts": ["mixed tide"], "group": True}, "steering.group", f"includes concept {N_KNOWN}"),
-    ({"relu_logit_mask": {"9": 5}, "group": True}, "steering.group", "none are given"),
-    ({"concepts": [SHARED_NAME]}, "steering.concepts", "names several known concepts (60, 61)"),
-    ({"concepts": ["harbour lights"]}, "steering.concepts", "search finds 'harbor lights' (#9)"),
-])
+@pytest.mark.parametrize(
+    ("steering", "param", "says"),
+    [
+        ({"concepts": ["lonely moon"], "group": True}, "steering.group", "belongs to no group"),
+        ({"concepts": ["mixed tide"], "group": True}, "steering.group", f"includes concept {N_KNOWN}"),
+        ({"relu_logit_mask": {"9": 5}, "group": True}, "steering.group", "none are given"),
+        ({"concepts": [SHARED_NAME]}, "steering.concepts", "names several known concepts (60, 61)"),
+        ({"concepts": ["harbour lights"]}, "steering.concepts", "search finds 'harbor lights' (#9)"),
+    ],
+)
 def test_bad_requests_name_the_field(client, steering, param, says):
     with pytest.raises(openai.BadRequestError) as e:
         complete(client, steering)

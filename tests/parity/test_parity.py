@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cde.shared.protocol import GenerateRequest
 from cde.worker.engine import Engine, EngineArgs
 
@@ -27,10 +26,16 @@ def reference_tokens(model_dir, prompt: list[int], max_new: int, per_step: int =
     from tests.oracle import official_generator
 
     gen = official_generator(model_dir)
-    cfg = GenerationConfig(max_new_tokens=max_new, steps=max_new // per_step, temperature=0, use_entropy_sampling=False,
-                           top_p=0, repetition_penalty=1)
+    cfg = GenerationConfig(
+        max_new_tokens=max_new,
+        steps=max_new // per_step,
+        temperature=0,
+        use_entropy_sampling=False,
+        top_p=0,
+        repetition_penalty=1,
+    )
     out = gen.generate_full(torch.tensor([prompt]), cfg)
-    return out.tokens[len(prompt):].tolist()
+    return out.tokens[len(prompt) :].tolist()
 
 
 def prompts(seed: int) -> list[list[int]]:

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import openai
 import pytest
 import torch
-
 from cde.shared.config import EOT_ID
+
 from tests.api_server import REPO, ServerProcess
 from tests.hub_cache import cache_repo
-from tests.published import published, published_instruct, write_published
 from tests.parity.test_attribution_parity import WORDS, ours, reference, text_prompt
+from tests.published import published, published_instruct, write_published
 
 pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def hub(tmp_path_factory):
 def test_base_decodes_like_official_by_directory_and_hub_id(hub):
     text, ids = text_prompt()
     out, _, attr = reference(hub.base, text, N_NEW, 1)  # the official attributor's greedy run
-    want = out.tokens[len(ids):].tolist()
+    want = out.tokens[len(ids) :].tolist()
     tokens, records = ours(hub.base, ids, N_NEW, 1)
     assert tokens == want
     # The published head reports topk_known (here 4) of the topk_known_features (8) it composes
@@ -48,9 +48,26 @@ def test_base_decodes_like_official_by_directory_and_hub_id(hub):
     for r in records:
         assert [int(c[0]) for c in r["known"]] == attr.known_indices[0, r["position"]].tolist()
     assert len(records[0]["known"]) == 4
-    res = subprocess.run([sys.executable, "-m", "cde", "generate", "--model", BASE_ID, "--prompt-ids",
-                          ",".join(map(str, ids)), "--max-tokens", str(N_NEW), "--json"], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, **hub.env})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cde",
+            "generate",
+            "--model",
+            BASE_ID,
+            "--prompt-ids",
+            ",".join(map(str, ids)),
+            "--max-tokens",
+            str(N_NEW),
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **hub.env},
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["token_ids"] == want
 
@@ -63,8 +80,10 @@ def chat_prompt(content: str) -> list[int]:
     from tests.oracle import offline_tiktoken_cache
 
     offline_tiktoken_cache()
-    rendered = (f"<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    rendered = (
+        f"<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     return SteerlingTokenizer(instruct=True)._tokenizer.encode(rendered, allowed_special="all")
 
 
@@ -87,9 +106,10 @@ def test_instruct_chat_served_by_hub_id(hub, monkeypatch):
 
     content, prompt = one_block_message()
     gen = official_generator(hub.instruct)
-    cfg = GenerationConfig(max_new_tokens=N_NEW, steps=N_NEW, temperature=0, use_entropy_sampling=False, top_p=0,
-                           repetition_penalty=1)
-    want = gen.generate_full(torch.tensor([prompt]), cfg).tokens[len(prompt):].tolist()
+    cfg = GenerationConfig(
+        max_new_tokens=N_NEW, steps=N_NEW, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1
+    )
+    want = gen.generate_full(torch.tensor([prompt]), cfg).tokens[len(prompt) :].tolist()
     stopped = EOT_ID in want
     want = want[: want.index(EOT_ID)] if stopped else want  # <|eot_id|> ends the answer, unsent
 
@@ -102,8 +122,13 @@ def test_instruct_chat_served_by_hub_id(hub, monkeypatch):
         assert " (ready in " in banner
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
         assert [m.id for m in client.models.list()] == [INSTRUCT_ID]  # the id as given, as vLLM names it
-        r = client.chat.completions.create(model=INSTRUCT_ID, messages=[{"role": "user", "content": content}],
-                                           max_tokens=N_NEW, temperature=0, extra_body={"return_token_ids": True})
+        r = client.chat.completions.create(
+            model=INSTRUCT_ID,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=N_NEW,
+            temperature=0,
+            extra_body={"return_token_ids": True},
+        )
     finally:
         server.stop()
     choice = r.choices[0]

@@ -4,7 +4,6 @@ both supported recipes: `SteeringConfig.injection` (amplify: normalised strength
 
 import pytest
 import torch
-
 from cde.shared.protocol import GenerateRequest, SteeringSpec
 from cde.worker.engine import Engine, EngineArgs
 
@@ -16,17 +15,26 @@ N_NEW = 64
 def amplify(concepts: list[int], inject_layer: int):
     from steerling.configs.steering import SteeringConfig
 
-    ours = SteeringSpec(concepts, strength=8.0, normalize=True, inject_layer=inject_layer,
-                        schedule="hard_cutoff", cutoff_tokens=32)
+    ours = SteeringSpec(
+        concepts, strength=8.0, normalize=True, inject_layer=inject_layer, schedule="hard_cutoff", cutoff_tokens=32
+    )
     return ours, SteeringConfig.injection(concepts, mai_lm_target=8.0, inject_layer=inject_layer, cutoff_tokens=32)
 
 
 def suppress(concept: int, group: list[int], inject_layer: int):
     from steerling.configs.steering import SteeringConfig
 
-    ref = SteeringConfig.injection_relu(concept, group, mai_lm_target=-7.0, inject_layer=inject_layer, relu_strength=20.0)
-    ours = SteeringSpec(ref.concept_ids, strength=-7.0, normalize=False, inject_layer=inject_layer,
-                        schedule="fixed", relu_logit_mask={concept: 20.0})
+    ref = SteeringConfig.injection_relu(
+        concept, group, mai_lm_target=-7.0, inject_layer=inject_layer, relu_strength=20.0
+    )
+    ours = SteeringSpec(
+        ref.concept_ids,
+        strength=-7.0,
+        normalize=False,
+        inject_layer=inject_layer,
+        schedule="fixed",
+        relu_logit_mask={concept: 20.0},
+    )
     return ours, ref
 
 
@@ -41,14 +49,17 @@ CASES = {
 def reference_steered(gen, prompt: list[int], steering) -> list[int]:
     from steerling.configs.generation import GenerationConfig
 
-    cfg = GenerationConfig(max_new_tokens=N_NEW, steps=N_NEW, temperature=0, use_entropy_sampling=False,
-                           top_p=0, repetition_penalty=1)
+    cfg = GenerationConfig(
+        max_new_tokens=N_NEW, steps=N_NEW, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1
+    )
     out = gen.generate_steered(torch.tensor([prompt]), cfg, steering)
-    return out.tokens[len(prompt):].tolist()
+    return out.tokens[len(prompt) :].tolist()
 
 
 # Each recipe at both inject layers, split over the two presets (a reference run costs ~15 s).
-@pytest.mark.parametrize("which,cases", [("tiny_dir", ["amplify-l1", "suppress-l2"]), ("small_dir", ["amplify-l2", "suppress-l1"])])
+@pytest.mark.parametrize(
+    "which,cases", [("tiny_dir", ["amplify-l1", "suppress-l2"]), ("small_dir", ["amplify-l2", "suppress-l1"])]
+)
 def test_steered_greedy_matches_official(which, cases, request):
     from tests.oracle import official_generator
 

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from cde.shared.catalog import Catalog, CatalogError, find_catalog, write_catalog
+
 from tests.catalog_fixture import N_KNOWN, QUERIES, catalog_rows
 from tests.hub_cache import cache_repo
 
@@ -60,9 +60,18 @@ def test_groups_equal_the_official(parquet, official):
 
 
 def test_every_column_written_is_what_the_official_reader_reads(official):
-    fields = {"concept_id": "concept_id", "concept_name": "name", "concept_description": "description", "head": "head",
-              "public_group_id": "group_id", "group_name": "group_name", "is_steerable": "is_steerable",
-              "is_tone": "is_tone", "is_alignment": "is_alignment", "is_demographic": "is_demographic"}
+    fields = {
+        "concept_id": "concept_id",
+        "concept_name": "name",
+        "concept_description": "description",
+        "head": "head",
+        "public_group_id": "group_id",
+        "group_name": "group_name",
+        "is_steerable": "is_steerable",
+        "is_tone": "is_tone",
+        "is_alignment": "is_alignment",
+        "is_demographic": "is_demographic",
+    }
     for row in catalog_rows():
         expected = {fields[k]: v for k, v in row.items()}
         if row["concept_description"] is None:
@@ -84,10 +93,13 @@ def test_legacy_csv_is_still_read(tmp_path):
     assert [c.concept_id for c in Catalog.read(path).search("dogs")] == [3]
 
 
-@pytest.mark.parametrize(("rows", "message"), [
-    ([{"concept_id": 1, "concept_name": "a"}, {"concept_id": 1, "concept_name": "b"}], "appears more than once"),
-    ([{"concept_id": 1}], "needs concept_id and concept_name"),
-])
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"concept_id": 1, "concept_name": "a"}, {"concept_id": 1, "concept_name": "b"}], "appears more than once"),
+        ([{"concept_id": 1}], "needs concept_id and concept_name"),
+    ],
+)
 def test_bad_catalogs_are_named(tmp_path, rows, message):
     with pytest.raises(CatalogError, match=message):
         Catalog.from_rows(rows)
@@ -95,11 +107,19 @@ def test_bad_catalogs_are_named(tmp_path, rows, message):
 
 def _lookup(env: dict, *args: str) -> str:
     """`find_catalog(*args)` in a fresh process (huggingface_hub reads HF_HOME at import)."""
-    code = ("import sys; from cde.shared.catalog import find_catalog; "
-            "print(find_catalog(*[a or None for a in sys.argv[1:]]))")
+    code = (
+        "import sys; from cde.shared.catalog import find_catalog; "
+        "print(find_catalog(*[a or None for a in sys.argv[1:]]))"
+    )
     clean = {k: v for k, v in os.environ.items() if k not in ("STEERLING_CONCEPTS_PATH", "HF_HOME", "HF_HUB_CACHE")}
-    out = subprocess.run([sys.executable, "-c", code, *args], env={**clean, "HF_HUB_OFFLINE": "1", **env},
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**clean, "HF_HUB_OFFLINE": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -127,11 +147,14 @@ def test_lookup_order(tmp_path, sources):
 
 
 def test_the_hub_file_is_the_one_the_official_package_resolves(tmp_path, sources):
-    code = ("from huggingface_hub import hf_hub_download; from steerling.concepts import _HF_FILENAME, _HF_REPO; "
-            "print(hf_hub_download(_HF_REPO, _HF_FILENAME))")
+    code = (
+        "from huggingface_hub import hf_hub_download; from steerling.concepts import _HF_FILENAME, _HF_REPO; "
+        "print(hf_hub_download(_HF_REPO, _HF_FILENAME))"
+    )
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    official_path = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                   timeout=120, check=True).stdout.strip()
+    official_path = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
     assert official_path == _lookup({"HF_HOME": str(tmp_path / "hf")}, "", "") == str(sources["hub"])
 
 
@@ -150,8 +173,18 @@ def test_known_count_matches_the_tiny_preset():
 
 
 def test_a_missing_catalog_stops_the_server_with_a_message(tmp_path):
-    cmd = [sys.executable, "-m", "cde", "gateway", "--worker", "tcp://127.0.0.1:9", "--port", "0",
-           "--concept-labels", str(tmp_path / "nope.parquet")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cde",
+        "gateway",
+        "--worker",
+        "tcp://127.0.0.1:9",
+        "--port",
+        "0",
+        "--concept-labels",
+        str(tmp_path / "nope.parquet"),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"cde: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr
@@ -171,16 +204,20 @@ class _FakeHub(http.server.BaseHTTPRequestHandler):
         self.hits.append(self.command)
         etag = '"' + hashlib.sha256(self.body).hexdigest() + '"'
         self.send_response(200)
-        for k, v in {"X-Repo-Commit": "b" * 40, "ETag": etag, "Content-Length": str(len(self.body)),
-                     "Content-Type": "application/octet-stream"}.items():
+        for k, v in {
+            "X-Repo-Commit": "b" * 40,
+            "ETag": etag,
+            "Content-Length": str(len(self.body)),
+            "Content-Type": "application/octet-stream",
+        }.items():
             self.send_header(k, v)
         self.end_headers()
         return True
 
-    def do_HEAD(self):  # noqa: N802
+    def do_HEAD(self):
         self._headers()
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self._headers():
             self.wfile.write(self.body)
 
@@ -193,12 +230,20 @@ def test_a_model_from_the_hub_fetches_its_catalog_from_the_hub(tmp_path, sources
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        code = ("import sys; from cde.shared.catalog import find_catalog; "
-                "print(find_catalog(None, sys.argv[1], fetch=sys.argv[2] == '1'))")
+        code = (
+            "import sys; from cde.shared.catalog import find_catalog; "
+            "print(find_catalog(None, sys.argv[1], fetch=sys.argv[2] == '1'))"
+        )
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "STEERLING_CONCEPTS_PATH"))}
         env = {**clean, "HF_HOME": str(tmp_path / "fresh"), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
-        run = lambda fetch: subprocess.run([sys.executable, "-c", code, str(tmp_path), fetch], env=env,  # noqa: E731
-                                           capture_output=True, text=True, timeout=120, check=True)
+        run = lambda fetch: subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path), fetch],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         assert run("0").stdout.strip() == "None" and not _FakeHub.hits  # a directory's model never reaches out
         fetched = Path(run("1").stdout.strip())
         assert "GET" in _FakeHub.hits and fetched.read_bytes() == _FakeHub.body

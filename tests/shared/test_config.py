@@ -4,10 +4,16 @@ import dataclasses
 import json
 
 import pytest
-
 from cde.shared.config import (
-    EOT_ID, INSTRUCT_VOCAB, PAGE, PRESETS, ConfigError, ModelConfig, preset,
+    EOT_ID,
+    INSTRUCT_VOCAB,
+    PAGE,
+    PRESETS,
+    ConfigError,
+    ModelConfig,
+    preset,
 )
+
 from tests.published import published, published_instruct
 
 
@@ -62,11 +68,20 @@ def test_nested_concept_block_from_official_classes():
     from steerling.configs.causal_diffusion import CausalDiffusionConfig
     from steerling.configs.concept import ConceptConfig
 
-    model = CausalDiffusionConfig(n_layers=3, n_head=4, n_kv_heads=2, n_embd=64, block_size=512,
-                                  interpretable=True).model_dump()
-    concept = ConceptConfig(n_concepts=100, n_unknown_concepts=300, concept_dim=64, topk_known=8,
-                            topk_known_features=4, unknown_topk=16, factorize_rank=16,
-                            block_size=256, pad_multiple=32).model_dump()
+    model = CausalDiffusionConfig(
+        n_layers=3, n_head=4, n_kv_heads=2, n_embd=64, block_size=512, interpretable=True
+    ).model_dump()
+    concept = ConceptConfig(
+        n_concepts=100,
+        n_unknown_concepts=300,
+        concept_dim=64,
+        topk_known=8,
+        topk_known_features=4,
+        unknown_topk=16,
+        factorize_rank=16,
+        block_size=256,
+        pad_multiple=32,
+    ).model_dump()
     raw = {**model, "vocab_size": 100281, "concept": concept}
     c = ModelConfig.from_dict(raw)
     assert (c.n_layers, c.n_head, c.n_kv_heads, c.n_embd, c.block_size) == (3, 4, 2, 64, 512)
@@ -92,12 +107,22 @@ def test_instruct_flag_defaults_vocab():
     assert c.vocab_size == INSTRUCT_VOCAB and c.eot_id == EOT_ID
 
 
-@pytest.mark.parametrize("key,value", [
-    ("mlp_type", "standard"), ("use_rope", False), ("use_rms_norm", False), ("use_bias", True),
-    ("model_type", "llama"), ("factorize_unknown", False), ("topk_on_logits", True),
-    ("use_attention_known", True), ("use_unknown", False), ("norm_order", "sandwich"),
-    ("diff_block_size", 32),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("mlp_type", "standard"),
+        ("use_rope", False),
+        ("use_rms_norm", False),
+        ("use_bias", True),
+        ("model_type", "llama"),
+        ("factorize_unknown", False),
+        ("topk_on_logits", True),
+        ("use_attention_known", True),
+        ("use_unknown", False),
+        ("norm_order", "sandwich"),
+        ("diff_block_size", 32),
+    ],
+)
 @pytest.mark.parametrize("layout", ["cde", "published"])
 def test_unsupported_architecture_values(key, value, layout):
     base = preset("tiny").to_published_dict() if layout == "cde" else published()
@@ -112,14 +137,17 @@ def test_unsupported_value_in_nested_block():
         ModelConfig.from_dict(raw)
 
 
-@pytest.mark.parametrize("change,msg", [
-    ({"n_head": 5}, "divisible by n_head"),
-    ({"n_kv_heads": 3}, "divisible by n_kv_heads"),
-    ({"n_kv_heads": 0}, "n_kv_heads"),
-    ({"vocab_size": 50000}, "too small"),
-    ({"instruct": True, "vocab_size": 100281}, "instruct model needs vocab_size"),
-    ({"frobnicate": 1}, r"unknown keys \['frobnicate'\]"),
-])
+@pytest.mark.parametrize(
+    "change,msg",
+    [
+        ({"n_head": 5}, "divisible by n_head"),
+        ({"n_kv_heads": 3}, "divisible by n_kv_heads"),
+        ({"n_kv_heads": 0}, "n_kv_heads"),
+        ({"vocab_size": 50000}, "too small"),
+        ({"instruct": True, "vocab_size": 100281}, "instruct model needs vocab_size"),
+        ({"frobnicate": 1}, r"unknown keys \['frobnicate'\]"),
+    ],
+)
 def test_invalid_configs(change, msg):
     raw = {**preset("tiny").to_published_dict(), **change}
     with pytest.raises(ConfigError, match=msg):

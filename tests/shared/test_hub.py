@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cde.shared.hub import is_hub_id
+
 from tests.hub_cache import cache_repo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,11 +18,19 @@ MAIN, OTHER = "a" * 40, "b" * 40
 
 
 def resolve(env: dict, model: str, revision: str | None = None) -> dict:
-    code = ("import json, sys; from cde.shared.hub import HubError, resolve_model\n"
-            "try: print(json.dumps({'path': str(resolve_model(sys.argv[1], sys.argv[2] or None))}))\n"
-            "except HubError as e: print(json.dumps({'error': str(e)}))")
-    out = subprocess.run([sys.executable, "-c", code, model, revision or ""], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **env})
+    code = (
+        "import json, sys; from cde.shared.hub import HubError, resolve_model\n"
+        "try: print(json.dumps({'path': str(resolve_model(sys.argv[1], sys.argv[2] or None))}))\n"
+        "except HubError as e: print(json.dumps({'error': str(e)}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, model, revision or ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -80,10 +88,20 @@ def test_missing_offline_is_a_clear_error(hf):
 
 @pytest.mark.parametrize("command", ["generate", "serve", "worker", "bench"])
 def test_commands_refuse_a_missing_id_before_any_model_work(hf, command):
-    args = {"generate": ["generate", "--prompt-ids", "1"], "serve": ["serve", "--port", "0"],
-            "worker": ["worker", "--bind", "ipc:///tmp/cde-test-never"], "bench": ["bench", "engine"]}[command]
-    out = subprocess.run([sys.executable, "-m", "cde", *args, "--model", "org/absent"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **hf})
+    args = {
+        "generate": ["generate", "--prompt-ids", "1"],
+        "serve": ["serve", "--port", "0"],
+        "worker": ["worker", "--bind", "ipc:///tmp/cde-test-never"],
+        "bench": ["bench", "engine"],
+    }[command]
+    out = subprocess.run(
+        [sys.executable, "-m", "cde", *args, "--model", "org/absent"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **hf},
+    )
     name = "bench engine" if command == "bench" else command
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith(f"cde {name}: 'org/absent' is neither a directory nor in the Hugging Face cache")

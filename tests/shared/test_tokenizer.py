@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +33,23 @@ def official():
 def test_special_ids():
     base, inst = Tokenizer(), Tokenizer(instruct=True)
     for tok in (base, inst):
-        ids = {s: tok.enc.encode_single_token(s) for s in ("<|pad|>", "<|bos|>", "<|endofchunk|>", "<|mask|>", "<|endoftext|>")}
-        assert ids == {"<|pad|>": 100277, "<|bos|>": 100278, "<|endofchunk|>": 100279, "<|mask|>": 100280,
-                       "<|endoftext|>": 100257}
+        ids = {
+            s: tok.enc.encode_single_token(s)
+            for s in ("<|pad|>", "<|bos|>", "<|endofchunk|>", "<|mask|>", "<|endoftext|>")
+        }
+        assert ids == {
+            "<|pad|>": 100277,
+            "<|bos|>": 100278,
+            "<|endofchunk|>": 100279,
+            "<|mask|>": 100280,
+            "<|endoftext|>": 100257,
+        }
         assert (tok.pad_id, tok.mask_id, tok.eos_id) == (100277, 100280, 100257)
-    assert [inst.enc.encode_single_token(s) for s in ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")] \
-        == [100281, 100282, 100283]
+    assert [inst.enc.encode_single_token(s) for s in ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")] == [
+        100281,
+        100282,
+        100283,
+    ]
     assert inst.eot_id == 100283 and base.eot_id is None
     assert (base.vocab_size, inst.vocab_size) == (100281, 100284)
     with pytest.raises(KeyError):
@@ -120,9 +130,11 @@ def test_chat_template_layout():
     )
     assert ids == expected
     # the same layout as the text template with the specials allowed
-    text = ("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi 👋<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    text = (
+        "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi 👋<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert ids == tok.enc.encode(text, allowed_special="all")
 
 

@@ -7,17 +7,29 @@ import random
 
 import msgpack
 import pytest
-
 from cde.shared.limits import MAX_STEERING_STRENGTH, check_request
 from cde.shared.protocol import (
-    AttributionSpec, BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec, StepResult,
+    AttributionSpec,
+    BlockResult,
+    GenerateRequest,
+    Heartbeat,
+    Ping,
+    SteeringSpec,
+    StepResult,
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 
 VALID = [
-    GenerateRequest("r1", [1, 2, 3], max_tokens=40, seed=5, stop=["\n"], stop_token_ids=[9],
-                    steering=SteeringSpec([3, 4], strength=-7.0, relu_logit_mask={3: 20.0}),
-                    attribution=AttributionSpec(top_k=5)),
+    GenerateRequest(
+        "r1",
+        [1, 2, 3],
+        max_tokens=40,
+        seed=5,
+        stop=["\n"],
+        stop_token_ids=[9],
+        steering=SteeringSpec([3, 4], strength=-7.0, relu_logit_mask={3: 20.0}),
+        attribution=AttributionSpec(top_k=5),
+    ),
     BlockResult("r1", [5, 6], True, "stop", attribution=[{"position": 3, "known": [[1, 0.5, 0.1]]}]),
     StepResult("r1", 2, 3, [130], [7]),
     Heartbeat("boot", "m", 1024, 100284, True, 2, 96, 16),
@@ -25,17 +37,20 @@ VALID = [
 ]
 
 
-@pytest.mark.parametrize("frame", [
-    msgpack.packb({"type": {"a": 1}}),  # the pen test's 9 bytes: an unhashable type
-    msgpack.packb({"type": [1, 2]}),
-    msgpack.packb({"type": None}),
-    msgpack.packb({"no type": "Ping"}),
-    b"\x81\x91\x01\x02",  # {[1]: 2}: an array as a map key
-    b"\x81\x81\x01\x02\x03",  # {{1: 2}: 3}: a map as a map key
-    msgpack.packb({"type": "Ping", 7: 1}),
-    msgpack.packb({"type": "Ping", (1, 2): 1}),
-    b"\x91" * 100_000,  # nested too deep
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        msgpack.packb({"type": {"a": 1}}),  # the pen test's 9 bytes: an unhashable type
+        msgpack.packb({"type": [1, 2]}),
+        msgpack.packb({"type": None}),
+        msgpack.packb({"no type": "Ping"}),
+        b"\x81\x91\x01\x02",  # {[1]: 2}: an array as a map key
+        b"\x81\x81\x01\x02\x03",  # {{1: 2}: 3}: a map as a map key
+        msgpack.packb({"type": "Ping", 7: 1}),
+        msgpack.packb({"type": "Ping", (1, 2): 1}),
+        b"\x91" * 100_000,  # nested too deep
+    ],
+)
 def test_hostile_frames_raise_wire_error(frame):
     with pytest.raises(WireError):
         decode(frame)
@@ -43,8 +58,11 @@ def test_hostile_frames_raise_wire_error(frame):
 
 def test_error_text_is_clipped():
     big = "x" * 5_000_000
-    for frame in (msgpack.packb({"type": big}), msgpack.packb({"type": "Ping", big: 1}),
-                  msgpack.packb({"type": "AbortRequest", "request_id": [big]})):
+    for frame in (
+        msgpack.packb({"type": big}),
+        msgpack.packb({"type": "Ping", big: 1}),
+        msgpack.packb({"type": "AbortRequest", "request_id": [big]}),
+    ):
         with pytest.raises(WireError) as e:
             decode(frame)
         assert len(str(e.value)) < 400
@@ -74,13 +92,22 @@ def test_random_msgpack_values_never_raise_anything_else():
     rng = random.Random(21)
 
     def value(depth=0):
-        kinds = [lambda: rng.randint(-(1 << 63), (1 << 64) - 1), lambda: rng.random() * 1e300, lambda: None,
-                 lambda: rng.random() < 0.5, lambda: rng.choice(["type", "Ping", "GenerateRequest", "x" * 50]),
-                 lambda: b"\x00\xff"]
+        kinds = [
+            lambda: rng.randint(-(1 << 63), (1 << 64) - 1),
+            lambda: rng.random() * 1e300,
+            lambda: None,
+            lambda: rng.random() < 0.5,
+            lambda: rng.choice(["type", "Ping", "GenerateRequest", "x" * 50]),
+            lambda: b"\x00\xff",
+        ]
         if depth < 3:
-            kinds += [lambda: [value(depth + 1) for _ in range(rng.randint(0, 3))],
-                      lambda: {rng.choice(["type", "request_id", "prompt_ids", "steering", 1]): value(depth + 1)
-                               for _ in range(rng.randint(0, 3))}]
+            kinds += [
+                lambda: [value(depth + 1) for _ in range(rng.randint(0, 3))],
+                lambda: {
+                    rng.choice(["type", "request_id", "prompt_ids", "steering", 1]): value(depth + 1)
+                    for _ in range(rng.randint(0, 3))
+                },
+            ]
         return rng.choice(kinds)()
 
     for _ in range(3000):
@@ -119,23 +146,33 @@ def _req(**kw) -> GenerateRequest:
     return GenerateRequest("r", [1], **kw)
 
 
-@pytest.mark.parametrize("req", [
-    _req(steering=SteeringSpec([1] * 97)),
-    _req(steering=SteeringSpec([1], relu_logit_mask={i: 1.0 for i in range(97)})),
-    _req(steering=SteeringSpec([1], strength=MAX_STEERING_STRENGTH * 1.01)),
-    _req(steering=SteeringSpec([1], strength=float("nan"))),
-    _req(steering=SteeringSpec([1], relu_logit_mask={1: float("inf")})),
-    _req(stop=["s"] * 17),
-    _req(stop=["s" * 1001]),
-    _req(stop_token_ids=[1] * 65),
-    GenerateRequest("r" * 257, [1]),
-])
+@pytest.mark.parametrize(
+    "req",
+    [
+        _req(steering=SteeringSpec([1] * 97)),
+        _req(steering=SteeringSpec([1], relu_logit_mask={i: 1.0 for i in range(97)})),
+        _req(steering=SteeringSpec([1], strength=MAX_STEERING_STRENGTH * 1.01)),
+        _req(steering=SteeringSpec([1], strength=float("nan"))),
+        _req(steering=SteeringSpec([1], relu_logit_mask={1: float("inf")})),
+        _req(stop=["s"] * 17),
+        _req(stop=["s" * 1001]),
+        _req(stop_token_ids=[1] * 65),
+        GenerateRequest("r" * 257, [1]),
+    ],
+)
 def test_requests_out_of_bounds_are_refused(req):
     with pytest.raises(ValueError):
         check_request(req, n_concepts=96)
 
 
 def test_requests_at_the_bounds_pass():
-    check_request(_req(steering=SteeringSpec([1] * 96, strength=-MAX_STEERING_STRENGTH,
-                                             relu_logit_mask={i: MAX_STEERING_STRENGTH for i in range(96)}),
-                       stop=["s" * 1000] * 16, stop_token_ids=[1] * 64), n_concepts=96)
+    check_request(
+        _req(
+            steering=SteeringSpec(
+                [1] * 96, strength=-MAX_STEERING_STRENGTH, relu_logit_mask={i: MAX_STEERING_STRENGTH for i in range(96)}
+            ),
+            stop=["s" * 1000] * 16,
+            stop_token_ids=[1] * 64,
+        ),
+        n_concepts=96,
+    )

@@ -6,6 +6,8 @@ import re
 
 import pytest
 import torch
+from cde.shared.config import EOS_ID, EOT_ID, PAGE
+from cde.shared.tokenizer import get_tokenizer
 
 from cde.train import tasks
 from cde.train.concepts import concepts, topic_concept, write_catalog
@@ -14,13 +16,20 @@ from cde.train.rows import make_batch, pack_row
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL, chat_doc, plain_doc
 from cde.train.text import judge, on_topic_share, paragraph
 from cde.train.vocab import TOPICS
-from cde.shared.config import EOS_ID, EOT_ID, PAGE
-from cde.shared.tokenizer import get_tokenizer
-
 
 # ../shared/fixtures/concept_labels.schema.txt: the columns of the official concept_labels.parquet
-OFFICIAL_COLUMNS = ["concept_id", "concept_name", "concept_description", "head", "public_group_id", "group_name",
-                    "is_steerable", "is_tone", "is_alignment", "is_demographic"]
+OFFICIAL_COLUMNS = [
+    "concept_id",
+    "concept_name",
+    "concept_description",
+    "head",
+    "public_group_id",
+    "group_name",
+    "is_steerable",
+    "is_tone",
+    "is_alignment",
+    "is_demographic",
+]
 
 
 @pytest.mark.parametrize("family", tasks.FAMILIES)
@@ -57,7 +66,9 @@ def test_train_and_eval_splits_share_no_operands(family):
     assert {tasks.split_of(k) for k in train} == {"train"} and {tasks.split_of(k) for k in held} == {"eval"}
     assert not train & held
     rng = random.Random(0)
-    share = sum(tasks.split_of(("+", rng.randint(100, 9999), rng.randint(100, 9999))) == "eval" for _ in range(4000)) / 4000
+    share = (
+        sum(tasks.split_of(("+", rng.randint(100, 9999), rng.randint(100, 9999))) == "eval" for _ in range(4000)) / 4000
+    )
     assert 0.04 < share < 0.09  # one bucket of 16 held out
     assert problems(5, seed=0) == problems(5, seed=0) != problems(5, seed=1)
 
@@ -83,7 +94,9 @@ def test_catalog_has_the_official_schema_and_search_works(tmp_path):
 
     table = pq.read_table(path)
     assert table.column_names == OFFICIAL_COLUMNS
-    assert str(table.schema.field("public_group_id").type) == "int64" and str(table.schema.field("is_tone").type) == "bool"
+    assert (
+        str(table.schema.field("public_group_id").type) == "int64" and str(table.schema.field("is_tone").type) == "bool"
+    )
     assert 50 <= len(concepts()) <= 200
     catalog = ConceptCatalog.load(path)
     assert catalog.search("ocean")[0].concept_id == topic_concept("Ocean")

@@ -5,13 +5,13 @@ import json
 
 import pytest
 import torch
+from cde.shared.protocol import GenerateRequest
+from cde.worker.checkpoint import load_checkpoint
 
 from cde.train.export import archive, export, install, load
 from cde.train.model import TrainModel, block_causal_mask
 from cde.train.program import model_config
 from cde.train.token_set import used_ids
-from cde.shared.protocol import GenerateRequest
-from cde.worker.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")

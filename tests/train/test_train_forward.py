@@ -5,11 +5,11 @@ injection and the concept heads' features."""
 
 import pytest
 import torch
+from cde.shared.config import MASK_ID, PAGE
 
 from cde.train.export import export
 from cde.train.model import TrainModel, block_causal_mask, clean_noisy_mask
 from cde.train.program import model_config
-from cde.shared.config import MASK_ID, PAGE
 from tests.oracle import official_model
 
 pytestmark = pytest.mark.reference
@@ -60,8 +60,9 @@ def test_noisy_blocks_and_packed_documents_match_official(pair):
     length = ids.shape[1]
     for b in range(2):  # document 0: block b denoised over its clean blocks < b
         ref = official(torch.cat([ids[:, : b * PAGE], noisy[:, b * PAGE : (b + 1) * PAGE]], 1))[1].hidden
-        torch.testing.assert_close(both[:, length + b * PAGE : length + (b + 1) * PAGE], ref[:, -PAGE:],
-                                   atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            both[:, length + b * PAGE : length + (b + 1) * PAGE], ref[:, -PAGE:], atol=2e-5, rtol=1e-4
+        )
     # document 1 starts at position 0 and sees nothing of document 0
     ref = official(noisy[:, 2 * PAGE :])[1].hidden
     torch.testing.assert_close(both[:, -PAGE:], ref, atol=2e-5, rtol=1e-4)
@@ -80,8 +81,9 @@ def test_steering_injection_matches_official(pair):
     inject_layer, alpha = 2, 3.5
     ref = official._forward_with_injection(ids, None, injection, inject_layer, alpha)
     gates = (torch.arange(1, model.cfg.n_layers + 1) >= inject_layer).float()[:, None]
-    mine = model.hidden(ids, torch.arange(ids.shape[1])[None], block_causal_mask(torch.zeros_like(ids)),
-                        alpha * injection, gates)
+    mine = model.hidden(
+        ids, torch.arange(ids.shape[1])[None], block_causal_mask(torch.zeros_like(ids)), alpha * injection, gates
+    )
     torch.testing.assert_close(mine, ref, atol=2e-5, rtol=1e-4)
     plain = model.hidden(ids, torch.arange(ids.shape[1])[None], block_causal_mask(torch.zeros_like(ids)))
     assert (mine - plain).abs().max() > 1e-2  # the injection did something

@@ -11,8 +11,20 @@ from cde.train.program import main, model_config
 
 
 def _run(out, seed=0, steps=6, stop_step=None, resume=False, weights=None, **kw):
-    o = Options(out=str(out), config=model_config("mini"), seed=seed, steps=steps, stop_step=stop_step, rows=4,
-                length=128, warmup=2, lr=3e-3, log_every=kw.pop("log_every", 3), eval_problems=0, **kw)
+    o = Options(
+        out=str(out),
+        config=model_config("mini"),
+        seed=seed,
+        steps=steps,
+        stop_step=stop_step,
+        rows=4,
+        length=128,
+        warmup=2,
+        lr=3e-3,
+        log_every=kw.pop("log_every", 3),
+        eval_problems=0,
+        **kw,
+    )
     train(o, resume=resume, weights=weights)
     return torch.load(out / "state.pt", weights_only=False)
 
@@ -46,8 +58,27 @@ def test_seeded_and_resumable(tmp_path):
 
 
 def test_command_line(tmp_path):
-    assert main(["--out", str(tmp_path), "--shape", "mini", "--steps", "2", "--rows", "2", "--length", "128",
-                 "--eval-problems", "0", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "--out",
+                str(tmp_path),
+                "--shape",
+                "mini",
+                "--steps",
+                "2",
+                "--rows",
+                "2",
+                "--length",
+                "128",
+                "--eval-problems",
+                "0",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "options.json").read_text())["config"]["n_layers"] == 2
 
 
@@ -55,6 +86,7 @@ def test_a_failing_compile_falls_back_to_eager(tmp_path, monkeypatch):
     def broken(fn):
         def run(*args):
             raise RuntimeError("inductor exploded")
+
         return run
 
     monkeypatch.setattr(torch, "compile", broken)

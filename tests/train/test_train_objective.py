@@ -4,6 +4,7 @@ being committed early, and the steering injection of training."""
 
 import pytest
 import torch
+from cde.shared.config import EOS_ID, PAGE
 
 from cde.train.concepts import concepts
 from cde.train.loop import Options, build
@@ -13,7 +14,6 @@ from cde.train.program import model_config
 from cde.train.rows import make_batch
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
 from cde.train.token_set import used_ids
-from cde.shared.config import EOS_ID, PAGE
 
 
 @pytest.fixture(scope="module")

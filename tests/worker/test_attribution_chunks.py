@@ -5,7 +5,6 @@ same per-token numbers: the engine's records loaded into the reference's own res
 import numpy as np
 import pytest
 import torch
-
 from cde.shared.attribution import aggregate, load_concept_labels
 from cde.shared.config import ENDOFCHUNK_ID, preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
@@ -37,18 +36,25 @@ def as_reference(records):
 
     seq = PROMPT_LEN + N_NEW
     kk, ku = len(records[0]["known"]), len(records[0]["discovered"])
-    t = {name: torch.zeros(1, seq, k) for name, k in
-         (("ki", kk), ("kw", kk), ("kc", kk), ("ui", ku), ("uw", ku), ("uc", ku))}
-    tok, tgt, eps, committed = (torch.zeros(1, seq, dtype=torch.long), torch.zeros(1, seq), torch.zeros(1, seq),
-                                torch.zeros(1, seq, dtype=torch.bool))
+    t = {
+        name: torch.zeros(1, seq, k)
+        for name, k in (("ki", kk), ("kw", kk), ("kc", kk), ("ui", ku), ("uw", ku), ("uc", ku))
+    }
+    tok, tgt, eps, committed = (
+        torch.zeros(1, seq, dtype=torch.long),
+        torch.zeros(1, seq),
+        torch.zeros(1, seq),
+        torch.zeros(1, seq, dtype=torch.bool),
+    )
     for r in records:
         p = r["position"]
         for prefix, kind in (("k", "known"), ("u", "discovered")):
             for col, name in enumerate("iwc"):
                 t[prefix + name][0, p] = torch.tensor([e[col] for e in r[kind]])
         tok[0, p], tgt[0, p], eps[0, p], committed[0, p] = r["token_id"], r["target_logit"], r["epsilon"], True
-    return OutputToConceptAttribution(tok, tgt, t["ki"].long(), t["kw"], t["kc"], t["ui"].long(), t["uw"], t["uc"],
-                                      eps, committed)
+    return OutputToConceptAttribution(
+        tok, tgt, t["ki"].long(), t["kw"], t["kc"], t["ui"].long(), t["uw"], t["uc"], eps, committed
+    )
 
 
 def assert_same(rendered, spans, attr, ref_labels):
@@ -58,16 +64,20 @@ def assert_same(rendered, spans, attr, ref_labels):
     for chunk, (start, end) in zip(rendered, spans):
         entries, eps_pct = chunk_attribution(attr, start, end, concept_labels=ref_labels, num_known_concepts=N_KNOWN)
         assert [(c["label"], c["type"]) for c in chunk["concepts"]] == [(e["label"], e["type"]) for e in entries]
-        np.testing.assert_allclose([c["contribution"] for c in chunk["concepts"]],
-                                   [e["contribution"] for e in entries], **TOL)
+        np.testing.assert_allclose(
+            [c["contribution"] for c in chunk["concepts"]], [e["contribution"] for e in entries], **TOL
+        )
         np.testing.assert_allclose(chunk["epsilon_pct"], eps_pct, **TOL)
 
 
 def labels_file(tmp_path, records, fmt: str):
     """Names for some concepts the generation used, discovered ones in the unified id space."""
     r = records[0]
-    rows = [(r["known"][0][0], "alpha", "known"), (r["known"][1][0], "beta", "known"),
-            (r["discovered"][0][0] + N_KNOWN, "gamma", "unknown")]
+    rows = [
+        (r["known"][0][0], "alpha", "known"),
+        (r["known"][1][0], "beta", "known"),
+        (r["discovered"][0][0] + N_KNOWN, "gamma", "unknown"),
+    ]
     path = tmp_path / f"labels.{fmt}"
     if fmt == "csv":
         path.write_text("concept_id,concept_name,head\n" + "".join(f"{i},{n},{h}\n" for i, n, h in rows))
@@ -76,7 +86,9 @@ def labels_file(tmp_path, records, fmt: str):
         import pyarrow.parquet as pq
 
         cols = list(zip(*rows))
-        pq.write_table(pa.table({"concept_id": list(cols[0]), "concept_name": list(cols[1]), "head": list(cols[2])}), path)
+        pq.write_table(
+            pa.table({"concept_id": list(cols[0]), "concept_name": list(cols[1]), "head": list(cols[2])}), path
+        )
     return path
 
 
@@ -85,7 +97,9 @@ def test_block_chunks_match_reference(records, tmp_path, fmt):
     from steerling.attribution.concept_attribution import ConceptLabels
 
     path = labels_file(tmp_path, records, fmt)
-    out = aggregate(records, Tokenizer().decode, prompt_len=PROMPT_LEN, labels=load_concept_labels(path), n_known=N_KNOWN)
+    out = aggregate(
+        records, Tokenizer().decode, prompt_len=PROMPT_LEN, labels=load_concept_labels(path), n_known=N_KNOWN
+    )
     spans = [(64, 128), (128, 192)]
     assert_same(out["chunks"], spans, as_reference(records), ConceptLabels(path))
     labels = {c["label"] for chunk in out["chunks"] for c in chunk["concepts"]}
@@ -100,9 +114,12 @@ def test_endofchunk_chunks_match_reference(records):
     for offset in (10, 11, 70, N_NEW - 1):  # adjacent markers give an empty span; the last closes the text
         marked[offset]["token_id"] = ENDOFCHUNK_ID
     attr = as_reference(marked)
-    spans = find_chunk_boundaries(attr.target_token_ids[0].tolist(), eoc_id=ENDOFCHUNK_ID, start_index=PROMPT_LEN,
-                                  include_final_chunk=True)
-    out = aggregate(marked, Tokenizer().decode, prompt_len=PROMPT_LEN, chunking="endofchunk", n_known=N_KNOWN, per_token=True)
+    spans = find_chunk_boundaries(
+        attr.target_token_ids[0].tolist(), eoc_id=ENDOFCHUNK_ID, start_index=PROMPT_LEN, include_final_chunk=True
+    )
+    out = aggregate(
+        marked, Tokenizer().decode, prompt_len=PROMPT_LEN, chunking="endofchunk", n_known=N_KNOWN, per_token=True
+    )
     assert_same(out["chunks"], [(s, e) for s, e in spans if e > s], attr, ConceptLabels("/nonexistent"))
     assert [t["offset"] for t in out["tokens"]] == list(range(N_NEW))
     first = out["tokens"][0]["concepts"]

@@ -4,11 +4,11 @@ discovered head's per-position intermediates stay within positions x GROUP_LOGIT
 streamed concept blocks, no more than the reference's own positions x top-k x rank second pass)."""
 
 import torch
-
 from cde.shared.config import preset
-from tests.worker.test_memory import ShapeWatch
 from cde.worker import attribution
 from cde.worker.model import SteerlingModel
+
+from tests.worker.test_memory import ShapeWatch
 
 P = 3  # committed positions in the step (distinct from every model dimension)
 

@@ -8,11 +8,11 @@ a last chunk shorter than k."""
 import pytest
 import torch
 import torch.nn.functional as F
-
-from tests.oracle import official_model
 from cde.worker import attribution
 from cde.worker.attribution import LOGIT_CLAMP, known_topk, streaming_topk, unknown_topk
 from cde.worker.checkpoint import load_checkpoint
+
+from tests.oracle import official_model
 
 pytestmark = pytest.mark.reference
 
@@ -38,8 +38,9 @@ def test_batched_chunk_topk_equals_the_official_heads(small_dir, monkeypatch, gr
         # a last chunk shorter than k (n = 2 * block + 3), ranked by sigmoid
         n = 2 * 40 + 3
         ours_short, _ = streaming_topk(compressed, up, n, 64, 40, True)
-        _, ref_short, _ = ConceptHead.linear_features_topk_streaming(compressed[None], up[:n], torch.zeros(n, up.shape[1]),
-                                                                     k=64, block_size=40)
+        _, ref_short, _ = ConceptHead.linear_features_topk_streaming(
+            compressed[None], up[:n], torch.zeros(n, up.shape[1]), k=64, block_size=40
+        )
     assert clamped > 100  # ties at the clamp really are exercised
     assert torch.equal(ours_known, ref_known.topk_indices[0])
     assert torch.allclose(ours_known_logits, ref_known.topk_logits[0], atol=1e-5)

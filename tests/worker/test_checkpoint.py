@@ -6,28 +6,43 @@ import shutil
 
 import pytest
 import torch
+from cde.shared.config import ConfigError, preset
+from cde.worker.checkpoint import (
+    TIED,
+    CheckpointError,
+    load_checkpoint,
+    make_model,
+    random_model,
+    save_checkpoint,
+)
+from cde.worker.model import SteerlingModel
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from cde.shared.config import ConfigError, preset
-from cde.worker.checkpoint import (
-    TIED, CheckpointError, load_checkpoint, make_model, random_model, save_checkpoint,
-)
-from cde.worker.model import SteerlingModel
 
 EMB = "transformer.tok_emb.weight"
 
 
 def published_names(n_layers: int) -> set[str]:
-    names = {EMB, "transformer.ln_f.weight", "known_head.concept_predictor.weight",
-             "known_head.concept_embedding.weight", "unknown_head.predictor_down.weight",
-             "unknown_head.predictor_up.weight", "unknown_head.embedding_coef.weight",
-             "unknown_head.embedding_basis.weight"}
+    names = {
+        EMB,
+        "transformer.ln_f.weight",
+        "known_head.concept_predictor.weight",
+        "known_head.concept_embedding.weight",
+        "unknown_head.predictor_down.weight",
+        "unknown_head.predictor_up.weight",
+        "unknown_head.embedding_coef.weight",
+        "unknown_head.embedding_basis.weight",
+    }
     for i in range(n_layers):
         b = f"transformer.blocks.{i}"
-        names |= {f"{b}.ln_1.weight", f"{b}.ln_2.weight", f"{b}.mlp.c_fc.weight", f"{b}.mlp.c_proj.weight",
-                  *(f"{b}.attn.{m}.weight" for m in ("c_attn", "c_proj", "q_norm", "k_norm"))}
+        names |= {
+            f"{b}.ln_1.weight",
+            f"{b}.ln_2.weight",
+            f"{b}.mlp.c_fc.weight",
+            f"{b}.mlp.c_proj.weight",
+            *(f"{b}.attn.{m}.weight" for m in ("c_attn", "c_proj", "q_norm", "k_norm")),
+        }
     return names
 
 
@@ -92,8 +107,12 @@ def test_load_dtype_and_no_float32_copy_of_bf16(tmp_path):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if (isinstance(out, torch.Tensor) and out.device.type != "meta" and out.dtype == torch.float32
-                    and out.numel() >= 100281 * 64):
+            if (
+                isinstance(out, torch.Tensor)
+                and out.device.type != "meta"
+                and out.dtype == torch.float32
+                and out.numel() >= 100281 * 64
+            ):
                 Watch.big_fp32 += 1
             return out
 
@@ -108,8 +127,16 @@ def test_load_dtype_and_no_float32_copy_of_bf16(tmp_path):
 
 def test_nested_concept_config_loads(tiny, tmp_path):
     raw = json.loads((tiny / "config.json").read_text())
-    concept_keys = ["n_concepts", "n_unknown_concepts", "factorize_rank", "topk_known",
-                    "topk_known_features", "unknown_topk", "pad_multiple", "concept_dim"]
+    concept_keys = [
+        "n_concepts",
+        "n_unknown_concepts",
+        "factorize_rank",
+        "topk_known",
+        "topk_known_features",
+        "unknown_topk",
+        "pad_multiple",
+        "concept_dim",
+    ]
     nested = {k: raw.pop(k) for k in concept_keys}
     nested["block_size"] = raw.pop("concept_block_size")
     raw["concept"] = nested
@@ -199,7 +226,9 @@ def test_extra_tensor(tiny, tmp_path):
 def test_misshaped_tensor(tiny, tmp_path):
     state = tensors_of(tiny)
     state["unknown_head.predictor_down.weight"] = torch.zeros(8, 64)
-    with pytest.raises(CheckpointError, match=r"'unknown_head.predictor_down.weight' has shape \(8, 64\), expected \(16, 64\)"):
+    with pytest.raises(
+        CheckpointError, match=r"'unknown_head.predictor_down.weight' has shape \(8, 64\), expected \(16, 64\)"
+    ):
         load_checkpoint(rewrite(tiny, tmp_path / "s", state))
 
 
@@ -218,8 +247,10 @@ def test_load_reports_its_time_and_size(tiny, caplog):
     assert record.load_s > 0 and "to cpu" in record.getMessage()
 
 
-@pytest.mark.parametrize("key,value", [("mlp_type", "standard"), ("norm_order", "sandwich"),
-                                       ("use_rope", False), ("factorize_unknown", False)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("mlp_type", "standard"), ("norm_order", "sandwich"), ("use_rope", False), ("factorize_unknown", False)],
+)
 def test_unsupported_architecture(tiny, tmp_path, key, value):
     raw = {**json.loads((tiny / "config.json").read_text()), key: value}
     dst = tmp_path / "arch"
@@ -273,7 +304,9 @@ def test_8b_preset_shapes_match_steerling_8b():
     assert shapes["transformer.blocks.0.attn.q_norm.weight"] == (128,)
     assert shapes["transformer.blocks.0.mlp.c_fc.weight"] == (2 * 16384, 4096)
     assert shapes["transformer.blocks.0.mlp.c_proj.weight"] == (4096, 16384)
-    assert shapes["known_head.concept_predictor.weight"] == shapes["known_head.concept_embedding.weight"] == (33744, 4096)
+    assert (
+        shapes["known_head.concept_predictor.weight"] == shapes["known_head.concept_embedding.weight"] == (33744, 4096)
+    )
     assert shapes["unknown_head.predictor_down.weight"] == (256, 4096)
     assert shapes["unknown_head.predictor_up.weight"] == shapes["unknown_head.embedding_coef.weight"] == (101200, 256)
     assert shapes["unknown_head.embedding_basis.weight"] == (4096, 256)

@@ -16,15 +16,15 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
-from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.kernels.flex_paged_attention import PagedBlockMask
-from tests.worker.test_sampler import crafted_engine
+from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.worker.attribution import attribute, width
 from cde.worker.attribution_runner import AttributionRunner, _Graph
 from cde.worker.cuda_graphs import BUCKETS, bucket_forward, bucket_splits, pack
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.model_runner import ModelRunner
+
+from tests.worker.test_sampler import crafted_engine
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -46,18 +46,25 @@ def run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
 def test_padded_lm_head_never_changes_a_pick(tmp_path):
     engine = crafted_engine(tmp_path / "negative", lnf0=-1.0, banned_extra=0.0)  # every real logit < 0
     vocab = engine.cfg.vocab_size
-    reqs = lambda: [  # noqa: E731  greedy, sampled, penalised, steered with a ReLU mask, attributed
+    reqs = lambda: [
         GenerateRequest("g", prompt(70, 1), max_tokens=20, tokens_per_step=2),
         GenerateRequest("s", prompt(10, 2), max_tokens=4, tokens_per_step=2, temperature=1.0, top_p=0.95, seed=3),
         GenerateRequest("r", prompt(64, 3) * 2, max_tokens=12, repetition_penalty=1.5),
-        GenerateRequest("m", prompt(30, 4), max_tokens=12, attribution=AttributionSpec(),
-                        steering=SteeringSpec([3, 5], strength=-4.0, normalize=False, inject_layer=1, schedule="fixed",
-                                              relu_logit_mask={3: 20.0})),
+        GenerateRequest(
+            "m",
+            prompt(30, 4),
+            max_tokens=12,
+            attribution=AttributionSpec(),
+            steering=SteeringSpec(
+                [3, 5], strength=-4.0, normalize=False, inject_layer=1, schedule="fixed", relu_logit_mask={3: 20.0}
+            ),
+        ),
     ]
     plain = run(engine, reqs())
     assert engine.runner.lm_head.shape[0] == vocab
-    engine.runner = ModelRunner(engine.runner.model, engine.cfg, engine.scheduler.pages.num_pages, engine.args.max_running,
-                                vocab_align=128)
+    engine.runner = ModelRunner(
+        engine.runner.model, engine.cfg, engine.scheduler.pages.num_pages, engine.args.max_running, vocab_align=128
+    )
     assert engine.runner.lm_head.shape[0] % 128 == 0 and engine.runner.lm_head.shape[0] > vocab
     padded = run(engine, reqs())
     for rid, (tokens, records) in plain.items():
@@ -82,8 +89,11 @@ def live_pass(engine: Engine, flashblock):
     fb = FlashBlockSpec(tau=2, max_reuse=4) if flashblock else False
     for i, (n, m) in enumerate([(150, 40), (10, 100), (64, 70)]):
         steer = SteeringSpec([3], strength=6.0, inject_layer=1, schedule="fixed") if i == 1 else None
-        engine.add_request(GenerateRequest(f"{flashblock}{i}", prompt(n, i), max_tokens=m, tokens_per_step=3,
-                                           steering=steer, flashblock=fb))
+        engine.add_request(
+            GenerateRequest(
+                f"{flashblock}{i}", prompt(n, i), max_tokens=m, tokens_per_step=3, steering=steer, flashblock=fb
+            )
+        )
     for _ in range(4):
         engine.step()
     batch = engine._in_flight.batch
@@ -111,15 +121,29 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
     scratch_page, scratch_slot = runner.kv[0][0].shape[1] - 1, runner.max_running
     for size in (next(b for b in BUCKETS if b >= len(items)), 8):
         kv, fb_cache = clone(before_kv), clone(before_fb) if flashblock else None
-        ints = torch.tensor(pack(size, [it.tokens for it in items], [it.block for it in items], [it.page for it in items],
-                                 [it.pages for it in items], steer_from, split, scratch_page=scratch_page,
-                                 scratch_slot=scratch_slot, width=cfg.max_blocks, no_injection=cfg.n_layers + 1))
+        ints = torch.tensor(
+            pack(
+                size,
+                [it.tokens for it in items],
+                [it.block for it in items],
+                [it.page for it in items],
+                [it.pages for it in items],
+                steer_from,
+                split,
+                scratch_page=scratch_page,
+                scratch_slot=scratch_slot,
+                width=cfg.max_blocks,
+                no_injection=cfg.n_layers + 1,
+            )
+        )
         vec = torch.zeros(size, cfg.n_embd)
         vec[: len(items)] = steer_vec
         mask = PagedBlockMask(size, kv[0][0].shape[1], "cpu", bucket_splits(kv_splits, size))
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
-            got = bucket_forward(runner.model, ints, size, cfg.max_blocks, vec, mask, kv, fb_cache, runner.cos, runner.sin)
+            got = bucket_forward(
+                runner.model, ints, size, cfg.max_blocks, vec, mask, kv, fb_cache, runner.cos, runner.sin
+            )
         assert torch.allclose(got[: len(items)], want, atol=1e-4), (size, (got[: len(items)] - want).abs().max())
         written = {it.page for it in items}
         for layer, (k, v) in enumerate(kv):
@@ -158,7 +182,9 @@ def eager_graphs(model, cfg, sizes) -> dict:
     for size in sizes:
         h, tok, target = torch.zeros(size, cfg.n_embd), torch.zeros(size, dtype=torch.long), torch.zeros(size)
         out = torch.zeros(size, width(cfg), dtype=torch.float64)
-        graph = EagerGraph(lambda h=h, tok=tok, target=target, out=out: out.copy_(attribute(model, cfg, h, tok, target)))
+        graph = EagerGraph(
+            lambda h=h, tok=tok, target=target, out=out: out.copy_(attribute(model, cfg, h, tok, target))
+        )
         graphs[size] = _Graph(h, tok, target, graph, out)
     return graphs
 
@@ -167,8 +193,11 @@ def eager_graphs(model, cfg, sizes) -> dict:
 def test_attribution_in_bucket_turns_equals_one_call(engine, n):
     model, cfg = engine.runner.model, engine.cfg
     g = torch.Generator().manual_seed(n)
-    hidden, tokens, target = torch.randn(n, cfg.n_embd, generator=g), torch.randint(0, 1000, (n,), generator=g), \
-        torch.randn(n, generator=g)
+    hidden, tokens, target = (
+        torch.randn(n, cfg.n_embd, generator=g),
+        torch.randint(0, 1000, (n,), generator=g),
+        torch.randn(n, generator=g),
+    )
     runner = AttributionRunner(model, cfg, max_rows=32)
     runner.graphs = eager_graphs(model, cfg, (8, 32))  # as capture_all leaves them for max_rows 32
     with torch.inference_mode():

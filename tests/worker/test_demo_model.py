@@ -11,12 +11,12 @@ import sys
 import tarfile
 
 import pytest
+from cde.worker.checkpoint import load_checkpoint
+from cde.worker.demo_model import DEMO_NAME, ArchiveError, install
 
 from cde.train import heldout, tasks
 from cde.train.text import on_topic_share
 from tests.api_server import REPO, ServerProcess
-from cde.worker.checkpoint import load_checkpoint
-from cde.worker.demo_model import DEMO_NAME, ArchiveError, install
 
 DEMO_DIR = "from cde.worker.demo_model import demo_model_dir; print(demo_model_dir())"
 
@@ -34,10 +34,13 @@ def _archive(path, files: dict[str, bytes], symlinks: dict[str, str] | None = No
     return path
 
 
-@pytest.mark.parametrize("files,symlinks", [
-    ({"config.json": b"{}", "../escaped": b"x"}, None),
-    ({"config.json": b"{}"}, {"link": "../../escaped"}),
-])
+@pytest.mark.parametrize(
+    "files,symlinks",
+    [
+        ({"config.json": b"{}", "../escaped": b"x"}, None),
+        ({"config.json": b"{}"}, {"link": "../../escaped"}),
+    ],
+)
 def test_install_never_writes_outside_its_directory(tmp_path, files, symlinks):
     home = tmp_path / "home"
     packed = _archive(tmp_path / "evil.tar.xz", files, symlinks)
@@ -69,8 +72,17 @@ def test_first_use_from_several_processes_at_once(tmp_path):
     """Three processes unpack the shipped archive at the same moment: all get the same complete
     directory; no temporary is left behind."""
     env = {**os.environ, "CDE_HOME": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", DEMO_DIR], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DEMO_DIR],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
     [path] = {out.strip() for out, _ in outs}
@@ -81,10 +93,19 @@ def test_first_use_from_several_processes_at_once(tmp_path):
 
 
 def test_serving_the_demo_never_imports_the_training_program(tmp_path):
-    code = ("import sys, cde.cli, cde.commands.serve, cde.commands.generate, cde.commands.bench_engine, "
-            "worker.server, worker.engine, gateway.app; " + DEMO_DIR + "; sys.exit('cde.train' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "CDE_HOME": str(tmp_path)},
-                         capture_output=True, text=True, timeout=120, check=False)
+    code = (
+        "import sys, cde.cli, cde.commands.serve, cde.commands.generate, cde.commands.bench_engine, "
+        "worker.server, worker.engine, gateway.app; " + DEMO_DIR + "; sys.exit('cde.train' in sys.modules)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "CDE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -112,8 +133,13 @@ def test_the_demo_is_served_under_its_name(client):
 def test_the_demo_solves_held_out_arithmetic(client):
     probs = [p for p in heldout.problems(2, seed=1) if p.family == "arithmetic"]
     for p in probs:
-        reply = client.chat.completions.create(model=DEMO_NAME, messages=[{"role": "user", "content": p.prompt}],
-                                               max_tokens=48, temperature=0).choices[0].message.content
+        reply = (
+            client.chat.completions.create(
+                model=DEMO_NAME, messages=[{"role": "user", "content": p.prompt}], max_tokens=48, temperature=0
+            )
+            .choices[0]
+            .message.content
+        )
         assert tasks.check(p, reply), (p.prompt, reply)
 
 
@@ -123,13 +149,20 @@ def test_the_demo_searches_and_steers_by_label(demo, client):
     hits = httpx.get(demo.base_url + "/concepts", params={"search": "ocean"}, timeout=30).json()["data"]
     assert hits[0]["name"] == "Ocean" and hits[0]["group_name"] == "Ocean"
     group = httpx.get(f"{demo.base_url}/concepts/{hits[0]['id']}", timeout=30).json()["group"]
-    assert [c["name"] for c in httpx.get(demo.base_url + "/concepts", params={"limit": 200}, timeout=30).json()["data"]
-            if c["id"] in group["concept_ids"]] == ["Ocean", "Marine life", "Sailing", "Seashore"]
+    assert [
+        c["name"]
+        for c in httpx.get(demo.base_url + "/concepts", params={"limit": 200}, timeout=30).json()["data"]
+        if c["id"] in group["concept_ids"]
+    ] == ["Ocean", "Marine life", "Sailing", "Seashore"]
 
     def text(steering=None):
         out = client.chat.completions.create(
-            model=DEMO_NAME, messages=[{"role": "user", "content": "Write a few sentences."}], max_tokens=64,
-            temperature=0, extra_body={"steering": steering} if steering else None)
+            model=DEMO_NAME,
+            messages=[{"role": "user", "content": "Write a few sentences."}],
+            max_tokens=64,
+            temperature=0,
+            extra_body={"steering": steering} if steering else None,
+        )
         return out.choices[0].message.content
 
     # A neutral prompt: the unsteered reply is about something else; steered, about the ocean.

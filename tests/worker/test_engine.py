@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from cde.shared.config import EOT_ID, PAGE
 from cde.shared.protocol import AttributionSpec, GenerateRequest
 from cde.worker.engine import Engine, EngineArgs
@@ -16,11 +15,18 @@ def _requests(sampled: bool) -> list[GenerateRequest]:
     rng = random.Random(0)
     reqs = []
     for i, (n, m) in enumerate(zip(PROMPT_LENS, MAX_TOKENS)):
-        reqs.append(GenerateRequest(
-            f"r{i}", [rng.randrange(100000) for _ in range(n)], max_tokens=m,
-            temperature=0.9 if sampled else 0.0, top_p=0.9, seed=i,
-            tokens_per_step=2 + i % 3, repetition_penalty=1.0 + 0.1 * (i % 2),
-        ))
+        reqs.append(
+            GenerateRequest(
+                f"r{i}",
+                [rng.randrange(100000) for _ in range(n)],
+                max_tokens=m,
+                temperature=0.9 if sampled else 0.0,
+                top_p=0.9,
+                seed=i,
+                tokens_per_step=2 + i % 3,
+                repetition_penalty=1.0 + 0.1 * (i % 2),
+            )
+        )
     return reqs
 
 
@@ -78,7 +84,7 @@ def test_stop_token_ids_and_stop_strings(tiny_dir):
     out = engine.generate([GenerateRequest("b", prompt, max_tokens=128, stop_token_ids=[stop_tok])])["b"]
     assert out == base[:first]
     text = engine.tokenizer.decode(base)
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     res = []
     engine.add_request(GenerateRequest("c", prompt, max_tokens=128, stop=[stop]))
     while engine.has_work():
@@ -94,9 +100,9 @@ def test_instruct_eot_ends_the_request_like_the_reference(tiny_instruct_dir, tmp
     """Make <|eot_id|> the greedy choice mid-block (its output row copies a token the model picks
     there, slightly scaled), then compare with the official generator's EOT handling."""
     import torch
+    from cde.worker.checkpoint import load_checkpoint, save_checkpoint
 
     from tests.oracle import official_generator
-    from cde.worker.checkpoint import load_checkpoint, save_checkpoint
 
     prompt = list(range(1000, 1064))
     base = Engine(EngineArgs(str(tiny_instruct_dir))).generate([GenerateRequest("b", prompt, max_tokens=128)])["b"]
@@ -114,9 +120,13 @@ def test_instruct_eot_ends_the_request_like_the_reference(tiny_instruct_dir, tmp
     assert res[-1].finish_reason == "stop" and len(ours) < 128 and EOT_ID not in ours
     from steerling.configs.generation import GenerationConfig
 
-    ref = official_generator(tmp_path).generate_full(torch.tensor([prompt]), GenerationConfig(
-        max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1))
-    gen = ref.tokens[len(prompt):].tolist()
+    ref = official_generator(tmp_path).generate_full(
+        torch.tensor([prompt]),
+        GenerationConfig(
+            max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1
+        ),
+    )
+    gen = ref.tokens[len(prompt) :].tolist()
     expected = []
     for t in gen:  # the reference's own extraction: skip masks/EOS, stop at EOT
         if t == EOT_ID:
@@ -165,9 +175,12 @@ def test_abort_while_its_next_pass_is_in_flight(tiny_dir):
     """step() launches the next pass before it returns, so an abort between two steps lands on a
     request whose step is already running: the request sends nothing more, its pages come back,
     and the other request's tokens and attribution records are those it gets alone."""
+
     def requests():
-        return [GenerateRequest(rid, [40 + k] * 30, max_tokens=150, tokens_per_step=2, attribution=AttributionSpec())
-                for k, rid in enumerate(("keep", "drop"))]
+        return [
+            GenerateRequest(rid, [40 + k] * 30, max_tokens=150, tokens_per_step=2, attribution=AttributionSpec())
+            for k, rid in enumerate(("keep", "drop"))
+        ]
 
     alone = Engine(EngineArgs(str(tiny_dir)))
     alone.add_request(requests()[0])
@@ -196,8 +209,15 @@ def test_abort_while_its_next_pass_is_in_flight(tiny_dir):
 
 
 def _ids(record: dict) -> tuple:
-    return record["token_id"], record["position"], record["step"], [[c[0] for c in record[h]] for h in ("known", "discovered")]
+    return (
+        record["token_id"],
+        record["position"],
+        record["step"],
+        [[c[0] for c in record[h]] for h in ("known", "discovered")],
+    )
 
 
 def _values(record: dict) -> list[float]:
-    return [record["target_logit"], record["epsilon"]] + [x for h in ("known", "discovered") for c in record[h] for x in c[1:]]
+    return [record["target_logit"], record["epsilon"]] + [
+        x for h in ("known", "discovered") for c in record[h] for x in c[1:]
+    ]

@@ -4,7 +4,6 @@ thousands of random admit / step / finish / abort sequences."""
 import random
 
 import pytest
-
 from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import GenerateRequest
 from cde.worker.kv_pages import OutOfPages, PageAllocator
@@ -109,8 +108,12 @@ def run_fuzz(seed: int, n_ops: int):
         if op < 0.25:
             prompt_len = rng.choice([0, 1, 63, 64, 65, 127, 128, rng.randint(0, 300)])
             max_tokens = rng.choice([1, 8, 63, 64, 65, rng.randint(1, 400)])
-            req = GenerateRequest(f"r{counter}", [rng.randrange(20, 1000) for _ in range(prompt_len)],
-                                  max_tokens=max_tokens, stop_token_ids=[STOP_ID] if rng.random() < 0.5 else [])
+            req = GenerateRequest(
+                f"r{counter}",
+                [rng.randrange(20, 1000) for _ in range(prompt_len)],
+                max_tokens=max_tokens,
+                stop_token_ids=[STOP_ID] if rng.random() < 0.5 else [],
+            )
             counter += 1
             need = -(-(prompt_len + max_tokens) // PAGE)
             if need > num_pages:

@@ -6,14 +6,13 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import PAGE, preset
 from cde.shared.protocol import GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.model import SteerlingModel, rope_tables
+from torch.utils._python_dispatch import TorchDispatchMode
 
 UNKNOWN_DIMS = {101196, 101200}
 
@@ -55,10 +54,16 @@ def test_8b_width_forward_and_logits_on_meta():
     with torch.device("meta"):
         model = SteerlingModel(cfg).to(torch.bfloat16)
         tokens = torch.zeros(n, PAGE, dtype=torch.long)
-        caches = [tuple(torch.zeros(cfg.n_kv_heads, pages, PAGE, cfg.head_dim, dtype=torch.bfloat16) for _ in "kv")
-                  for _ in range(cfg.n_layers)]
-        meta = PagedBatch(write_pages=torch.zeros(n, dtype=torch.long), page_table=torch.zeros(n, 3, dtype=torch.long),
-                          n_pages=torch.zeros(n, dtype=torch.long), n_pages_host=[1, 2, 3])
+        caches = [
+            tuple(torch.zeros(cfg.n_kv_heads, pages, PAGE, cfg.head_dim, dtype=torch.bfloat16) for _ in "kv")
+            for _ in range(cfg.n_layers)
+        ]
+        meta = PagedBatch(
+            write_pages=torch.zeros(n, dtype=torch.long),
+            page_table=torch.zeros(n, 3, dtype=torch.long),
+            n_pages=torch.zeros(n, dtype=torch.long),
+            n_pages_host=[1, 2, 3],
+        )
         steer = torch.zeros(n, cfg.n_embd, dtype=torch.bfloat16)
         steer_from = torch.zeros(n, dtype=torch.long)
         positions = torch.ones(n, PAGE, dtype=torch.bool)
@@ -76,8 +81,16 @@ def test_8b_width_forward_and_logits_on_meta():
 @pytest.fixture(scope="module")
 def wide_vocab_dir(tmp_path_factory):
     """The 8b vocabulary and concept counts (so 101196 unknown concepts) at a CPU-sized width."""
-    cfg = dataclasses.replace(preset("8b"), n_layers=2, n_embd=64, n_head=4, n_kv_heads=2, block_size=512,
-                              factorize_rank=16, intermediate_size=128)
+    cfg = dataclasses.replace(
+        preset("8b"),
+        n_layers=2,
+        n_embd=64,
+        n_head=4,
+        n_kv_heads=2,
+        block_size=512,
+        factorize_rank=16,
+        intermediate_size=128,
+    )
     assert (cfg.n_unknown_concepts, cfg.unknown_padded) == (101196, 101200)
     out = tmp_path_factory.mktemp("wide")
     save_checkpoint(random_model(cfg, seed=0), cfg, out)
@@ -90,11 +103,24 @@ def test_engine_decode_never_builds_unknown_logits(wide_vocab_dir):
     assert unknown_weights & {(101200, 16)}
     reqs = [
         GenerateRequest("greedy", list(range(100, 170)), max_tokens=2),
-        GenerateRequest("sampled", [1, 2, 3], max_tokens=2, entropy_sampling=True, temperature=0.9, top_p=0.9, top_k=50, seed=1,
-                        repetition_penalty=1.2),
+        GenerateRequest(
+            "sampled",
+            [1, 2, 3],
+            max_tokens=2,
+            entropy_sampling=True,
+            temperature=0.9,
+            top_p=0.9,
+            top_k=50,
+            seed=1,
+            repetition_penalty=1.2,
+        ),
         GenerateRequest("threshold", [7] * 64, max_tokens=2, confidence_threshold=0.5, tokens_per_step=2),
-        GenerateRequest("steered", [4, 5], max_tokens=2, steering=SteeringSpec(concepts=[1, 2], inject_layer=1,
-                                                                             relu_logit_mask={3: 1.0})),
+        GenerateRequest(
+            "steered",
+            [4, 5],
+            max_tokens=2,
+            steering=SteeringSpec(concepts=[1, 2], inject_layer=1, relu_logit_mask={3: 1.0}),
+        ),
     ]
     with ShapeWatch() as w:
         out = engine.generate(reqs)

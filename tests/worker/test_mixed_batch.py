@@ -6,7 +6,6 @@ import copy
 
 import numpy as np
 import torch
-
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.engine import Engine, EngineArgs
 
@@ -18,8 +17,9 @@ def prompt(n: int, seed: int) -> list[int]:
 def requests() -> list[GenerateRequest]:
     amplify = SteeringSpec([3, 17], strength=8.0, inject_layer=1, schedule="hard_cutoff", cutoff_tokens=4)
     fixed = SteeringSpec([5], strength=6.0, inject_layer=2, schedule="fixed")
-    suppress = SteeringSpec([7, 11], strength=-7.0, normalize=False, inject_layer=1, schedule="fixed",
-                            relu_logit_mask={7: 20.0})
+    suppress = SteeringSpec(
+        [7, 11], strength=-7.0, normalize=False, inject_layer=1, schedule="fixed", relu_logit_mask={7: 20.0}
+    )
     attr = AttributionSpec()
     specs = [
         {"steering": amplify},
@@ -37,19 +37,25 @@ def requests() -> list[GenerateRequest]:
     ]
     lengths = [64, 128, 120, 64, 70, 128, 64, 130, 64, 64, 128, 60]  # 120 and 60 cross a block
     max_tokens = [12, 10, 16, 12, 8, 16, 8, 12, 10, 10, 9, 14]
-    return [GenerateRequest(f"r{i}", prompt(n, i), max_tokens=m, **kw)
-            for i, (kw, n, m) in enumerate(zip(specs, lengths, max_tokens))]
+    return [
+        GenerateRequest(f"r{i}", prompt(n, i), max_tokens=m, **kw)
+        for i, (kw, n, m) in enumerate(zip(specs, lengths, max_tokens))
+    ]
 
 
 def assert_same_attribution(mixed: list[dict], alone: list[dict]) -> None:
     """Same tokens, positions, steps and concepts; the values agree to float32 rounding only,
     since a matrix product's rounding depends on how many rows share it."""
-    assert [(r["token_id"], r["position"], r["step"]) for r in mixed] == [(r["token_id"], r["position"], r["step"]) for r in alone]
+    assert [(r["token_id"], r["position"], r["step"]) for r in mixed] == [
+        (r["token_id"], r["position"], r["step"]) for r in alone
+    ]
     for a, b in zip(mixed, alone):
         for kind in ("known", "discovered"):
             assert [c[0] for c in a[kind]] == [c[0] for c in b[kind]]
             np.testing.assert_allclose(np.array(a[kind])[:, 1:], np.array(b[kind])[:, 1:], rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose([a["target_logit"], a["epsilon"]], [b["target_logit"], b["epsilon"]], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            [a["target_logit"], a["epsilon"]], [b["target_logit"], b["epsilon"]], rtol=1e-6, atol=1e-7
+        )
 
 
 def run(engine: Engine, reqs: list[GenerateRequest], stagger: bool) -> dict[str, tuple]:

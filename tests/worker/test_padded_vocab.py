@@ -5,7 +5,6 @@ even when the model prefers them by a wide margin."""
 import dataclasses
 
 import torch
-
 from cde.shared.config import INSTRUCT_VOCAB, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-
 from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint
@@ -85,7 +84,9 @@ def test_entropy_sampling_matches_reference(monkeypatch, case, top_p):
 def test_temperature_top_p_matches_reference(monkeypatch, case, temperature, top_p):
     logits = logit_cases()[case]
     expected = reference_probs(monkeypatch, logits, use_entropy_sampling=False, temperature=temperature, top_p=top_p)
-    ours = filtered_log_probs(logits[None], torch.tensor([temperature]), torch.tensor([top_p]), torch.tensor([0])).exp()[0]
+    ours = filtered_log_probs(
+        logits[None], torch.tensor([temperature]), torch.tensor([top_p]), torch.tensor([0])
+    ).exp()[0]
     assert torch.allclose(ours, expected, atol=1e-6, rtol=1e-4)
     assert_same_nucleus(ours, expected, top_p)
 
@@ -102,7 +103,9 @@ def test_entropy_temperature_extremes():
 def test_top_k_and_rows_are_independent():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(3, 200, generator=g)
-    lp = filtered_log_probs(logits, torch.tensor([1.0, 1.0, 0.5]), torch.tensor([1.0, 1.0, 0.9]), torch.tensor([0, 5, 0]))
+    lp = filtered_log_probs(
+        logits, torch.tensor([1.0, 1.0, 0.5]), torch.tensor([1.0, 1.0, 0.9]), torch.tensor([0, 5, 0])
+    )
     probs = lp.exp()
     assert torch.allclose(probs.sum(-1), torch.ones(3))
     assert (probs[0] > 0).all()  # top_p 1 keeps everything
@@ -127,11 +130,20 @@ def test_compact_sampling_equals_static_shapes():
         rows += n
     logits = torch.randn(rows, v, generator=g) * 3
     sb = SamplingBatch(
-        grid=grid, row_item=torch.tensor([i for i, n in enumerate((10, 64, 5)) for _ in range(n)]),
-        n_select=torch.tensor([2, 1, 3]), threshold=torch.tensor([2.0, 0.05, 2.0]),
-        temperature=torch.tensor([0.9, 1.2, 0.0]), top_p=torch.tensor([0.95, 1.0, 1.0]), top_k=torch.tensor([0, 7, 0]),
-        entropy=torch.tensor([False, False, False]), seed=torch.tensor([11, 12, 13]), step=torch.tensor([4, 9, 1]),
-        banned=torch.tensor([0]), max_select=64, any_sampling=True)
+        grid=grid,
+        row_item=torch.tensor([i for i, n in enumerate((10, 64, 5)) for _ in range(n)]),
+        n_select=torch.tensor([2, 1, 3]),
+        threshold=torch.tensor([2.0, 0.05, 2.0]),
+        temperature=torch.tensor([0.9, 1.2, 0.0]),
+        top_p=torch.tensor([0.95, 1.0, 1.0]),
+        top_k=torch.tensor([0, 7, 0]),
+        entropy=torch.tensor([False, False, False]),
+        seed=torch.tensor([11, 12, 13]),
+        step=torch.tensor([4, 9, 1]),
+        banned=torch.tensor([0]),
+        max_select=64,
+        any_sampling=True,
+    )
     compact = select_and_sample(logits.clone(), sb, compact=True)
     static = select_and_sample(logits.clone(), sb, compact=False)
     valid = compact[2]
@@ -170,7 +182,7 @@ PROMPT_B = [5, 6, 7]
 
 # ---- (b) seeded sampling ------------------------------------------------------------------------------
 def test_seeded_sampling_reproducible_and_seed_dependent(engine):
-    mk = lambda rid, seed: GenerateRequest(rid, PROMPT_B, max_tokens=4, temperature=0.8, seed=seed)  # noqa: E731
+    mk = lambda rid, seed: GenerateRequest(rid, PROMPT_B, max_tokens=4, temperature=0.8, seed=seed)
     first = gen(engine, [mk("a1", 11)])
     again = gen(engine, [mk("a2", 11), mk("b", 12), mk("c", 13)])
     assert len(first["a1"]) == 4 and again["a2"] == first["a1"]
@@ -178,7 +190,7 @@ def test_seeded_sampling_reproducible_and_seed_dependent(engine):
 
 
 def test_seeded_sampling_is_batch_invariant(engine):
-    req = lambda rid: GenerateRequest(rid, PROMPT_A, max_tokens=4, temperature=0.8, top_p=0.9, seed=99)  # noqa: E731
+    req = lambda rid: GenerateRequest(rid, PROMPT_A, max_tokens=4, temperature=0.8, top_p=0.9, seed=99)
     alone = gen(engine, [req("alone")])["alone"]
     others = [
         GenerateRequest("o1", PROMPT_B, max_tokens=6, temperature=1.0, seed=1),
@@ -204,7 +216,7 @@ def test_seeded_sampling_is_batch_invariant(engine):
 
 
 def test_entropy_sampling_seeded(engine):
-    mk = lambda rid, seed: GenerateRequest(rid, PROMPT_B, max_tokens=4, entropy_sampling=True, top_p=0.8, seed=seed)  # noqa: E731
+    mk = lambda rid, seed: GenerateRequest(rid, PROMPT_B, max_tokens=4, entropy_sampling=True, top_p=0.8, seed=seed)
     out = gen(engine, [mk("e1", 3), mk("e2", 3), mk("e3", 4)])
     assert out["e1"] == out["e2"] and out["e1"] != out["e3"]
 
@@ -229,8 +241,10 @@ def run_checked(engine, reqs, check):
             if not batch.items:
                 continue
             eligible = [it.seq.eligible() for it in batch.steps]
-            context = [list(it.seq.req.prompt_ids) + it.seq.generated + [t for t in it.seq.tokens if t != MASK_ID]
-                       for it in batch.steps]
+            context = [
+                list(it.seq.req.prompt_ids) + it.seq.generated + [t for t in it.seq.tokens if t != MASK_ID]
+                for it in batch.steps
+            ]
             picks = engine.runner.picks(engine.runner.launch(batch))
             hidden = captured["hidden"]
             step_idx = [i for i, it in enumerate(batch.items) if it.step]
@@ -270,9 +284,15 @@ def test_tokens_per_step_selects_most_confident(engine):
         seen["steps"] += 1
         seen["multi"] += k > 1
 
-    out = run_checked(engine, [GenerateRequest("k3", PROMPT_A, max_tokens=20, tokens_per_step=3),
-                               GenerateRequest("k1", PROMPT_B, max_tokens=5, tokens_per_step=1),
-                               GenerateRequest("k64", [], max_tokens=64, tokens_per_step=64)], check)
+    out = run_checked(
+        engine,
+        [
+            GenerateRequest("k3", PROMPT_A, max_tokens=20, tokens_per_step=3),
+            GenerateRequest("k1", PROMPT_B, max_tokens=5, tokens_per_step=1),
+            GenerateRequest("k64", [], max_tokens=64, tokens_per_step=64),
+        ],
+        check,
+    )
     assert [len(out[r]) for r in ("k3", "k1", "k64")] == [20, 5, 64]
     assert seen["multi"] >= 5
 
@@ -282,8 +302,11 @@ def test_confidence_threshold(engine):
     in one batch: threshold 0 (everything at once), 0.9999 (one per step) and one between this
     model's confidences (several at some steps, one at others)."""
     confs = []
-    run_checked(engine, [GenerateRequest("probe", PROMPT_B, max_tokens=6)],
-                lambda req, logits, el, pick, ctx: confs.append(banned_conf(logits)[1][el]))
+    run_checked(
+        engine,
+        [GenerateRequest("probe", PROMPT_B, max_tokens=6)],
+        lambda req, logits, el, pick, ctx: confs.append(banned_conf(logits)[1][el]),
+    )
     middle = float(torch.cat(confs).quantile(0.9))
     counts = {0.0: [], 0.9999: [], middle: []}
 
@@ -335,10 +358,13 @@ def test_banned_ids_never_generated(tmp_path):
         preferred.extend(int(logits[p].argmax()) in BANNED for p in positions)
         assert not set(tokens) & set(BANNED)
 
-    reqs = [GenerateRequest("g", PROMPT_B, max_tokens=6, tokens_per_step=2),
-            GenerateRequest("s", PROMPT_B, max_tokens=6, tokens_per_step=2, temperature=1.5, seed=1,
-                            repetition_penalty=2.0),
-            GenerateRequest("t", PROMPT_B, max_tokens=6, confidence_threshold=0.0)]
+    reqs = [
+        GenerateRequest("g", PROMPT_B, max_tokens=6, tokens_per_step=2),
+        GenerateRequest(
+            "s", PROMPT_B, max_tokens=6, tokens_per_step=2, temperature=1.5, seed=1, repetition_penalty=2.0
+        ),
+        GenerateRequest("t", PROMPT_B, max_tokens=6, confidence_threshold=0.0),
+    ]
     out = run_checked(engine, reqs, check)
     assert preferred and all(preferred)  # without the ban every pick would have been banned
     for r in reqs:
@@ -369,7 +395,13 @@ def test_repetition_penalty_formula(tiny_dir, tmp_path, sign):
         assert tokens == [int(x[positions[0]].argmax())]
 
     prompt = PROMPT_B * 5
-    out = run_checked(engine, [GenerateRequest("rp", prompt, max_tokens=12, repetition_penalty=penalty),
-                               GenerateRequest("np", prompt, max_tokens=12)], check)
+    out = run_checked(
+        engine,
+        [
+            GenerateRequest("rp", prompt, max_tokens=12, repetition_penalty=penalty),
+            GenerateRequest("np", prompt, max_tokens=12),
+        ],
+        check,
+    )
     assert signs == {sign}
     assert out["rp"] != out["np"]  # the penalty changed the output

@@ -18,7 +18,6 @@ given tree passes or fails deterministically.
 
 import pytest
 import torch
-
 from cde.shared.config import EOS_ID, MASK_ID, PAD_ID
 from cde.shared.protocol import GenerateRequest
 from cde.worker.engine import Engine, EngineArgs
@@ -43,13 +42,22 @@ def draw(row: torch.Tensor, compact: bool = True, **params) -> torch.Tensor:
     s = DRAWS
     grid = torch.full((s, 64), -1)
     grid[:, 5] = torch.arange(s)
-    full = lambda v, dtype=torch.float32: torch.full((s,), v, dtype=dtype)  # noqa: E731
+    full = lambda v, dtype=torch.float32: torch.full((s,), v, dtype=dtype)
     sb = SamplingBatch(
-        grid=grid, row_item=torch.arange(s), n_select=full(1, torch.int64), threshold=full(2.0),
-        temperature=full(params.get("temperature", 1.0)), top_p=full(params.get("top_p", 1.0)),
-        top_k=full(params.get("top_k", 0), torch.int64), entropy=full(params.get("entropy", False), torch.bool),
-        seed=torch.arange(s, dtype=torch.int64) + 1000, step=full(3, torch.int64),
-        banned=torch.tensor([VOCAB - 1]), max_select=1, any_sampling=True)
+        grid=grid,
+        row_item=torch.arange(s),
+        n_select=full(1, torch.int64),
+        threshold=full(2.0),
+        temperature=full(params.get("temperature", 1.0)),
+        top_p=full(params.get("top_p", 1.0)),
+        top_k=full(params.get("top_k", 0), torch.int64),
+        entropy=full(params.get("entropy", False), torch.bool),
+        seed=torch.arange(s, dtype=torch.int64) + 1000,
+        step=full(3, torch.int64),
+        banned=torch.tensor([VOCAB - 1]),
+        max_select=1,
+        any_sampling=True,
+    )
     positions, tokens, valid = select_and_sample(row.expand(s, VOCAB).clone(), sb, compact=compact)
     assert valid.all() and (positions == 5).all()
     return tokens[:, 0]
@@ -62,9 +70,11 @@ def official_filtered(monkeypatch, row: torch.Tensor, **gen_kwargs) -> torch.Ten
     from steerling.configs.generation import GenerationConfig
 
     seen = []
-    monkeypatch.setattr(ref, "_sample_top_p", lambda probs, top_p, generator=None: seen.append((probs, top_p)) or torch.zeros(1))
+    monkeypatch.setattr(
+        ref, "_sample_top_p", lambda probs, top_p, generator=None: seen.append((probs, top_p)) or torch.zeros(1)
+    )
     ref._sample_token(row, GenerationConfig(**gen_kwargs))
-    (probs, top_p), = seen
+    ((probs, top_p),) = seen
     sorted_probs, order = probs.double().sort(descending=True)
     keep = (torch.cumsum(sorted_probs, -1) - sorted_probs) <= top_p
     keep[0] = True
@@ -112,8 +122,9 @@ def expected_distribution(monkeypatch, row, params) -> torch.Tensor:
         return top_k_filtered(row, params["temperature"], params["top_k"])
     if params.get("entropy"):
         return official_filtered(monkeypatch, row, use_entropy_sampling=True, top_p=params["top_p"])
-    return official_filtered(monkeypatch, row, use_entropy_sampling=False, temperature=params["temperature"],
-                             top_p=params["top_p"])
+    return official_filtered(
+        monkeypatch, row, use_entropy_sampling=False, temperature=params["temperature"], top_p=params["top_p"]
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -160,12 +171,20 @@ def test_engine_draws_follow_the_official_models_distribution(tiny_dir, monkeypa
         row[[EOS_ID, MASK_ID, PAD_ID]] = float("-inf")
     cases = {
         "top-k": (dict(temperature=2.0, top_k=8), top_k_filtered(row, 2.0, 8), 256),
-        "entropy": (dict(temperature=2.0, entropy_sampling=True, top_p=0.95),
-                    official_filtered(monkeypatch, row, use_entropy_sampling=True, top_p=0.95), 64),
+        "entropy": (
+            dict(temperature=2.0, entropy_sampling=True, top_p=0.95),
+            official_filtered(monkeypatch, row, use_entropy_sampling=True, top_p=0.95),
+            64,
+        ),
     }
     engine = Engine(EngineArgs(str(tiny_dir), max_running=320))
-    out = engine.generate([GenerateRequest(f"{name}{i}", prompt, max_tokens=1, seed=i, **params)
-                           for name, (params, _, n) in cases.items() for i in range(n)])
+    out = engine.generate(
+        [
+            GenerateRequest(f"{name}{i}", prompt, max_tokens=1, seed=i, **params)
+            for name, (params, _, n) in cases.items()
+            for i in range(n)
+        ]
+    )
     for name, (_, expected, n) in cases.items():
         tokens = torch.tensor([out[f"{name}{i}"][0] for i in range(n)])
         assert chi_square_p(tokens, expected, min_bins=2) > ALPHA, name

@@ -7,17 +7,28 @@ import time
 import msgpack
 import pytest
 import zmq
-
 from cde.shared.protocol import BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec
 from cde.shared.wire import MAX_FRAME_BYTES, decode, encode
+
 from tests.cde_procs import CdeProcess, free_port
 
 
 @pytest.fixture(scope="module")
 def worker(tiny_dir):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    w = CdeProcess("worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu",
-                   "--served-model-name", "tiny", "--max-running", "4")
+    w = CdeProcess(
+        "worker",
+        "--model",
+        str(tiny_dir),
+        "--bind",
+        endpoint,
+        "--device",
+        "cpu",
+        "--served-model-name",
+        "tiny",
+        "--max-running",
+        "4",
+    )
     w.wait_for("worker ready")
     w.endpoint = endpoint
     yield w
@@ -133,4 +144,3 @@ def test_a_duplicate_request_id_is_refused_alone(worker, peers):
         last, n = finished(sock, rid)
         assert (last.finish_reason, n) == ("length", 120), last.error
     assert heartbeat(intruder).running == 0
-

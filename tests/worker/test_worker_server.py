@@ -5,9 +5,14 @@ import time
 
 import pytest
 import zmq
-
 from cde.shared.protocol import (
-    AbortRequest, BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping,
+    AbortRequest,
+    BlockResult,
+    ConceptInfo,
+    ConceptQuery,
+    GenerateRequest,
+    Heartbeat,
+    Ping,
 )
 from cde.shared.wire import decode, encode
 from cde.worker.engine import Engine, EngineArgs
@@ -106,7 +111,6 @@ def test_abort_frees_pages(dealer):
     while (hb := heartbeat(dealer)).pages_used:
         assert time.monotonic() < deadline
     assert (hb.running, hb.waiting) == (0, 0)
-
 
 
 def test_garbage_frames_are_dropped(dealer):

@@ -23,8 +23,19 @@ PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed
 @pytest.fixture(scope="module")
 def cluster(tiny_dir):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    worker = CdeProcess("--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu", "--served-model-name", "tiny",
-                        "--max-running", "4", module="tests.faulty_worker")
+    worker = CdeProcess(
+        "--model",
+        str(tiny_dir),
+        "--bind",
+        endpoint,
+        "--device",
+        "cpu",
+        "--served-model-name",
+        "tiny",
+        "--max-running",
+        "4",
+        module="tests.faulty_worker",
+    )
     gateway = None
     try:
         worker.wait_for("worker ready")
@@ -43,9 +54,15 @@ def official_tokens(tiny_dir) -> list[int]:
 
     from tests.oracle import official_generator
 
-    cfg = GenerationConfig(max_new_tokens=N_NEW, steps=N_NEW // PER_STEP, temperature=0, use_entropy_sampling=False,
-                           top_p=0, repetition_penalty=1)
-    return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT):].tolist()
+    cfg = GenerationConfig(
+        max_new_tokens=N_NEW,
+        steps=N_NEW // PER_STEP,
+        temperature=0,
+        use_entropy_sampling=False,
+        top_p=0,
+        repetition_penalty=1,
+    )
+    return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT) :].tolist()
 
 
 def body(prompt: list[int], max_tokens: int, **extra) -> dict:
