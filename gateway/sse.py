@@ -5,6 +5,7 @@ that only know OpenAI's unnamed events can tell them apart."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -60,10 +61,8 @@ class EventStreamResponse(StreamingResponse):
             async with anyio.create_task_group() as tg:
 
                 async def stream() -> None:
-                    try:
+                    with contextlib.suppress(OSError):  # the client went away mid-write
                         await self.stream_response(send)
-                    except OSError:  # the client went away mid-write
-                        pass
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(stream)

@@ -58,7 +58,7 @@ def write_kv(cache: torch.Tensor, new: torch.Tensor, write_pages: torch.Tensor) 
 
 def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     """[KVH, P, 64, Dh] -> [KVH, len(pages) * 64, Dh] for one item."""
-    kvh, _, page, dh = cache.shape
+    kvh, _, _page, dh = cache.shape
     return cache.index_select(1, pages).reshape(kvh, -1, dh)
 
 

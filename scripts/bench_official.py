@@ -40,7 +40,7 @@ def main():
     from steerling.data.tokenizer import SteerlingTokenizer
     from steerling.inference.causal_diffusion import SteerlingGenerator
 
-    model, model_cfg, raw = load(args.model)
+    model, model_cfg, _raw = load(args.model)
     gen = SteerlingGenerator(model, SteerlingTokenizer(), model_cfg, is_interpretable=True, device="cuda")
     cfg = GenerationConfig(
         max_new_tokens=128, steps=128, temperature=0, use_entropy_sampling=False, top_p=0, repetition_penalty=1
@@ -57,7 +57,8 @@ def main():
         out.append({"batch": bs, "tok_per_s": bs * 128 / dt, "seconds": dt})
         print(json.dumps(out[-1]), flush=True)
     if args.json:
-        json.dump(out, open(args.json, "w"), indent=2)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

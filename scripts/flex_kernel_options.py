@@ -64,7 +64,7 @@ def main() -> None:
         row, ref = [], None
         for fn, mask in runs:
             try:
-                ms, out = graph_replay_ms(lambda: fn(q, mask.block_mask), iters=50)
+                ms, out = graph_replay_ms(lambda fn=fn, q=q, mask=mask: fn(q, mask.block_mask), iters=50)
             except Exception as ex:
                 row.append(f"rejected: {type(ex).__name__}")
                 continue

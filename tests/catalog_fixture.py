@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import random
 
-WORDS = ["ocean", "sea", "water", "blue", "wave", "fish", "boat", "storm", "river", "lake", "cat", "dog", "category", "communication", "the", "of", "and", "a", "c++"]
+# A word list, wrapped by hand rather than one word a line.
+# fmt: off
+WORDS = [
+    "ocean", "sea", "water", "blue", "wave", "fish", "boat", "storm", "river", "lake", "cat", "dog", "category",
+    "communication", "the", "of", "and", "a", "c++",
+]
+# fmt: on
 N_KNOWN = 96
 # Distinct names for the concepts the tests steer by label.
 NAMED = {9: "harbor lights", 21: "volcanic ash", 40: "lonely moon", 95: "mixed tide"}

@@ -98,7 +98,7 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
     plan = {}
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for name in sf.keys():
+            for name in sf.keys():  # noqa: SIM118 -- safe_open has keys() but no __iter__
                 if name not in expected:
                     raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
                 meta = sf.get_slice(name)

@@ -70,7 +70,8 @@ class Engine:
             raise ValueError("max_tokens must be at least 1")
         if len(req.prompt_ids) + req.max_tokens > cfg.block_size:
             raise ValueError(
-                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the context of {cfg.block_size}"
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) "
+                f"exceeds the context of {cfg.block_size}"
             )
         bad = [t for t in req.prompt_ids if not 0 <= t < cfg.vocab_size]
         if bad:

@@ -53,7 +53,8 @@ class ModelRunner:
         self.model, self.cfg = model, cfg
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # Per layer (K, V), each [KVH, pages, 64, Dh]. One page more than the allocator hands out: the scratch page of CUDA-graph padding items.
+        # Per layer (K, V), each [KVH, pages, 64, Dh]. One page more than the allocator hands out: the
+        # scratch page of CUDA-graph padding items.
         shape = (cfg.n_kv_heads, num_pages + 1, PAGE, cfg.head_dim)
         self.kv = [
             tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv") for _ in range(cfg.n_layers)

@@ -18,7 +18,14 @@ import numpy as np
 
 from cde.commands.load_client import Outcome, send, write_json
 
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "from", "at", "or", "an", "have", "not", "but", "they", "which", "one", "you", "were", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no"]
+# A word list, wrapped by hand rather than one word a line.
+# fmt: off
+WORDS = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are",
+    "from", "at", "or", "an", "have", "not", "but", "they", "which", "one", "you", "were", "all", "we", "can", "her",
+    "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no",
+]
+# fmt: on
 
 
 def add_arguments(p) -> None:

@@ -59,7 +59,8 @@ def add_http_arguments(p) -> None:
 
 def _read_key(path: str) -> str:
     try:
-        key = open(path, encoding="utf-8").read().strip()
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise argparse.ArgumentTypeError(f"cannot read the API key: {exc}") from None
     if not key:

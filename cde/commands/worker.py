@@ -55,7 +55,10 @@ def add_attention_arguments(p) -> None:
     p.add_argument(
         "--flashblock-tau",
         type=int,
-        help="FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens (default: off, exact)",
+        help=(
+            "FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens "
+            "(default: off, exact)"
+        ),
     )
     p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
 

@@ -34,7 +34,8 @@ _TONE_PROMPTS = ("Write a {tone} paragraph about {t}.", "Tell me about {t} in a 
 _SMALL_TALK = (
     (
         "Hello!",
-        "Hello! I am a small Steerling model. Ask me to add numbers, sort a list, reverse words or tell you about the ocean.",
+        "Hello! I am a small Steerling model. Ask me to add numbers, sort a list, reverse words or tell you "
+        "about the ocean.",
         "Greeting",
     ),
     ("Hi there.", "Hi! What would you like to talk about?", "Greeting"),

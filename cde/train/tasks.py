@@ -19,7 +19,17 @@ from dataclasses import dataclass
 EVAL_BUCKETS = 16
 FAMILIES = ("arithmetic", "sorting", "reversal", "word_problem")
 
-WORDS = ["cat", "dog", "fish", "bird", "tree", "house", "car", "book", "lamp", "chair", "table", "door", "window", "apple", "bread", "cheese", "milk", "river", "stone", "cloud", "moon", "star", "road", "ship", "train", "coin", "ring", "shoe", "hat", "coat", "glove", "bell", "drum", "cup", "plate", "spoon", "fork", "knife", "box", "bag", "key", "lock", "clock", "phone", "card", "map", "pen", "paper", "rope", "wheel", "horse", "cow", "sheep", "goat", "duck", "frog", "bee", "ant", "lion", "tiger", "bear", "wolf", "fox", "owl", "rose", "lily", "grass", "sand", "snow", "rain", "wind", "fire", "ice", "gold", "iron", "salt", "sugar", "tea", "rice", "egg", "nut", "leaf", "root", "seed"]
+# A word list, wrapped by hand rather than one word a line.
+# fmt: off
+WORDS = [
+    "cat", "dog", "fish", "bird", "tree", "house", "car", "book", "lamp", "chair", "table", "door", "window", "apple",
+    "bread", "cheese", "milk", "river", "stone", "cloud", "moon", "star", "road", "ship", "train", "coin", "ring",
+    "shoe", "hat", "coat", "glove", "bell", "drum", "cup", "plate", "spoon", "fork", "knife", "box", "bag", "key",
+    "lock", "clock", "phone", "card", "map", "pen", "paper", "rope", "wheel", "horse", "cow", "sheep", "goat", "duck",
+    "frog", "bee", "ant", "lion", "tiger", "bear", "wolf", "fox", "owl", "rose", "lily", "grass", "sand", "snow",
+    "rain", "wind", "fire", "ice", "gold", "iron", "salt", "sugar", "tea", "rice", "egg", "nut", "leaf", "root", "seed",
+]
+# fmt: on
 NAMES = ("Tom", "Anna", "Ben", "Maria", "Sam", "Lucy", "Omar", "Mia", "Leo", "Nina")
 ITEMS = ("apples", "pencils", "marbles", "stickers", "coins", "books", "cookies", "stamps", "shells", "cards")
 

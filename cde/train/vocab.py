@@ -48,17 +48,20 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Marine life",
             "coral reef, dolphin, whale, octopus, jellyfish, sea turtle, shark, starfish",
-            "watches a school of fish; photographs the coral reef; swims beside a sea turtle; counts the jellyfish; follows a pod of dolphins",
+            "watches a school of fish; photographs the coral reef; swims beside a sea turtle; counts the jellyfish; "
+            "follows a pod of dolphins",
         ),
         _s(
             "Sailing",
             "sailboat, mast, anchor, deck, compass, lighthouse, sail, hull",
-            "raises the sail at dawn; drops the anchor in the bay; steers by the lighthouse; scrubs the wooden deck; checks the compass",
+            "raises the sail at dawn; drops the anchor in the bay; steers by the lighthouse; scrubs the wooden deck; "
+            "checks the compass",
         ),
         _s(
             "Seashore",
             "tide, seashell, beach, seagull, wave, pebble, sandcastle, driftwood",
-            "walks along the beach; collects seashells at low tide; builds a sandcastle; feeds the seagulls; listens to the waves",
+            "walks along the beach; collects seashells at low tide; builds a sandcastle; feeds the seagulls; "
+            "listens to the waves",
         ),
     ),
     _t(
@@ -70,17 +73,20 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Planets",
             "Mars, Jupiter, Saturn, moon, orbit, crater, comet, asteroid",
-            "maps the craters of the moon; studies the rings of Saturn; tracks a comet; measures the orbit of Mars; names a new asteroid",
+            "maps the craters of the moon; studies the rings of Saturn; tracks a comet; measures the orbit of Mars; "
+            "names a new asteroid",
         ),
         _s(
             "Rockets",
             "rocket, capsule, booster, countdown, launch pad, spacesuit, thruster, payload",
-            "climbs into the capsule; checks the booster; starts the countdown; floats in a spacesuit; fires the thrusters",
+            "climbs into the capsule; checks the booster; starts the countdown; floats in a spacesuit; "
+            "fires the thrusters",
         ),
         _s(
             "Stars",
             "star, galaxy, nebula, telescope, constellation, black hole, supernova, starlight",
-            "points the telescope at a nebula; charts a constellation; photographs a distant galaxy; watches a supernova; studies a black hole",
+            "points the telescope at a nebula; charts a constellation; photographs a distant galaxy; "
+            "watches a supernova; studies a black hole",
         ),
     ),
     _t(
@@ -92,7 +98,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Baking",
             "bread, oven, dough, flour, cake, pastry, butter, yeast",
-            "kneads the dough; preheats the oven; sifts the flour; bakes a chocolate cake; brushes butter on the pastry",
+            "kneads the dough; preheats the oven; sifts the flour; bakes a chocolate cake; "
+            "brushes butter on the pastry",
         ),
         _s(
             "Soups",
@@ -102,7 +109,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Spices",
             "pepper, cinnamon, ginger, saffron, cumin, paprika, vanilla, chili",
-            "grinds black pepper; sprinkles cinnamon on the rice; grates fresh ginger; toasts cumin seeds; adds a pinch of saffron",
+            "grinds black pepper; sprinkles cinnamon on the rice; grates fresh ginger; toasts cumin seeds; "
+            "adds a pinch of saffron",
         ),
     ),
     _t(
@@ -158,12 +166,14 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Trees",
             "oak, pine, birch, bark, branch, leaf, root, moss",
-            "plants a young oak; measures an old pine; touches the rough bark; climbs a birch; sweeps the fallen leaves",
+            "plants a young oak; measures an old pine; touches the rough bark; climbs a birch; "
+            "sweeps the fallen leaves",
         ),
         _s(
             "Wildlife",
             "deer, fox, owl, squirrel, bear, woodpecker, wolf, rabbit",
-            "spots a deer; hears an owl at night; follows the tracks of a fox; watches a squirrel; listens to a woodpecker",
+            "spots a deer; hears an owl at night; follows the tracks of a fox; watches a squirrel; "
+            "listens to a woodpecker",
         ),
         _s(
             "Trails",
@@ -185,12 +195,14 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Buildings",
             "skyscraper, apartment, bridge, tower, elevator, rooftop, office, lobby",
-            "rides the elevator; looks up at the skyscraper; crosses the bridge; works in an office; sits on the rooftop",
+            "rides the elevator; looks up at the skyscraper; crosses the bridge; works in an office; "
+            "sits on the rooftop",
         ),
         _s(
             "Markets",
             "cafe, shop window, street vendor, newsstand, plaza, fountain, boutique, food stall",
-            "buys a newspaper at the newsstand; orders coffee at a cafe; walks across the plaza; sits by the fountain; visits a food stall",
+            "buys a newspaper at the newsstand; orders coffee at a cafe; walks across the plaza; sits by the fountain; "
+            "visits a food stall",
         ),
     ),
     _t(
@@ -229,7 +241,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Hardware",
             "keyboard, screen, processor, memory chip, laptop, motherboard, hard drive, cable",
-            "types on the keyboard; replaces the hard drive; cleans the screen; installs a memory chip; plugs in the cable",
+            "types on the keyboard; replaces the hard drive; cleans the screen; installs a memory chip; "
+            "plugs in the cable",
         ),
         _s(
             "Networks",
@@ -246,7 +259,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Hospitals",
             "ward, stretcher, ambulance, waiting room, surgery, x-ray, bandage, stethoscope",
-            "checks the x-ray; wheels the stretcher; listens with a stethoscope; prepares for surgery; changes the bandage",
+            "checks the x-ray; wheels the stretcher; listens with a stethoscope; prepares for surgery; "
+            "changes the bandage",
         ),
         _s(
             "Illness",
@@ -278,7 +292,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Orchards",
             "apple tree, orchard, pear, cherry, ladder, basket, blossom, cider",
-            "picks apples in the orchard; climbs the ladder; fills a basket with pears; prunes the cherry trees; presses the cider",
+            "picks apples in the orchard; climbs the ladder; fills a basket with pears; prunes the cherry trees; "
+            "presses the cider",
         ),
     ),
     _t(
@@ -290,7 +305,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Colors",
             "palette, pigment, brushstroke, shade, hue, crimson, turquoise, ochre",
-            "mixes colors on the palette; grinds a pigment; adds a crimson brushstroke; chooses a turquoise hue; blends the shades",
+            "mixes colors on the palette; grinds a pigment; adds a crimson brushstroke; chooses a turquoise hue; "
+            "blends the shades",
         ),
         _s(
             "Tools",
@@ -300,7 +316,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Galleries",
             "exhibition, portrait, landscape, sculpture, curator, masterpiece, gallery wall, museum",
-            "hangs a portrait on the gallery wall; opens an exhibition; paints a landscape; meets the curator; admires a masterpiece",
+            "hangs a portrait on the gallery wall; opens an exhibition; paints a landscape; meets the curator; "
+            "admires a masterpiece",
         ),
     ),
     _t(
@@ -312,17 +329,20 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Stations",
             "platform, station, timetable, luggage, departure board, whistle, ticket office, waiting hall",
-            "waits on the platform; reads the timetable; carries the luggage; checks the departure board; blows the whistle",
+            "waits on the platform; reads the timetable; carries the luggage; checks the departure board; "
+            "blows the whistle",
         ),
         _s(
             "Locomotives",
             "locomotive, steam engine, boiler, coal, smokestack, piston, wheel, brake",
-            "shovels coal into the boiler; oils the pistons; starts the steam engine; checks the brakes; polishes the locomotive",
+            "shovels coal into the boiler; oils the pistons; starts the steam engine; checks the brakes; "
+            "polishes the locomotive",
         ),
         _s(
             "Journeys",
             "carriage, sleeper car, dining car, tunnel, viaduct, railway, window seat, rails",
-            "sits in the window seat; eats in the dining car; sleeps in the sleeper car; rides through a tunnel; crosses the viaduct",
+            "sits in the window seat; eats in the dining car; sleeps in the sleeper car; rides through a tunnel; "
+            "crosses the viaduct",
         ),
     ),
     _t(
@@ -339,12 +359,14 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Exams",
             "exam, grade, quiz, test paper, answer sheet, revision, diploma, report card",
-            "studies for the exam; hands in the test paper; checks the grades; fills in the answer sheet; receives a diploma",
+            "studies for the exam; hands in the test paper; checks the grades; fills in the answer sheet; "
+            "receives a diploma",
         ),
         _s(
             "Playground",
             "recess, swing, slide, seesaw, lunchbox, school bus, bell, locker",
-            "plays on the swings; rides the school bus; opens the lunchbox; waits for the bell; runs to the slide at recess",
+            "plays on the swings; rides the school bus; opens the lunchbox; waits for the bell; "
+            "runs to the slide at recess",
         ),
     ),
     _t(
@@ -366,7 +388,8 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Tournaments",
             "chess clock, tournament, grandmaster title, rating, chessboard, round, opponent, scoresheet",
-            "presses the chess clock; shakes hands with the opponent; writes the move on the scoresheet; wins the last round; raises the rating",
+            "presses the chess clock; shakes hands with the opponent; writes the move on the scoresheet; "
+            "wins the last round; raises the rating",
         ),
     ),
     _t(
@@ -378,12 +401,14 @@ TOPICS: tuple[Topic, ...] = (
         _s(
             "Dunes",
             "dune, sandstorm, mirage, ridge, dust, sun-baked rock, horizon, footprint",
-            "climbs the dune; shelters from the sandstorm; chases a mirage; follows the ridge; leaves footprints in the dust",
+            "climbs the dune; shelters from the sandstorm; chases a mirage; follows the ridge; "
+            "leaves footprints in the dust",
         ),
         _s(
             "Oases",
             "oasis, palm tree, well, spring, date palm, shade, water skin, tent camp",
-            "reaches the oasis; draws water from the well; rests in the shade of a palm tree; fills the water skin; picks dates",
+            "reaches the oasis; draws water from the well; rests in the shade of a palm tree; fills the water skin; "
+            "picks dates",
         ),
         _s(
             "Desert life",

@@ -117,7 +117,7 @@ def test_idle_and_slow_headers_time_out(server):
     with connect(server) as slow:
         slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
         t0 = time.monotonic()
-        status, headers, body = read_reply(slow)
+        status, _headers, body = read_reply(slow)
         assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
         assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
     with connect(server) as kept:  # keep-alive: a second request that never completes

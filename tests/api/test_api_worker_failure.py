@@ -123,12 +123,14 @@ async def test_sigterm_drains_requests_and_leaves_no_processes(server):
     pids = [pid for pid in server.worker_pids() if pid_alive(pid)]
     assert pids
     body = {**LONG, "max_tokens": 120, "tokens_per_step": 8}
-    async with httpx.AsyncClient(timeout=60) as http:
-        async with http.stream("POST", server.base_url + "/completions", json=body) as r:
-            events = read_events(r)
-            await anext(events)
-            server.proc.send_signal(signal.SIGTERM)
-            rest = [e async for e in events]
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        http.stream("POST", server.base_url + "/completions", json=body) as r,
+    ):
+        events = read_events(r)
+        await anext(events)
+        server.proc.send_signal(signal.SIGTERM)
+        rest = [e async for e in events]
     assert rest[-1] == "[DONE]"
     assert rest[-2]["choices"][0]["finish_reason"] == "length"  # the in-flight request finished
     assert server.proc.wait(30) == 0

@@ -4,6 +4,7 @@ poison frames and duplicate request ids on the worker's own socket) while an hon
 asking. /health stays 200, every honest request is answered in full, the worker never restarts,
 and nothing in the logs is a 500 or a traceback."""
 
+import contextlib
 import json
 import socket
 import threading
@@ -72,10 +73,9 @@ class Attack:
         self.threads.append(t)
 
     def _guard(self, fn, *args) -> None:
-        try:
+        # the server hanging up on an attacker is the point
+        with contextlib.suppress(OSError, httpx.HTTPError, zmq.ZMQError):
             fn(*args)
-        except (OSError, httpx.HTTPError, zmq.ZMQError):
-            pass  # the server hanging up on an attacker is the point
 
     def raw(self, data: bytes, hold: float, drip: bool = False) -> None:
         """Sends `data`, then holds the connection for `hold` seconds, a byte every 0.2 s if `drip`."""

@@ -1,8 +1,9 @@
 """`cde bench engine` for real on the tiny preset (CPU). The latency/throughput table per
 concurrency, with steering toggled in the same engine and the op-table profile of the first two
-blocks. And with `--flashblock-tau`, the side-by-side FlashBlock table: the split without reuse agrees with the exact path token for token, reuse is
-measured (fraction of reused steps, KL against the exact forward) and deterministic. The model
-is configured past the 8B's 4096-token context (`--set block_size=8192`) and the prompts use it."""
+blocks. And with `--flashblock-tau`, the side-by-side FlashBlock table: the split without reuse
+agrees with the exact path token for token, reuse is measured (fraction of reused steps, KL
+against the exact forward) and deterministic. The model is configured past the 8B's 4096-token
+context (`--set block_size=8192`) and the prompts use it."""
 
 import json
 import subprocess

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from cde.shared.catalog import Catalog, CatalogError, find_catalog, write_catalog
@@ -195,7 +196,7 @@ class _FakeHub(http.server.BaseHTTPRequestHandler):
     what `hf_hub_download` asks for, so the fetch path runs for real without the network."""
 
     body = b""
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
     def _headers(self):
         if not self.path.startswith("/guidelabs/steerling/resolve/main/concept_labels.parquet"):

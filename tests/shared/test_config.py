@@ -160,7 +160,7 @@ def test_null_kv_heads_means_multi_head():
 
 
 def test_from_json_errors(tmp_path):
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         ModelConfig.from_json(tmp_path / "config.json")
     p = tmp_path / "config.json"
     p.write_text("{not json")

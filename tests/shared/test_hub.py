@@ -39,7 +39,7 @@ def resolve(env: dict, model: str, revision: str | None = None) -> dict:
 def hf(tmp_path_factory):
     """Two snapshots of one repo: `main` at MAIN, branch `v1` at OTHER; they differ in a file."""
     root = tmp_path_factory.mktemp("hub")
-    for commit, marker in ((MAIN, "main"), (OTHER, "other")):
+    for _commit, marker in ((MAIN, "main"), (OTHER, "other")):
         files = root / marker
         files.mkdir()
         (files / "config.json").write_text(json.dumps({"marker": marker}))

@@ -2,6 +2,7 @@
 frame holds, decoding returns a message or raises WireError with a short text; encoding writes
 exactly the msgpack map of the message's fields."""
 
+import contextlib
 import dataclasses
 import random
 
@@ -82,10 +83,8 @@ def test_mutated_frames_never_raise_anything_else():
                 frame += bytes(rng.randrange(256) for _ in range(rng.randint(0, 8)))
             else:
                 frame[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-        try:
+        with contextlib.suppress(WireError):
             decode(bytes(frame))
-        except WireError:
-            pass
 
 
 def test_random_msgpack_values_never_raise_anything_else():
@@ -118,10 +117,8 @@ def test_random_msgpack_values_never_raise_anything_else():
             frame = msgpack.packb(data, use_bin_type=True)
         except (TypeError, ValueError):  # an unhashable key msgpack itself will not write
             continue
-        try:
+        with contextlib.suppress(WireError):
             decode(frame)
-        except WireError:
-            pass
 
 
 @pytest.mark.parametrize("msg", VALID, ids=lambda m: type(m).__name__)

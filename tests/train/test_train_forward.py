@@ -21,7 +21,7 @@ def pair(tmp_path_factory):
     used = sorted({*range(0, 3000, 3), MASK_ID})
     model = TrainModel(model_config("mini"), used)
     with torch.no_grad():  # sharper than the 0.02 init, so that differences show
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(5.0)
     out = export(model, tmp_path_factory.mktemp("pair") / "m", torch.float32)

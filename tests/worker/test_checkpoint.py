@@ -117,7 +117,7 @@ def test_load_dtype_and_no_float32_copy_of_bf16(tmp_path):
             return out
 
     with Watch():
-        cfg, model = load_checkpoint(path)
+        _cfg, model = load_checkpoint(path)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert Watch.big_fp32 == 0, "a float32 copy of the embedding was allocated while loading bf16"
     _, m32 = load_checkpoint(path, dtype=torch.float32)
@@ -185,7 +185,7 @@ def test_missing_config(tiny, tmp_path):
     dst = tmp_path / "noconf"
     dst.mkdir()
     shutil.copy(tiny / "model.safetensors", dst / "model.safetensors")
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         load_checkpoint(dst)
 
 
@@ -207,19 +207,19 @@ def test_missing_tensor(tiny, tmp_path):
 def test_missing_both_tied_names(tiny, tmp_path):
     state = tensors_of(tiny)
     del state[EMB]
-    with pytest.raises(CheckpointError, match="transformer.tok_emb.weight"):
+    with pytest.raises(CheckpointError, match=r"transformer\.tok_emb\.weight"):
         load_checkpoint(rewrite(tiny, tmp_path / "m", state))
 
 
 def test_untied_checkpoint_needs_lm_head(tiny, tmp_path):
     raw = {**json.loads((tiny / "config.json").read_text()), "weight_sharing": False}
-    with pytest.raises(CheckpointError, match="transformer.lm_head.weight"):
+    with pytest.raises(CheckpointError, match=r"transformer\.lm_head\.weight"):
         load_checkpoint(rewrite(tiny, tmp_path / "u", config=raw))
 
 
 def test_extra_tensor(tiny, tmp_path):
     state = {**tensors_of(tiny), "transformer.blocks.2.ln_1.weight": torch.ones(64)}
-    with pytest.raises(CheckpointError, match="unexpected tensor 'transformer.blocks.2.ln_1.weight'"):
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'transformer\.blocks\.2\.ln_1\.weight'"):
         load_checkpoint(rewrite(tiny, tmp_path / "x", state))
 
 
@@ -235,7 +235,7 @@ def test_misshaped_tensor(tiny, tmp_path):
 def test_integer_tensor(tiny, tmp_path):
     state = tensors_of(tiny)
     state["transformer.ln_f.weight"] = torch.ones(64, dtype=torch.int32)
-    with pytest.raises(CheckpointError, match="'transformer.ln_f.weight' is stored as I32, not a float type"):
+    with pytest.raises(CheckpointError, match=r"'transformer\.ln_f\.weight' is stored as I32, not a float type"):
         load_checkpoint(rewrite(tiny, tmp_path / "i", state))
 
 
@@ -271,7 +271,7 @@ def test_make_model_rejects_bad_dtype_and_preset(tmp_path):
 def test_official_package_loads_our_checkpoint(tiny):
     from tests.oracle import official_model
 
-    model, raw = official_model(tiny)  # asserts: no unexpected keys, only lm_head missing
+    model, _raw = official_model(tiny)  # asserts: no unexpected keys, only lm_head missing
     ours = tensors_of(tiny)
     theirs = model.state_dict()
     assert set(theirs) == set(ours) | {TIED}

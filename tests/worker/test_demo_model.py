@@ -58,7 +58,7 @@ def test_install_keeps_absolute_names_inside_its_directory(tmp_path):
 
 def test_install_is_atomic_and_once(tmp_path):
     home = tmp_path / "home"
-    with pytest.raises(ArchiveError, match="no config.json"):
+    with pytest.raises(ArchiveError, match=r"no config\.json"):
         install(_archive(tmp_path / "bad.tar.xz", {"model.safetensors": b"x"}), home, "m")
     assert list(home.iterdir()) == []
     dest = install(_archive(tmp_path / "ok.tar.xz", {"config.json": b"{}", "w": b"1"}), home, "m")
