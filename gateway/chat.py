@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from cde.gateway.attribution import renderer
+from cde.gateway.attribution_render import renderer
 from cde.gateway.completions import check_stream_options, usage
 from cde.gateway.denoise import StepDelta, denoise_views, step_event
 from cde.gateway.errors import invalid

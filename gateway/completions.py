@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from cde.gateway.attribution import renderer
+from cde.gateway.attribution_render import renderer
 from cde.gateway.denoise import StepDelta, denoise_views, step_event
 from cde.gateway.errors import invalid
 from cde.gateway.generation import Generation, encode_requests

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cde.gateway.errors import invalid
-from cde.shared.attribution import ConceptLabels as AttributionLabels
 from cde.shared.catalog import Catalog, Concept, find_catalog, matches_head
+from cde.shared.chunk_attribution import ConceptLabels as AttributionLabels
 
 _BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d{1,18})$")  # more digits: a label, not an id
 _PREFIX = "Known: "  # how attribution output labels a known concept

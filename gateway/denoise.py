@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.sse import SseEvent
-from cde.shared.attribution import chunk_concepts, token_attribution
+from cde.shared.chunk_attribution import chunk_concepts, token_attribution
 from cde.shared.config import PAGE
 from cde.shared.protocol import GenerateRequest, Heartbeat, StepResult
 

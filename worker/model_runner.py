@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from cde.kernels.flashblock import FlashBlockBatch
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
-from cde.worker.attribution import unpack
-from cde.worker.attribution_runner import AttributionRunner
+from cde.worker.attribution_batch import AttributionRunner
+from cde.worker.concept_contributions import unpack
 from cde.worker.cuda_graphs import GraphedForward
 from cde.worker.model import SteerlingModel, rope_tables
 from cde.worker.sampler import select_and_sample

@@ -107,7 +107,7 @@ def _api_fields(args, engine, prompt_ids: list[int]):
     from pydantic import ValidationError
 
     from cde.commands.gateway import concept_labels
-    from cde.gateway.attribution import renderer
+    from cde.gateway.attribution_render import renderer
     from cde.gateway.errors import ApiError, from_validation_error
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest

@@ -51,7 +51,7 @@ class EngineBackend:
         self.cfg = cfg
 
     def _request(self, body: dict):
-        from cde.gateway.attribution import renderer
+        from cde.gateway.attribution_render import renderer
         from cde.gateway.params import generate_requests
         from cde.gateway.schemas import CompletionRequest
 

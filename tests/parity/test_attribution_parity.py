@@ -4,7 +4,7 @@ contributions, the target logit and epsilon; and the rendered chunks equal its c
 
 import numpy as np
 import pytest
-from cde.shared.attribution import aggregate
+from cde.shared.chunk_attribution import aggregate
 from cde.shared.config import preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
 from cde.shared.tokenizer import Tokenizer

@@ -1,11 +1,11 @@
-"""`shared.attribution.aggregate` renders chunks exactly as the reference's `chunk_attribution`
+"""`shared.chunk_attribution.aggregate` renders chunks exactly as the reference's `chunk_attribution`
 (with `find_chunk_boundaries` for <|endofchunk|> spans and `ConceptLabels` for names), run on the
 same per-token numbers: the engine's records loaded into the reference's own result type."""
 
 import numpy as np
 import pytest
 import torch
-from cde.shared.attribution import aggregate, load_concept_labels
+from cde.shared.chunk_attribution import aggregate, load_concept_labels
 from cde.shared.config import ENDOFCHUNK_ID, preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
 from cde.shared.tokenizer import Tokenizer

@@ -5,7 +5,7 @@ streamed concept blocks, no more than the reference's own positions x top-k x ra
 
 import torch
 from cde.shared.config import preset
-from cde.worker import attribution
+from cde.worker import concept_contributions as attribution
 from cde.worker.model import SteerlingModel
 
 from tests.worker.test_memory import ShapeWatch

@@ -8,9 +8,9 @@ a last chunk shorter than k."""
 import pytest
 import torch
 import torch.nn.functional as F
-from cde.worker import attribution
-from cde.worker.attribution import LOGIT_CLAMP, known_topk, streaming_topk, unknown_topk
+from cde.worker import concept_contributions as attribution
 from cde.worker.checkpoint import load_checkpoint
+from cde.worker.concept_contributions import LOGIT_CLAMP, known_topk, streaming_topk, unknown_topk
 
 from tests.oracle import official_model
 

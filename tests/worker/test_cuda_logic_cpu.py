@@ -18,8 +18,8 @@ import pytest
 import torch
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
-from cde.worker.attribution import attribute, width
-from cde.worker.attribution_runner import AttributionRunner, _Graph
+from cde.worker.attribution_batch import AttributionRunner, _Graph
+from cde.worker.concept_contributions import attribute, width
 from cde.worker.cuda_graphs import BUCKETS, bucket_forward, bucket_splits, pack
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.model_runner import ModelRunner

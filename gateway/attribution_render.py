@@ -4,7 +4,7 @@ response's `attribution` object: chunk concepts, and per-token concepts when ask
 from __future__ import annotations
 
 from cde.gateway.concepts import ConceptLabels
-from cde.shared.attribution import aggregate
+from cde.shared.chunk_attribution import aggregate
 from cde.shared.protocol import GenerateRequest, Heartbeat
 
 

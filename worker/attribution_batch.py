@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from cde.worker.attribution import attribute, width
+from cde.worker.concept_contributions import attribute, width
 from cde.worker.staging import HostCopy
 
 BUCKETS = (8, 32, 128, 512, 2048, 8192)
