@@ -133,7 +133,7 @@ def create_app(
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[
-            Middleware(RequestLog),
+            Middleware(RequestLog, metrics=state.metrics),
             Middleware(HostCheck, limits=limits),
             Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
             Middleware(ApiKey, api_key=state.api_key),

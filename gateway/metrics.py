@@ -20,26 +20,23 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self):
+    def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         w = ["worker"]
         self.worker_up = Gauge("cde_worker_up", "1 while the worker answers heartbeats", w, registry=r)
-        self.running = Gauge("cde_num_requests_running", "Requests being decoded", w, registry=r)
-        self.waiting = Gauge("cde_num_requests_waiting", "Requests queued in the worker", w, registry=r)
         self.outstanding = Gauge(
             "cde_gateway_outstanding_requests", "Requests the gateway has in flight", w, registry=r
         )
-        self.pages_used = Gauge("cde_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
         self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
         self.worker_rss = Gauge(
             "cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r
         )
         ProcessCollector(registry=r)  # the gateway's own process_resident_memory_bytes, CPU, fds
-        self.worker_waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
-        self.worker_running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
-        self.worker_pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages in use", w, registry=r)
-        self.worker_pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages in all", w, registry=r)
+        self.waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
+        self.running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
+        self.pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
+        self.pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages (64 tokens) in all", w, registry=r)
         self.ttfb = Histogram(
             "cde_time_to_first_block_seconds", "Request arrival to its first block", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -55,8 +52,11 @@ class Metrics:
         self.prompt_tokens = Counter("cde_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("cde_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("cde_requests_finished", "Finished generations", ["finish_reason"], registry=r)
+        # Every HTTP response by status code (counted by middleware.RequestLog), errors included:
+        # a 500 or a burst of 429s shows here even when no generation finished.
+        self.http_responses = Counter("cde_http_responses", "HTTP responses by status code", ["status"], registry=r)
 
-    def render(self, links) -> bytes:
+    def render(self, links: list) -> bytes:
         for link in links:
             hb = link.info if link.alive else None
             self.worker_up.labels(link.name).set(1 if hb else 0)
@@ -68,8 +68,5 @@ class Metrics:
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
             self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
-            self.worker_waiting.labels(link.name).set(hb.waiting if hb else 0)
-            self.worker_running.labels(link.name).set(hb.running if hb else 0)
-            self.worker_pages_used.labels(link.name).set(hb.pages_used if hb else 0)
-            self.worker_pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)
+            self.pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ import uuid
 
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
+from cde.gateway.metrics import Metrics
 
 log = logging.getLogger("cde.gateway")
 
@@ -41,10 +42,12 @@ def header_values(scope, name: bytes) -> list[bytes]:
 
 class RequestLog:
     """Gives each request an id (`x-request-id`; generation routes turn it into the response `id`,
-    which is also the prefix of the ids the workers log) and logs one line when it ends."""
+    which is also the prefix of the ids the workers log), logs one line when it ends and counts
+    its status in `metrics` (`cde_http_responses_total`; a request that raised counts as 500)."""
 
-    def __init__(self, app):
+    def __init__(self, app, metrics: Metrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -66,6 +69,8 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            if self.metrics is not None:
+                self.metrics.http_responses.labels(str(status[0])).inc()
             log.info(
                 "request",
                 extra={

@@ -8,7 +8,6 @@ engine, `cde generate` and the ZeroMQ worker.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 PROTOCOL_VERSION = 2  # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes
@@ -144,20 +143,3 @@ class ConceptInfo:
     token_ids: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     error: str | None = None
-
-
-_NESTED = {"steering": SteeringSpec, "attribution": AttributionSpec, "flashblock": FlashBlockSpec}
-
-
-def request_from_dict(d: dict) -> GenerateRequest:
-    d = dict(d)
-    for key, cls in _NESTED.items():
-        if isinstance(d.get(key), dict):
-            d[key] = cls(**d[key])
-    if d.get("steering") is not None:
-        d["steering"].relu_logit_mask = {int(k): float(v) for k, v in d["steering"].relu_logit_mask.items()}
-    return GenerateRequest(**d)
-
-
-def to_dict(msg) -> dict:
-    return dataclasses.asdict(msg)

@@ -20,7 +20,6 @@ class PageAllocator:
             raise ValueError("the KV cache needs at least one page")
         self.num_pages = num_pages
         self._free: deque[int] = deque(range(num_pages))
-        self._owner: dict[int, str] = {}
         self._by_owner: dict[str, list[int]] = {}
 
     @property
@@ -40,21 +39,11 @@ class PageAllocator:
         if n > len(self._free):
             raise OutOfPages(f"{owner!r} needs {n} pages, {len(self._free)} free")
         pages = [self._free.popleft() for _ in range(n)]
-        for p in pages:
-            self._owner[p] = owner
         self._by_owner[owner] = pages
-        return pages
+        return list(pages)  # the caller's copy: changing it cannot change what free() returns
 
     def free(self, owner: str) -> int:
         """Return an owner's pages to the free list; freeing an owner with no pages is a no-op."""
         pages = self._by_owner.pop(owner, [])
-        for p in pages:
-            del self._owner[p]
         self._free.extend(pages)
         return len(pages)
-
-    def pages_of(self, owner: str) -> list[int]:
-        return list(self._by_owner.get(owner, ()))
-
-    def owner_of(self, page: int) -> str | None:
-        return self._owner.get(page)

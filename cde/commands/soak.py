@@ -20,9 +20,9 @@ from cde.commands.load_client import metric_samples, send, write_json
 from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 IDLE_GAUGES = (
-    "cde_num_requests_running",
-    "cde_num_requests_waiting",
-    "cde_kv_pages_used",
+    "cde_worker_running_requests",
+    "cde_worker_waiting_requests",
+    "cde_worker_kv_pages_used",
     "cde_gateway_outstanding_requests",
 )
 

@@ -26,9 +26,9 @@ def wait_idle(server, timeout=15.0) -> dict:
         busy = {
             k: m[k]
             for k in (
-                "cde_num_requests_running",
-                "cde_num_requests_waiting",
-                "cde_kv_pages_used",
+                "cde_worker_running_requests",
+                "cde_worker_waiting_requests",
+                "cde_worker_kv_pages_used",
                 "cde_gateway_outstanding_requests",
             )
             if m[k]

@@ -94,7 +94,7 @@ async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_afte
         await asyncio.to_thread(wait_for, lambda: server.health()[1]["workers"][0]["alive"], "re-admission")
         await asyncio.to_thread(
             wait_for,
-            lambda: server.metrics()["cde_num_requests_running"] == 0,
+            lambda: server.metrics()["cde_worker_running_requests"] == 0,
             "the resumed worker to drop the request that was failed while it was stopped",
         )
         # Both workers take requests again: two at once land one on each.

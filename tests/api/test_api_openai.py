@@ -308,9 +308,9 @@ def test_metrics(server):
     m = server.metrics()
     assert m['cde_worker_up{worker="worker-0"}'] == 1 and m['cde_worker_up{worker="worker-1"}'] == 1
     for name in (
-        "cde_num_requests_running",
-        "cde_num_requests_waiting",
-        "cde_kv_pages_used",
+        "cde_worker_running_requests",
+        "cde_worker_waiting_requests",
+        "cde_worker_kv_pages_used",
         "cde_kv_pages_free",
         "cde_steps_per_second",
         "cde_time_to_first_block_seconds_count",

@@ -6,14 +6,8 @@ import torch
 import torch.nn.functional as F
 from cde.kernels.flashblock import FlashBlockBatch, attention_lse, external_pages, merge, split_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE
-from cde.shared.protocol import (
-    AttributionSpec,
-    FlashBlockSpec,
-    GenerateRequest,
-    SteeringSpec,
-    request_from_dict,
-    to_dict,
-)
+from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
+from cde.shared.wire import decode, encode
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.sequence import Sequence
 
@@ -111,7 +105,7 @@ def test_reuse_rule():
 def test_spec_survives_the_wire():
     for fb in (FlashBlockSpec(tau=3, max_reuse=7), False, None):
         req = GenerateRequest("r", [1, 2], flashblock=fb)
-        assert request_from_dict(to_dict(req)).flashblock == fb
+        assert decode(encode(req)).flashblock == fb
 
 
 def prompt(n: int, seed: int) -> list[int]:

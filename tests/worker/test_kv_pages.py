@@ -18,13 +18,11 @@ def test_allocate_and_free():
     pa = a.allocate("a", 2)
     pb = a.allocate("b", 3)
     assert len(set(pa) | set(pb)) == 5 and a.num_free == 0
-    assert a.pages_of("a") == pa and all(a.owner_of(p) == "a" for p in pa)
     assert not a.can_allocate(1) and a.can_allocate(0)
-    assert a.free("a") == 2 and a.num_free == 2 and a.pages_of("a") == []
-    assert all(a.owner_of(p) is None for p in pa)
-    pc = a.allocate("c", 2)
-    assert sorted(pc) == sorted(pa)
+    assert a.free("a") == 2 and a.num_free == 2
     assert a.free("a") == 0  # no pages: a no-op
+    pc = a.allocate("c", 2)
+    assert sorted(pc) == sorted(pa)  # a's pages, and only they, were returned
     a.free("b"), a.free("c")
     assert a.num_free == 5 and sorted(a._free) == list(range(5))
 
@@ -39,15 +37,14 @@ def test_allocate_errors():
     with pytest.raises(OutOfPages, match="'y' needs 2 pages, 1 free"):
         a.allocate("y", 2)
     # a failed allocation changes nothing
-    assert a.num_free == 1 and a.pages_of("y") == [] and a.owner_of(2) is None
-    assert a.allocate("y", 1) == [2]
+    assert a.num_free == 1 and a.free("y") == 0
+    assert a.allocate("y", 1) == [2]  # the one page left was nobody's
 
 
-def test_pages_of_returns_a_copy():
+def test_allocate_returns_a_copy():
     a = PageAllocator(2)
-    a.allocate("x", 2)
-    a.pages_of("x").clear()
-    assert len(a.pages_of("x")) == 2
+    a.allocate("x", 2).clear()
+    assert a.free("x") == 2
 
 
 # ---- scheduler fuzz -----------------------------------------------------------------------------
@@ -61,7 +58,6 @@ def check_allocator(alloc: PageAllocator):
     assert len(owned) == len(set(owned)), "a page is owned twice"
     assert not set(free) & set(owned), "a page is both free and owned"
     assert set(free) | set(owned) == set(range(alloc.num_pages)), "a page leaked"
-    assert alloc._owner == {p: o for o, pages in alloc._by_owner.items() for p in pages}
 
 
 def check_scheduler(s: Scheduler, max_running: int):
@@ -71,12 +67,12 @@ def check_scheduler(s: Scheduler, max_running: int):
     assert set(s.pages._by_owner) == running_ids, "pages held by a request that is not running"
     for q in s.running:
         assert q.status is Status.RUNNING
-        assert s.pages.pages_of(q.id) == q.pages and len(q.pages) == q.n_blocks
+        assert s.pages._by_owner[q.id] == q.pages and len(q.pages) == q.n_blocks
     slots = [q.slot for q in s.running]
     assert len(slots) == len(set(slots)) and all(0 <= x < max_running for x in slots)
     assert sorted(slots + s._free_slots) == list(range(max_running))
     for q in s.waiting:
-        assert q.status is Status.WAITING and q.pages == [] and s.pages.pages_of(q.id) == []
+        assert q.status is Status.WAITING and q.pages == [] and q.id not in s.pages._by_owner
 
 
 def fake_picks(batch, rng, eot_id):
@@ -153,8 +149,7 @@ def run_fuzz(seed: int, n_ops: int):
             for it in batch.items:
                 assert it.seq.status is Status.RUNNING
                 assert it.page == it.seq.pages[it.block] and it.pages == it.seq.pages[: it.block + 1]
-                assert s.pages.owner_of(it.page) == it.seq.id and len(it.tokens) == PAGE
-                assert all(s.pages.owner_of(p) == it.seq.id for p in it.pages)
+                assert set(it.pages) <= set(s.pages._by_owner[it.seq.id]) and len(it.tokens) == PAGE
             step_ids = [it.seq.id for it in batch.steps]
             assert len(step_ids) == len(set(step_ids)), "two steps of one request in one pass"
             picks = fake_picks(batch, rng, eot_id)
@@ -220,7 +215,7 @@ def test_waiting_request_waits_for_pages_without_eviction():
     for _ in range(3):
         batch, admitted = s.schedule()
         assert admitted == [] and [q.id for q in s.running] == ["big"]
-        assert list(s.waiting) == [late, small] and big.pages == s.pages.pages_of("big")
+        assert list(s.waiting) == [late, small] and big.pages == s.pages._by_owner["big"]
         s.update(batch, [([i for i, ok in enumerate(it.seq.eligible()) if ok][:1], [5]) for it in batch.steps])
     assert s.abort("big") and s.pages.num_free == 4
     batch, admitted = s.schedule()

@@ -109,9 +109,9 @@ async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_se
         assert r.json()["choices"][0]["token_ids"] == official_tokens
     # Every page back (the gateway learns it from the next heartbeats).
     deadline = time.monotonic() + 10
-    while (m := metric_samples(httpx.get(gateway.url + "/metrics", timeout=10).text))["cde_kv_pages_used"]:
+    while (m := metric_samples(httpx.get(gateway.url + "/metrics", timeout=10).text))["cde_worker_kv_pages_used"]:
         assert time.monotonic() < deadline, m
         time.sleep(0.2)
-    assert m["cde_num_requests_running"] == 0
+    assert m["cde_worker_running_requests"] == 0
     # One failed step, not one per step from then on.
     assert worker.output.count("engine step failed") == failures + 1, worker.output
