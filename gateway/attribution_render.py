@@ -1,20 +1,26 @@
-"""Turn a choice's per-token attribution records (sent by the worker with each block) into the
+"""Turn a choice's attribution (the packed arrays the worker sends with each block) into the
 response's `attribution` object: chunk concepts, and per-token concepts when asked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cde.gateway.concepts import ConceptLabels
 from cde.shared.chunk_attribution import aggregate
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import GenerateRequest, Heartbeat
+from cde.shared.tokenizer import Tokenizer
+
+Render = Callable[[int, list[PackedAttribution]], dict | None]
 
 
-def renderer(reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels, info: Heartbeat):
-    def render(index: int, records: list[dict]) -> dict | None:
+def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat) -> Render:
+    def render(index: int, blocks: list[PackedAttribution]) -> dict | None:
         spec = reqs[index].attribution
         if spec is None:
             return None
         return aggregate(
-            records,
+            PackedAttribution.join(blocks) if blocks else [],
             tokenizer.decode,
             prompt_len=len(reqs[index].prompt_ids),
             chunking=spec.chunking,

@@ -15,6 +15,7 @@ from cde.gateway.errors import ApiError, GenerationError
 from cde.gateway.metrics import Metrics
 from cde.gateway.router import Router
 from cde.gateway.worker_link import RequestHandle
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import GenerateRequest, StepResult
 from cde.shared.wire import WireError, encode_all
 
@@ -65,7 +66,7 @@ class Generation:
         frames: list[bytes],
         tokenizer,
         stops: list[str],
-        render_attribution: Callable[[int, list[dict]], dict | None],
+        render_attribution: Callable[[int, list[PackedAttribution]], dict | None],
         denoise_views: list[DenoiseView | None],
     ):
         self.metrics = metrics
@@ -90,7 +91,7 @@ class Generation:
     async def _choice(self, index: int) -> AsyncIterator[Delta | StepDelta]:
         handle, text, m, view = self._handles[index], self._texts[index], self.metrics, self._views[index]
         last = None
-        records: list[dict] = []
+        blocks: list[PackedAttribution] = []  # the attribution of each block, when asked
         try:
             async for res in handle.results():
                 if isinstance(res, StepResult):  # only sent for requests with a view
@@ -103,13 +104,14 @@ class Generation:
                     raise GenerationError(res.error or "generation failed")
                 self.completion_tokens += len(res.token_ids)
                 m.generation_tokens.inc(len(res.token_ids))
-                records += res.attribution or []
+                if res.attribution is not None:
+                    blocks.append(res.attribution)
                 piece = text.add(res.token_ids, final=res.finished)
                 yield Delta(index, piece, res.token_ids)
                 reason = "stop" if text.stopped else res.finish_reason if res.finished else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
-                    yield Delta(index, "", [], reason, self._render(index, records))
+                    yield Delta(index, "", [], reason, self._render(index, blocks))
                     m.e2e.observe(now - self.started)
                     m.finished.labels(reason).inc()
                     return

@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import h11
 import uvicorn
@@ -148,10 +149,19 @@ async def _drain(server: DrainingServer, gate: DrainGate, router, timeout: float
 
 
 def serve_http(
-    app, host: str, port: int, *, banner: str, shutdown_timeout: float = 30.0, log_level: str = "warning"
+    app,
+    host: str,
+    port: int,
+    *,
+    banner: str,
+    shutdown_timeout: float = 30.0,
+    log_level: str = "warning",
+    warm_up: Callable[[str], Awaitable[None]] | None = None,
 ) -> int:
     """Blocks until a signal has drained the server; the caller's cleanup (stopping workers) runs
-    afterwards. Returns 1 if startup failed or was interrupted."""
+    afterwards. Returns 1 if startup failed or was interrupted. `warm_up(url)` runs once the port
+    is bound, before the banner (requests through the real HTTP path: the first client's is not
+    the first)."""
     gate = DrainGate(app)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
@@ -182,6 +192,8 @@ def serve_http(
             return 1
         bound = server.servers[0].sockets[0].getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
+        if warm_up is not None:
+            await warm_up(f"http://{shown}:{bound}")
         print(banner.format(url=f"http://{shown}:{bound}"), flush=True)
         drain = asyncio.create_task(_drain(server, gate, app.state.cde.router, shutdown_timeout))
         await task

@@ -3,7 +3,7 @@
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
 # Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
-# `eval`: the reference model of issue 15, see docs/reference-model.md)
+# `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
 set -uo pipefail
@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
-  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*)
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" http "*)
     [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
 esac
 for STAGE in $STAGES; do
@@ -76,6 +76,10 @@ for STAGE in $STAGES; do
       python3 -m cde eval --url "$URL" --limit "${LIMIT:-100}" --sections tasks --json "$OUT/eval_api.json" 2>&1 | tee "$OUT/eval_api.md"
       kill -TERM $PID; wait $PID
     fi ;;
+  http)  # issue 19's table: `cde bench engine` vs `cde serve` + `cde bench serve`, attribution off/on, 1 and 32
+    # requests, 64-token prompts, 256 new tokens; the first request after startup. ~5 min on an H200.
+    python3 scripts/http_vs_engine.py --model /tmp/m8b --device cuda --concurrency 1,32 --prompt-len 64 \
+      --max-tokens 256 --out "$OUT/http" 2>&1 | tee "$OUT/http.log" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

@@ -1,10 +1,10 @@
 """Chunk-level concept attribution from the engine's per-token records (reference:
 `chunk_attribution`, `find_chunk_boundaries`, `ConceptLabels`). No torch: the gateway renders
-`BlockResult.attribution` with this.
+the `PackedAttribution` of a completion's blocks with this (numpy over the packed arrays; the
+per-token record dicts of tests are packed first).
 
-A record (one per kept generated token) is `{"token_id", "position", "step", "target_logit",
-"known": [[id, weight, contribution], ...], "discovered": [...], "epsilon"}` with every concept
-the heads reported (not cut to a top-k), so chunk sums are the reference's exactly.
+A token's attribution holds every concept the heads reported (not cut to a top-k), so chunk sums
+are the reference's exactly.
 
 Chunk semantics follow the reference: per position, contributions are divided by the total
 absolute mass (known + discovered + |epsilon|); each concept's chunk contribution is the sum of
@@ -20,7 +20,9 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 from cde.shared.config import ENDOFCHUNK_ID, PAGE
+from cde.shared.packed_attribution import HEADS, PackedAttribution
 
 MIN_MASS = 1e-8  # the reference's clamp on a position's total absolute mass
 
@@ -48,11 +50,21 @@ def load_concept_labels(path: str | Path) -> ConceptLabels:
     return ConceptLabels({c.concept_id: (c.name, c.head) for c in Catalog.read(path)})
 
 
-def chunk_spans(records: list[dict], prompt_len: int, chunking: str) -> list[tuple[int, int]]:
-    """[start, end) position spans over the generation, which ends after the last record."""
-    if not records:
+Records = PackedAttribution | list[dict]
+
+
+def packed(records: Records) -> PackedAttribution:
+    """Per-token record dicts (tests, the reference's shapes) as one packed block; a packed one as is."""
+    return records if isinstance(records, PackedAttribution) else PackedAttribution.from_records(records)
+
+
+def chunk_spans(records: Records, prompt_len: int, chunking: str) -> list[tuple[int, int]]:
+    """[start, end) position spans over the generation (records in position order), which ends
+    after the last record."""
+    a = packed(records).arrays()
+    if not len(a["positions"]):
         return []
-    end = records[-1]["position"] + 1
+    end = int(a["positions"][-1]) + 1
     if chunking == "block":
         cuts = range((prompt_len // PAGE + 1) * PAGE, end, PAGE)
         bounds = [prompt_len, *cuts, end]
@@ -60,17 +72,33 @@ def chunk_spans(records: list[dict], prompt_len: int, chunking: str) -> list[tup
     if chunking != "endofchunk":
         raise ValueError(f"unknown chunking {chunking!r} (block or endofchunk)")
     spans, start = [], prompt_len
-    for r in records:
-        if r["token_id"] == ENDOFCHUNK_ID:
-            spans.append((start, r["position"]))
-            start = r["position"] + 1
+    for p in a["positions"][a["token_ids"] == ENDOFCHUNK_ID].tolist():
+        spans.append((start, p))
+        start = p + 1
     spans.append((start, end))
     return [(s, e) for s, e in spans if e > s]
 
 
-def _mass(r: dict) -> float:
-    total = sum(abs(c) for _, _, c in r["known"]) + sum(abs(c) for _, _, c in r["discovered"]) + abs(r["epsilon"])
-    return max(total, MIN_MASS)
+def _mass(a: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """The total absolute mass of each of these positions, summed in the order of the reference's
+    loop (known, then discovered, then epsilon): cumsum adds one value after another, like
+    Python's sum, so every total is the same double."""
+    totals = []
+    for head in HEADS:
+        c = np.abs(a[f"{head}_contributions"][rows])
+        totals.append(np.cumsum(c, axis=1)[:, -1] if c.shape[1] else np.zeros(c.shape[0]))
+    return np.maximum(totals[0] + totals[1] + np.abs(a["epsilon"][rows]), MIN_MASS)
+
+
+def _top(values: np.ndarray, top_k: int | None) -> np.ndarray:
+    """Indices of `values` by |value|, largest first, ties in index order (a stable sort), cut to
+    top_k: only the candidates at or above the top_k-th magnitude are sorted."""
+    key = -np.abs(values)
+    if top_k is not None and top_k < len(key):
+        kth = np.partition(key, top_k - 1)[top_k - 1] if top_k > 0 else -np.inf
+        candidates = np.flatnonzero(key <= kth)  # in index order: ties keep it through the stable sort
+        return candidates[np.argsort(key[candidates], kind="stable")][:top_k]
+    return np.argsort(key, kind="stable")
 
 
 def _entry(cid: int, kind: str, contribution: float, labels: ConceptLabels, n_known: int) -> dict:
@@ -85,28 +113,37 @@ def _ranked(entries: list[dict], top_k: int | None) -> list[dict]:
 
 
 def chunk_concepts(
-    records: list[dict], start: int, end: int, labels: ConceptLabels, n_known: int, top_k: int | None = None
+    records: Records, start: int, end: int, labels: ConceptLabels, n_known: int, top_k: int | None = None
 ) -> tuple[list[dict], float]:
     """Concepts of the chunk [start, end) ranked by |contribution|, and epsilon as a percentage
-    of the total mass (mean over the chunk's committed positions)."""
-    inside = [r for r in records if start <= r["position"] < end]
-    sums: dict[str, dict[int, float]] = {"known": {}, "discovered": {}}
-    eps_share = []
-    for r in inside:
-        mass = _mass(r)
-        for kind, totals in sums.items():
-            for cid, _, c in r[kind]:
-                totals[cid] = totals.get(cid, 0.0) + c / mass
-        eps_share.append(r["epsilon"] / mass)
+    of the total mass (mean over the chunk's committed positions).
+
+    Vectorized, with the reference loop's arithmetic: each concept's normalised contributions
+    are added in token order (`np.bincount` adds one after another), the ranking is a stable
+    sort over (known by id, then discovered by id), and only the top_k entries are labelled."""
+    a = packed(records).arrays()
+    inside = np.flatnonzero((a["positions"] >= start) & (a["positions"] < end))
+    mass = _mass(a, inside)
     n = end - start
-    entries = [
-        _entry(cid, kind, total / n, labels, n_known) for kind in sums for cid, total in sorted(sums[kind].items())
-    ]
-    return _ranked(entries, top_k), 100.0 * sum(eps_share) / max(len(eps_share), 1)
+    ids, kinds, totals = [], [], []
+    for head in HEADS:
+        uniq, where = np.unique(a[f"{head}_ids"][inside].ravel(), return_inverse=True)
+        # bincount adds in index order, one after another: the reference loop's sums exactly.
+        normalised = (a[f"{head}_contributions"][inside] / mass[:, None]).ravel()
+        ids.append(uniq)
+        kinds.append(np.full(len(uniq), head == "discovered"))
+        totals.append(np.bincount(where.ravel(), weights=normalised, minlength=len(uniq)) / n)
+    all_totals = np.concatenate(totals)
+    # Stable by -|c| == Python's stable sorted(key=abs, reverse=True) over (known, discovered) by id.
+    order = _top(all_totals, top_k)
+    picked = zip(np.concatenate(ids)[order].tolist(), np.concatenate(kinds)[order].tolist(), all_totals[order].tolist())
+    concepts = [_entry(cid, HEADS[kind], value, labels, n_known) for cid, kind, value in picked]
+    eps_share = (a["epsilon"][inside] / mass).tolist()
+    return concepts, 100.0 * sum(eps_share) / max(len(eps_share), 1)
 
 
 def aggregate(
-    records: list[dict],
+    records: Records,
     decode: Callable[[list[int]], str],
     *,
     prompt_len: int,
@@ -116,14 +153,18 @@ def aggregate(
     top_k: int | None = None,
     per_token: bool = False,
 ) -> dict:
-    """Per-token records of one completion -> `{"chunks": [...], "tokens": [...]}`; start/end are
-    offsets into the completion's tokens (end exclusive)."""
+    """The attribution of one completion (packed, or per-token record dicts) -> `{"chunks": [...],
+    "tokens": [...]}`; start/end are offsets into the completion's tokens (end exclusive)."""
     labels = labels or ConceptLabels()
-    records = sorted(records, key=lambda r: r["position"])
+    block = packed(records)
+    pos = block.arrays()["positions"]
+    if len(pos) > 1 and not (pos[1:] > pos[:-1]).all():
+        block = block.take(np.argsort(pos, kind="stable"))
+    a = block.arrays()
     chunks = []
-    for start, end in chunk_spans(records, prompt_len, chunking):
-        concepts, eps_pct = chunk_concepts(records, start, end, labels, n_known, top_k)
-        ids = [r["token_id"] for r in records if start <= r["position"] < end]
+    for start, end in chunk_spans(block, prompt_len, chunking):
+        concepts, eps_pct = chunk_concepts(block, start, end, labels, n_known, top_k)
+        ids = a["token_ids"][(a["positions"] >= start) & (a["positions"] < end)].tolist()
         chunks.append(
             {
                 "start": start - prompt_len,
@@ -135,7 +176,7 @@ def aggregate(
         )
     out: dict = {"chunks": chunks}
     if per_token:
-        out["tokens"] = [token_attribution(r, decode, labels, n_known, top_k, prompt_len) for r in records]
+        out["tokens"] = [token_attribution(r, decode, labels, n_known, top_k, prompt_len) for r in block]
     return out
 
 

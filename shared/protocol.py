@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 2  # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes
+from cde.shared.packed_attribution import PackedAttribution
+
+PROTOCOL_VERSION = 3  # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution
 
 
 @dataclass
@@ -73,7 +75,7 @@ class StepResult:
     step: int  # the request's denoising steps so far, this one included
     positions: list[int]  # absolute positions, in the order they were unmasked
     token_ids: list[int]
-    attribution: list[dict] | None = None  # per committed token, when asked
+    attribution: PackedAttribution | None = None  # of the committed tokens, when asked
 
 
 @dataclass
@@ -87,7 +89,7 @@ class BlockResult:
     stop_str: str | None = None
     error: str | None = None
     prompt_tokens: int = 0
-    attribution: list[dict] | None = None  # per committed token, when asked
+    attribution: PackedAttribution | None = None  # of the committed tokens, when asked
 
 
 @dataclass

@@ -13,6 +13,7 @@ import typing
 
 import msgpack
 from cde.shared.limits import clip
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import (
     AbortRequest,
     AttributionSpec,
@@ -31,12 +32,13 @@ MESSAGES = {
     cls.__name__: cls
     for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat, ConceptQuery, ConceptInfo, StepResult)
 }
-_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec)
+_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution)
 
 # The largest frame either side sends or accepts (zmq.MAXMSGSIZE on every peer socket). A block
-# of attribution at 8B is ~0.3 MB, and the largest request the gateway builds (a full context,
-# a ReLU mask over every known concept) ~0.6 MB: this only bounds what a hostile peer can make
-# the other side buffer and parse (msgpack holds the GIL for ~0.1 s on 4 MB).
+# of attribution at 8B is ~0.2 MB (packed arrays: 64 tokens x 160 concepts x 20 bytes), and the
+# largest request the gateway builds (a full context, a ReLU mask over every known concept)
+# ~0.6 MB: this only bounds what a hostile peer can make the other side buffer and parse
+# (msgpack holds the GIL for ~0.1 s on 4 MB).
 MAX_FRAME_BYTES = 4 << 20
 _MAX_ERROR_CHARS = 200
 
@@ -120,9 +122,16 @@ def _build(cls, data):
     if unknown:
         raise _fail(f"bad {cls.__name__}: unknown fields {sorted(map(repr, unknown))}")
     try:
-        return cls(**{k: _value(v, hints[k], f"{cls.__name__}.{k}") for k, v in data.items()})
+        msg = cls(**{k: _value(v, hints[k], f"{cls.__name__}.{k}") for k, v in data.items()})
     except TypeError as exc:  # a required field is missing
         raise _fail(f"bad {cls.__name__}: {exc}") from exc
+    check = getattr(msg, "check", None)
+    if check is not None:  # what the field types cannot say (a packed array's length)
+        try:
+            check()
+        except ValueError as exc:
+            raise _fail(f"bad {cls.__name__}: {exc}") from exc
+    return msg
 
 
 @functools.cache
@@ -131,7 +140,7 @@ def _fields(cls) -> dict:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-_SCALARS = (str, int, bool)
+_SCALARS = (str, int, bool, bytes)  # bytes: a msgpack bin (a packed array)
 
 
 def _value(value, hint, where: str):
@@ -153,8 +162,6 @@ def _value(value, hint, where: str):
             return [_value(v, args[0], where) for v in value]
     elif origin is dict and isinstance(value, dict):
         return {_value(k, args[0], where): _value(v, args[1], where) for k, v in value.items()}
-    elif hint is dict and isinstance(value, dict):
-        return value  # free-form (attribution records)
     elif hint is float and type(value) in (int, float):
         return float(value)
     elif (hint is type(None) and value is None) or (type(value) is hint and hint in _SCALARS):

@@ -107,7 +107,7 @@ def unknown_alignment(model, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tens
 
 def attribute(model, cfg: ModelConfig, hidden: torch.Tensor, tokens: torch.Tensor, target_logits: torch.Tensor):
     """hidden [P, D] final-norm states of committed positions, tokens [P], target_logits [P] (the
-    token's logit in the committing pass). Returns packed [P, width(cfg)] float64 (see `unpack`)."""
+    token's logit in the committing pass). Returns packed [P, width(cfg)] float64 (see `width`)."""
     w_y = model.transformer.lm_head.weight[tokens].float()  # [P, D]
     k_idx, k_logits = known_topk(model, cfg, hidden)
     k_emb = model.known_head.concept_embedding.weight[k_idx].float()  # [P, k, D]
@@ -122,17 +122,13 @@ def attribute(model, cfg: ModelConfig, hidden: torch.Tensor, tokens: torch.Tenso
     return torch.cat([c.double() for c in cols], dim=1)
 
 
+def head_widths(cfg: ModelConfig) -> tuple[int, int]:
+    """The concepts a position reports per head: (known, discovered)."""
+    return min(cfg.topk_known, cfg.known_topk_features), min(cfg.unknown_topk, cfg.n_unknown_concepts)
+
+
 def width(cfg: ModelConfig) -> int:
-    return 2 + 3 * min(cfg.topk_known, cfg.known_topk_features) + 3 * min(cfg.unknown_topk, cfg.n_unknown_concepts)
-
-
-def unpack(row: list[float], cfg: ModelConfig) -> dict:
-    """One packed host row -> the wire record's concept fields (plain floats and ints)."""
-    kk = min(cfg.topk_known, cfg.known_topk_features)
-    ku = min(cfg.unknown_topk, cfg.n_unknown_concepts)
-
-    def triples(at: int, k: int) -> list[list]:
-        ids, ws, cs = row[at : at + k], row[at + k : at + 2 * k], row[at + 2 * k : at + 3 * k]
-        return [[int(i), w, c] for i, w, c in zip(ids, ws, cs)]
-
-    return {"target_logit": row[0], "epsilon": row[1], "known": triples(2, kk), "discovered": triples(2 + 3 * kk, ku)}
+    """Columns of a packed row: target, epsilon, then ids, weights, contributions per head (the
+    layout `shared.packed_attribution.PackedAttribution.from_rows` reads)."""
+    kk, ku = head_widths(cfg)
+    return 2 + 3 * kk + 3 * ku

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from cde.kernels.flashblock import FlashBlockBatch
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_batch import AttributionRunner
-from cde.worker.concept_contributions import unpack
+from cde.worker.concept_contributions import head_widths
 from cde.worker.cuda_graphs import GraphedForward
 from cde.worker.model import SteerlingModel, rope_tables
 from cde.worker.sampler import select_and_sample
@@ -187,22 +189,26 @@ class ModelRunner:
             for pos, tok, ok_row in zip(*host)
         ]
 
-    def records(self, p: Pass) -> list[list[dict] | None]:
-        """Per step item of the pass: the attribution records of the tokens it committed (None:
-        not asked). Waits for the pass's attribution."""
-        out: list[list[dict] | None] = [None] * len(p.steps)
+    def records(self, p: Pass) -> list[PackedAttribution | None]:
+        """Per step item of the pass: the attribution of the tokens it committed, packed (None:
+        not asked). Waits for the pass's attribution. No Python object per token: the rows are
+        sliced as numpy arrays and sent as they are."""
+        out: list[PackedAttribution | None] = [None] * len(p.steps)
         if not p.attributed:
             return out
-        host = p.picks.tolist()
-        rows = p.attribution.tolist()
-        k = len(host[0][0])
+        picks = np.asarray(p.picks.tolist())  # [3, S, K], already on the host for picks()
+        if p.attribution.ready is not None:
+            p.attribution.ready.synchronize()
+        rows = p.attribution.host.numpy()  # [A * K, width] float64
+        k = picks.shape[2]
+        kk, ku = head_widths(self.cfg)
         for a, n in enumerate(p.attributed):
-            item = p.batch.items[p.steps[n]]
-            out[n] = [
-                {"token_id": tok, "position": item.block * PAGE + pos, "step": p.seq_steps[n], **unpack(row, self.cfg)}
-                for pos, tok, ok, row in zip(host[0][n], host[1][n], host[2][n], rows[a * k : (a + 1) * k])
-                if ok
-            ]
+            base = p.batch.items[p.steps[n]].block * PAGE
+            ok = picks[2, n].astype(bool)
+            block_rows = rows[a * k : (a + 1) * k][ok]
+            out[n] = PackedAttribution.from_rows(
+                block_rows, picks[1, n][ok], base + picks[0, n][ok], p.seq_steps[n], kk, ku
+            )
         return out
 
     def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import BlockResult, GenerateRequest, StepResult
 from cde.shared.stops import find_stop
 from cde.worker.kv_pages import PageAllocator
@@ -49,7 +50,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
-        self.block_attribution: dict[str, list[dict]] = {}  # request id -> records of its active block
+        self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's
         self._awaiting: list[tuple] = []  # update() -> attach(): the last pass's results that want attribution
 
     # ---- requests in / out --------------------------------------------------------------
@@ -140,7 +141,7 @@ class Scheduler:
             seq.step += 1
             ended_by_eot = seq.place(positions, tokens)
             step_result = block_result = kept = None
-            earlier: list[dict] = []  # a completed block's records from its earlier steps
+            earlier: list[PackedAttribution] = []  # a completed block's attribution from its earlier steps
             if seq.req.stream_denoise:
                 step_result = self._step_result(seq, positions, tokens, ended_by_eot)
                 results.append(step_result)
@@ -152,19 +153,18 @@ class Scheduler:
                 self._awaiting.append((n, seq.id, step_result, block_result, kept, earlier))
         return results
 
-    def attach(self, attribution: list[list[dict] | None]) -> None:
-        """The attribution records of the last update's pass, per step item: kept with the
+    def attach(self, attribution: list[PackedAttribution | None]) -> None:
+        """The attribution of the last update's pass, per step item (packed arrays): kept with the
         request's active block, and given to the results that update() returned for it."""
         for n, request_id, step_result, block_result, kept, earlier in self._awaiting:
-            records = attribution[n] or []
+            records = attribution[n]
             if step_result is not None:
-                step_result.attribution = records[: len(step_result.token_ids)]
+                step_result.attribution = records.head(len(step_result.token_ids))
             if block_result is None:
-                self.block_attribution.setdefault(request_id, []).extend(records)
+                self.block_attribution.setdefault(request_id, []).append(records)
             else:
-                block_result.attribution = sorted(
-                    (r for r in earlier + records if r["position"] in kept), key=lambda r: r["position"]
-                )
+                block = PackedAttribution.join([*earlier, records])
+                block_result.attribution = block.kept(kept)
         self._awaiting = []
 
     def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], ended_by_eot: bool) -> StepResult:

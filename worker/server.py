@@ -1,10 +1,18 @@
 """The worker process: one engine behind a ZeroMQ ROUTER socket.
 
 Engine thread: `receive (drain new requests/aborts without blocking) -> engine.step() -> send
-BlockResults`, blocking only while idle. An I/O thread owns the sockets and answers Pings from
-a stats snapshot, so liveness does not depend on how long one forward pass takes (a big batch on
-a busy CPU, or a first CUDA-graph capture, can take seconds). The ROUTER side lets several
-gateways share a worker: each request remembers which peer sent it.
+BlockResults`, blocking only while idle. An I/O thread owns the sockets and answers Pings with a
+heartbeat frame the engine thread prepared, so liveness does not depend on how long one forward
+pass takes (a big batch on a busy CPU, or a first CUDA-graph capture, can take seconds). The
+ROUTER side lets several gateways share a worker: each request remembers which peer sent it.
+
+Nothing of the serving path may stand between a pass's picks and the next launch (`engine.step`
+launches the next pass before it returns): the engine thread encodes a step's results after
+that, and hands them to the I/O thread in one message; the I/O thread's own Python work (a
+forward, a heartbeat) is a few socket calls, with no encoding. Automatic garbage collection is
+off while the worker serves: the objects alive after warm-up are frozen out of it, and the engine
+thread collects between steps (after a launch, while the device computes) or while idle, so no
+collection (a full one stops every thread holding the GIL) lands at that moment.
 
 A peer on the worker port need not be our gateway: no frame may end either thread. The I/O thread
 decodes only small frames (a Ping is ~30 bytes) and hands large ones undecoded to the engine
@@ -15,6 +23,7 @@ request id already in flight) before the engine sees it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -37,7 +46,7 @@ from cde.shared.protocol import (
     Heartbeat,
     Ping,
 )
-from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
+from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 from cde.worker.engine import Engine
 
 log = logging.getLogger("cde.worker")
@@ -46,6 +55,11 @@ IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
 SMALL_FRAME_BYTES = 4096  # decoded on the I/O thread; larger frames are decoded by the engine thread
 LOG_CHARS = 300  # of an error text quoting a peer's frame
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+HEARTBEAT_REFRESH_S = 0.1  # how stale the load a heartbeat reports may be
+# Young objects allocated before the engine thread collects (the automatic default is 700: a
+# collection every few steps). Between steps or while idle; 10 young collections make one of the
+# middle generation, 10 of those a full one, as the automatic collector does.
+GC_YOUNG = 20_000
 
 
 def resident_bytes() -> int:
@@ -85,25 +99,38 @@ class WorkerServer:
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
         self.stopping = False
         self._io_done = False
-        self._stats = engine.stats()
         self._rate_at = (time.monotonic(), 0)
         self._steps_per_s = 0.0
+        self._heartbeat_at = 0.0
+        self._heartbeat_frame = b""  # the reply to a Ping, encoded by the engine thread
+        self._refresh_heartbeat(force=True)
 
-    def request_stop(self, *_):
+    def request_stop(self, *_: object) -> None:
         self.stopping = True
 
     # ---- engine thread ------------------------------------------------------------------------
     def serve_forever(self) -> None:
         io = threading.Thread(target=self._io_loop, name="cde-worker-io", daemon=True)
         io.start()
-        while not self.stopping:
-            self._receive(block=not self.engine.has_work())
-            if self.engine.has_work():
-                self._step()
-            elif self.parent_pid is not None and os.getppid() != self.parent_pid:
-                log.warning("parent process exited; stopping")
-                break
-        self._fail_all("worker is shutting down")
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.freeze()  # the model, the engine and the modules: never scanned again
+        gc.disable()
+        try:
+            while not self.stopping:
+                self._receive(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._step()
+                elif self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    log.warning("parent process exited; stopping")
+                    break
+                collect_garbage()
+                self._refresh_heartbeat()
+            self._fail_all("worker is shutting down")
+        finally:
+            gc.unfreeze()
+            if collecting:
+                gc.enable()
         self._io_done = True
         io.join()
         if self._auth is not None:
@@ -119,7 +146,7 @@ class WorkerServer:
         except queue.Empty:
             pass
 
-    def _handle(self, peer: bytes, msg) -> None:
+    def _handle(self, peer: bytes, msg: object) -> None:
         try:
             if isinstance(msg, bytes):
                 msg = decode(msg)
@@ -128,9 +155,9 @@ class WorkerServer:
             log.warning("dropped bad frame: %s", exc)
         except Exception as exc:  # a bug on one message must not stop the engine thread
             log.error("message failed: %s", clip(repr(exc), LOG_CHARS))
-        self._stats = self.engine.stats()
+        self._refresh_heartbeat(force=True)  # admitted or aborted: the load changed
 
-    def _dispatch(self, peer: bytes, msg) -> None:
+    def _dispatch(self, peer: bytes, msg: object) -> None:
         if isinstance(msg, GenerateRequest):
             self._admit(peer, msg)
         elif isinstance(msg, AbortRequest):
@@ -176,24 +203,38 @@ class WorkerServer:
             log.error("engine step failed:\n%s", traceback.format_exc())
             self._fail_all("engine error during generation")
             return
-        self._stats = self.engine.stats()
+        # The next pass is running: the results are encoded now and go to the I/O thread in one
+        # message (one wake-up of it per step, however many requests finished a block).
+        peers, msgs = [], []
         for res in results:
             peer = self.owner.get(res.request_id)
             if isinstance(res, BlockResult) and res.finished:
                 self.owner.pop(res.request_id, None)
                 log.info("request finished", extra={"request_id": res.request_id, "finish_reason": res.finish_reason})
             if peer is not None:
-                self._send(peer, res)
+                peers.append(peer)
+                msgs.append(res)
+        if msgs:
+            frames = encode_all(msgs)
+            self._out_push.send_multipart([part for pair in zip(peers, frames) for part in pair])
 
     def _fail_all(self, message: str) -> None:
         for rid, peer in list(self.owner.items()):
             self.engine.abort(rid)
             self._send(peer, BlockResult(rid, [], True, "error", error=message))
         self.owner.clear()
-        self._stats = self.engine.stats()
+        self._refresh_heartbeat(force=True)
 
-    def _send(self, peer: bytes, msg) -> None:
+    def _send(self, peer: bytes, msg: object) -> None:
         self._out_push.send_multipart([peer, encode(msg)])
+
+    def _refresh_heartbeat(self, force: bool = False) -> None:
+        """The next Ping's reply, encoded here (at most every HEARTBEAT_REFRESH_S unless the load
+        changed), so that the I/O thread only sends bytes."""
+        now = time.monotonic()
+        if force or now - self._heartbeat_at >= HEARTBEAT_REFRESH_S:
+            self._heartbeat_at = now
+            self._heartbeat_frame = encode(self._heartbeat())
 
     # ---- I/O thread ---------------------------------------------------------------------------
     def _io_loop(self) -> None:
@@ -229,20 +270,23 @@ class WorkerServer:
             return
         msg = decode(frame)
         if isinstance(msg, Ping):
-            self.sock.send_multipart([peer, encode(self._heartbeat())])
+            self.sock.send_multipart([peer, self._heartbeat_frame])
         else:
             self.inbox.put((peer, msg))
 
     def _forward_results(self) -> None:
         while True:
             try:
-                # ROUTER drops messages to peers that went away instead of blocking: what we want.
-                self.sock.send_multipart(self._out_pull.recv_multipart(zmq.NOBLOCK))
+                parts = self._out_pull.recv_multipart(zmq.NOBLOCK)  # [peer, frame] pairs
             except zmq.Again:
                 return
+            for i in range(0, len(parts), 2):
+                # ROUTER drops messages to peers that went away instead of blocking: what we want.
+                self.sock.send_multipart(parts[i : i + 2])
 
     def _heartbeat(self) -> Heartbeat:
-        stats = self._stats
+        """On the engine thread (it owns the engine's state)."""
+        stats = self.engine.stats()
         now = time.monotonic()
         t0, n0 = self._rate_at
         if now - t0 >= 0.5:
@@ -266,6 +310,13 @@ class WorkerServer:
             forward_passes=stats["forward_passes"],
             rss_bytes=resident_bytes(),
         )
+
+
+def collect_garbage() -> None:
+    """What the automatic collector would do by now, at a moment the engine thread chooses."""
+    young, middle, old = gc.get_count()
+    if young >= GC_YOUNG:
+        gc.collect(2 if old >= 10 else 1 if middle >= 10 else 0)
 
 
 def run_worker(

@@ -7,6 +7,7 @@ output token after the first (TPOT), end-to-end latency, and failures by kind.""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -37,6 +38,11 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no limit)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt length in words (about one token each)")
+    p.add_argument(
+        "--prompt-ids",
+        action="store_true",
+        help="send each prompt as --prompt-len random token ids (as `cde bench engine` does), not words",
+    )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument(
         "--extra-body",
@@ -160,11 +166,17 @@ def print_report(s: dict) -> None:
     print("=" * 52)
 
 
-def make_bodies(args, model: str, rng: random.Random) -> list[dict]:
+def make_prompt(args: argparse.Namespace, rng: random.Random) -> str | list[int]:
+    if args.prompt_ids:
+        return [rng.randrange(1000, 100000) for _ in range(args.prompt_len)]
+    return " ".join(rng.choice(WORDS) for _ in range(args.prompt_len))
+
+
+def make_bodies(args: argparse.Namespace, model: str, rng: random.Random) -> list[dict]:
     return [
         {
             "model": model,
-            "prompt": " ".join(rng.choice(WORDS) for _ in range(args.prompt_len)),
+            "prompt": make_prompt(args, rng),
             "max_tokens": args.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},

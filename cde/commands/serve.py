@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import shutil
 import signal
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 from cde.commands.gateway import add_http_arguments, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
@@ -22,6 +25,8 @@ from cde.commands.worker import (
 )
 from cde.shared.logs import setup_logging
 
+log = logging.getLogger("cde.gateway")
+
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
@@ -32,6 +37,12 @@ def add_arguments(p) -> None:
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
     add_attention_arguments(p)
     add_http_arguments(p)
+    p.add_argument(
+        "--warm-up",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="send two requests through the HTTP path before saying ready (auto: when serving on GPUs)",
+    )
 
 
 def _gpus(device: str) -> list[str]:
@@ -101,6 +112,34 @@ def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
             p.wait()
 
 
+def warm_up(api_key: str | None, max_tokens: int, tokens_per_step: int) -> Callable[[str], Awaitable[None]]:
+    """Requests sent through the bound port before the server says it is ready: a streamed one
+    with attribution, then a plain one. The first client then finds the HTTP path, the tokenizer,
+    the attribution render and JSON already run once (the first request after startup measured
+    0.875 s on an H200 where the rest had 0.403 s). A failure is logged, never fatal."""
+
+    async def run(url: str) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        t0 = time.monotonic()
+        try:
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:
+                model = (await client.get("/v1/models")).json()["data"][0]["id"]
+                body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "tokens_per_step": tokens_per_step}
+                streamed = {**body, "stream": True, "attribution": {"per_token": True}}
+                async with client.stream("POST", "/v1/completions", json=streamed) as r:
+                    async for _ in r.aiter_bytes():
+                        pass
+                (await client.post("/v1/completions", json=body)).raise_for_status()
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            log.warning("warm-up request failed: %s", exc)
+            return
+        log.info("warm-up requests done", extra={"seconds": round(time.monotonic() - t0, 3)})
+
+    return run
+
+
 class _ReadyBanner:
     """The startup line: `serve_http` formats it once the workers are ready and the port is
     bound, so the time to ready it reports is the one a client sees."""
@@ -110,6 +149,13 @@ class _ReadyBanner:
 
     def format(self, url: str) -> str:
         return self.text.format(url=url) + f" (ready in {time.monotonic() - self.t0:.1f} s)"
+
+
+def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Awaitable[None]] | None:
+    if args.warm_up == "off" or (args.warm_up == "auto" and not gpus):
+        return None
+    # On a GPU one whole block as a client sends it (~0.4 s at 8B); on a CPU one step of 16 tokens.
+    return warm_up(args.api_key, 64, 1) if gpus else warm_up(args.api_key, 16, 16)
 
 
 def run(args) -> int:
@@ -141,7 +187,13 @@ def run(args) -> int:
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
         return serve_http(
-            app, args.host, args.port, banner=banner, shutdown_timeout=args.shutdown_timeout, log_level=args.log_level
+            app,
+            args.host,
+            args.port,
+            banner=banner,
+            shutdown_timeout=args.shutdown_timeout,
+            log_level=args.log_level,
+            warm_up=_warm_up(args, gpus),
         )
     finally:
         _stop(procs)

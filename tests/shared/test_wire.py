@@ -4,6 +4,7 @@ import pickle
 
 import msgpack
 import pytest
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import (
     AbortRequest,
     AttributionSpec,
@@ -37,7 +38,19 @@ MESSAGES = [
         finish_reason="stop",
         stop_str="\n",
         prompt_tokens=3,
-        attribution=[{"token": 5, "known": [[1, 0.5]]}],
+        attribution=PackedAttribution.from_records(
+            [
+                {
+                    "token_id": 5,
+                    "position": 3,
+                    "step": 1,
+                    "target_logit": 2.0,
+                    "epsilon": 0.1,
+                    "known": [[1, 0.5, 0.1]],
+                    "discovered": [[2, 0.25, -0.3]],
+                }
+            ]
+        ),
     ),
     BlockResult("r3", [], True, "error", error="boom"),
     AbortRequest("r1"),

@@ -9,6 +9,7 @@ import random
 import msgpack
 import pytest
 from cde.shared.limits import MAX_STEERING_STRENGTH, check_request
+from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import (
     AttributionSpec,
     BlockResult,
@@ -20,6 +21,19 @@ from cde.shared.protocol import (
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 
+ATTRIBUTION = PackedAttribution.from_records(
+    [
+        {
+            "token_id": 5,
+            "position": 3,
+            "step": 1,
+            "target_logit": 2.0,
+            "epsilon": 0.1,
+            "known": [[1, 0.5, 0.1]],
+            "discovered": [[2, 0.25, -0.3]],
+        }
+    ]
+)
 VALID = [
     GenerateRequest(
         "r1",
@@ -31,7 +45,7 @@ VALID = [
         steering=SteeringSpec([3, 4], strength=-7.0, relu_logit_mask={3: 20.0}),
         attribution=AttributionSpec(top_k=5),
     ),
-    BlockResult("r1", [5, 6], True, "stop", attribution=[{"position": 3, "known": [[1, 0.5, 0.1]]}]),
+    BlockResult("r1", [5, 6], True, "stop", attribution=ATTRIBUTION),
     StepResult("r1", 2, 3, [130], [7]),
     Heartbeat("boot", "m", 1024, 100284, True, 2, 96, 16),
     Ping(1.5),
@@ -173,3 +187,39 @@ def test_requests_at_the_bounds_pass():
         ),
         n_concepts=96,
     )
+
+
+def _attribution_frame(**changes: object) -> bytes:
+    fields = dataclasses.asdict(ATTRIBUTION) | changes
+    return msgpack.packb({"type": "BlockResult", "request_id": "r", "token_ids": [], "attribution": fields})
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"known_weights": b"\x00" * 7},  # not the n x k_known float64 the header says
+        {"positions": b""},  # fewer positions than tokens
+        {"token_ids": b"\x00" * 3},  # not a whole int32
+        {"k_known": 2},  # the arrays hold one known concept per token
+        {"k_discovered": -1},
+        {"epsilon": [0.1]},  # a list, not a packed buffer
+        {"extra": b""},  # an unknown field
+    ],
+)
+def test_packed_attribution_is_checked(changes: dict) -> None:
+    with pytest.raises(WireError, match="PackedAttribution"):
+        decode(_attribution_frame(**changes))
+
+
+def test_free_form_attribution_records_are_refused() -> None:
+    frame = msgpack.packb(
+        {"type": "BlockResult", "request_id": "r", "token_ids": [], "attribution": [{"position": 3, "known": []}]}
+    )
+    with pytest.raises(WireError, match="attribution"):
+        decode(frame)
+
+
+def test_packed_attribution_round_trips_its_records() -> None:
+    out = decode(encode(BlockResult("r", [5], attribution=ATTRIBUTION)))
+    assert out.attribution == ATTRIBUTION and list(out.attribution) == list(ATTRIBUTION)
+    assert out.attribution.records()[0]["discovered"] == [[2, 0.25, -0.3]]
