@@ -1,0 +1,185 @@
+"""FP8 (e4m3) weights for the transformer's linear layers (`--quantization fp8`).
+
+At load, every block's attention `c_attn`/`c_proj` and MLP `c_fc`/`c_proj` is replaced by an
+`Fp8Linear`: the bfloat16 weight [N, K] becomes float8_e4m3fn with one float32 scale per output
+channel (row), scale = amax(|row|) / 448, so every row uses the whole e4m3 range. Embeddings, the
+LM head and the concept heads stay bfloat16 (attribution and steering read them).
+
+Each call picks one of two paths by its row count (64 rows per item, so per batch bucket):
+- weight-only (rows <= `weight_only_rows`, default 64: a single item): the weight is
+  dequantized to bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
+- scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
+  scale = amax(|row|) / 448, and multiplied by `torch._scaled_mm` with row-wise scales
+  (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
+On the CPU the scaled path is emulated: the same e4m3 rounding (float8_e4m3fn casts) and the same
+scales, multiplied in float32. So the CPU tests cover the quantizer, the path choice and the
+accuracy of both paths; the GPU tests measure the real kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
+QUANTIZATIONS = ("none", "fp8")
+DEFAULT_WEIGHT_ONLY_ROWS = 64  # buckets of one item (64 rows) run weight-only, larger ones scaled
+LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
+
+log = logging.getLogger("cde.fp8")
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3 quantization of a [..., K] tensor: (q in float8_e4m3fn, float32 scales [..., 1])
+    with x ~= q * scale; computed in float32, saturating at +-448."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
+    return quantize_with_scale(xf, scale), scale
+
+
+def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3, saturating at +-448 (a plain cast would overflow to NaN)."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 q * scale (scale broadcast: [N, 1] per row)."""
+    return q.float() * scale
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free linear layer with an e4m3 weight [N, K] and per-output-channel float32 scales [N]."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.weight_only_rows = weight_only_rows
+        # CUDA runs torch._scaled_mm; anything else emulates it in float32 (CPU tests).
+        self.emulate = weight.device.type != "cuda"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS) -> Fp8Linear:
+        if linear.bias is not None:
+            raise ValueError("Fp8Linear has no bias")
+        with torch.no_grad():
+            q, scale = quantize_rows(linear.weight)
+        return cls(q, scale[:, 0].contiguous(), weight_only_rows)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"weight_only_rows={self.weight_only_rows}"
+        )
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.weight, self.scale[:, None]).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows <= self.weight_only_rows:
+            # Weight-only: dequantized in the graph (one fused pointwise kernel), then a bf16 GEMM.
+            return F.linear(x, self.dequantized(x.dtype))
+        x2 = x.reshape(rows, self.in_features)
+        xq, x_scale = quantize_rows(x2)  # per token, fused into the compiled graph
+        if self.emulate:
+            out = (xq.float() @ self.weight.float().t()) * x_scale * self.scale[None, :]
+        else:
+            out = torch._scaled_mm(
+                xq,
+                self.weight.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
+                scale_a=x_scale,
+                scale_b=self.scale[None, :],
+                out_dtype=x.dtype,
+            )
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def path_for_rows(rows: int, weight_only_rows: int) -> str:
+    return "weight-only" if rows <= weight_only_rows else "scaled"
+
+
+def path_table(weight_only_rows: int, buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> dict[int, str]:
+    """The path each batch bucket (items of 64 rows) runs."""
+    return {n: path_for_rows(64 * n, weight_only_rows) for n in buckets}
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS) -> nn.Module:
+    """Replaces every transformer block's linear layers by Fp8Linear, in place, one at a time (the
+    bfloat16 weight is freed as its replacement is made). Returns the model."""
+    if weight_only_rows < 0:
+        raise ValueError("weight_only_rows must be >= 0")
+    before = after = 0
+    for block in model.transformer.blocks:
+        for path in LINEARS:
+            owner_name, name = path.split(".")
+            owner = getattr(block, owner_name)
+            linear = getattr(owner, name)
+            q = Fp8Linear.from_linear(linear, weight_only_rows)
+            before += linear.weight.numel() * linear.weight.element_size()
+            after += q.weight.numel() + q.scale.numel() * 4
+            setattr(owner, name, q)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    log.info(
+        "fp8: %d linear layers quantized (%.2f GB -> %.2f GB); paths per batch bucket: %s",
+        len(model.transformer.blocks) * len(LINEARS),
+        before / 1e9,
+        after / 1e9,
+        path_table(weight_only_rows),
+        extra={"fp8_bytes_before": before, "fp8_bytes_after": after},
+    )
+    return model
+
+
+def check_quantization(quantization: str, device: str | torch.device, dtype: torch.dtype) -> None:
+    """Raise ValueError, with what to do instead, for a quantization this device and dtype cannot run."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose from {', '.join(QUANTIZATIONS)}")
+    if quantization == "none":
+        return
+    if dtype != torch.bfloat16:
+        raise ValueError(
+            f"--quantization fp8 computes in bfloat16 (its FP8 GEMMs write bfloat16), not {str(dtype).split('.')[-1]}: "
+            "use --dtype bfloat16 or --dtype auto"
+        )
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return  # emulated
+    if dev.type != "cuda":
+        raise ValueError(f"--quantization fp8 runs on CUDA GPUs (emulated on the CPU), not on {dev.type}")
+    capability = torch.cuda.get_device_capability(dev)
+    if tuple(capability) < MIN_CAPABILITY:
+        raise ValueError(
+            f"--quantization fp8 needs a GPU with FP8 tensor cores (compute capability >= "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}: Ada, Hopper or later); "
+            f"{torch.cuda.get_device_name(dev)} is {capability[0]}.{capability[1]}"
+        )
+
+
+def engine_dtype(requested: str, device: str, quantization: str) -> str:
+    """The dtype name of an engine: `auto` is bfloat16 on CUDA and with fp8 (emulated on the CPU
+    too), float32 on the CPU otherwise."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if device.startswith("cuda") or quantization == "fp8" else "float32"
+
+
+def deviation(reference: torch.Tensor, logits: torch.Tensor) -> dict[str, float]:
+    """How far logits [R, V] are from reference logits: relative error (Frobenius), mean
+    KL(reference || logits) of the softmax per row, and the fraction of rows whose argmax agrees."""
+    ref, out = reference.float(), logits.float()
+    p_log, q_log = torch.log_softmax(ref, -1), torch.log_softmax(out, -1)
+    return {
+        "rel_error": ((out - ref).norm() / ref.norm()).item(),
+        "mean_kl": (p_log.exp() * (p_log - q_log)).sum(-1).mean().item(),
+        "greedy_agreement": (ref.argmax(-1) == out.argmax(-1)).float().mean().item(),
+    }
