@@ -11,4 +11,4 @@ from pathlib import Path as _Path
 
 _root = _Path(__file__).resolve().parent.parent
 if (_root / "worker" / "engine.py").is_file() and (_root / "gateway" / "app.py").is_file():
-    __path__.append(str(_root))  # type: ignore[name-defined]
+    __path__.append(str(_root))

@@ -31,7 +31,7 @@ class HelpFormatter(argparse.HelpFormatter):
     """Shows each option's default after its help, unless the help already says it or there is
     none worth showing (unset, off)."""
 
-    def _get_help_string(self, action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if not action.option_strings or action.default in (None, False, argparse.SUPPRESS) or "default" in text:
             return text

@@ -7,12 +7,16 @@ own concepts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.sse import SseEvent
 from cde.shared.chunk_attribution import chunk_concepts, token_attribution
 from cde.shared.config import PAGE
 from cde.shared.protocol import GenerateRequest, Heartbeat, StepResult
+
+if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
 
 
 @dataclass
@@ -24,7 +28,9 @@ class StepDelta:
 class DenoiseView:
     """Per choice: turns its StepResults into StepDeltas, keeping the active block's records."""
 
-    def __init__(self, index: int, req: GenerateRequest, tokenizer, labels: ConceptLabels, n_known: int):
+    def __init__(
+        self, index: int, req: GenerateRequest, tokenizer: Tokenizer, labels: ConceptLabels, n_known: int
+    ) -> None:
         self.index, self.req, self.tokenizer = index, req, tokenizer
         self.labels, self.n_known = labels, n_known
         self.prompt_len = len(req.prompt_ids)
@@ -54,7 +60,7 @@ class DenoiseView:
         start = max(base, self.prompt_len)
         end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
         concepts, eps_pct = chunk_concepts(self.records, start, end, self.labels.labels, self.n_known, top_k)
-        out = {
+        out: dict[str, object] = {
             "chunk": {
                 "start": start - self.prompt_len,
                 "end": end - self.prompt_len,
@@ -71,7 +77,7 @@ class DenoiseView:
 
 
 def denoise_views(
-    reqs: list[GenerateRequest], tokenizer, labels: ConceptLabels, info: Heartbeat
+    reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat
 ) -> list[DenoiseView | None]:
     return [
         DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None for i, r in enumerate(reqs)

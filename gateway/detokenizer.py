@@ -5,8 +5,12 @@ pieces must join to exactly the non-streamed text."""
 from __future__ import annotations
 
 import codecs
+from typing import TYPE_CHECKING
 
 from cde.shared.stops import find_stop
+
+if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
 
 
 class Utf8Detokenizer:
@@ -14,7 +18,7 @@ class Utf8Detokenizer:
     emoji across tokens), so the trailing incomplete sequence is held back until it completes;
     invalid bytes become U+FFFD exactly as a one-shot `bytes.decode(errors="replace")` would."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -25,7 +29,7 @@ class Utf8Detokenizer:
 class ChoiceText:
     """The client-visible text of one choice."""
 
-    def __init__(self, tokenizer, stops: list[str]):
+    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
         self._detok = Utf8Detokenizer(tokenizer)
         self.stops = [s for s in stops if s]
         self.text = ""  # everything decoded so far

@@ -10,6 +10,11 @@ import argparse
 import asyncio
 import logging
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cde.gateway.router import Router
+    from cde.gateway.worker_link import WorkerLink
 
 log = logging.getLogger("cde.gateway")
 
@@ -27,12 +32,12 @@ def dns_target(text: str) -> tuple[str, int]:
 class DnsDiscovery:
     def __init__(self, targets: list[tuple[str, int]], interval: float = 5.0):
         self.targets, self.interval = targets, interval
-        self.links: dict[str, object] = {}  # endpoint -> the WorkerLink made for it
+        self.links: dict[str, WorkerLink] = {}  # endpoint -> the WorkerLink made for it
         self._seen: dict[str, set[str]] = {}  # host -> endpoints of its last successful resolution
         self._errors: dict[str, str] = {}  # host -> last resolution error, logged once
         self._task: asyncio.Task | None = None
 
-    def start(self, router) -> None:
+    def start(self, router: Router) -> None:
         self._task = asyncio.create_task(self._loop(router))
 
     async def stop(self) -> None:
@@ -40,12 +45,12 @@ class DnsDiscovery:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _loop(self, router) -> None:
+    async def _loop(self, router: Router) -> None:
         while True:
             await self.refresh(router)
             await asyncio.sleep(self.interval)
 
-    async def refresh(self, router) -> None:
+    async def refresh(self, router: Router) -> None:
         found: set[str] = set()
         for host, port in self.targets:
             try:
@@ -72,4 +77,4 @@ class DnsDiscovery:
     @staticmethod
     async def _resolve(host: str, port: int) -> list[str]:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
-        return sorted({info[4][0] for info in infos})
+        return sorted({info[4][0] for info in infos})  # type: ignore[misc]  # AF_INET: the host is a str

@@ -56,7 +56,7 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return ApiError(400, message, param, code)
 
 
-def _is_type_tag(part) -> bool:
+def _is_type_tag(part: object) -> bool:
     """pydantic puts the union member it tried into `loc` (`str`, `list[int]`, `SteeringParams`);
     clients want the field path only."""
     return isinstance(part, str) and (part in _SCALARS or not part.isidentifier() or part[:1].isupper())

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cde.gateway.denoise import DenoiseView, StepDelta
 from cde.gateway.detokenizer import ChoiceText
@@ -18,6 +19,9 @@ from cde.gateway.worker_link import RequestHandle
 from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import GenerateRequest, StepResult
 from cde.shared.wire import WireError, encode_all
+
+if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
 
 
 @dataclass
@@ -64,11 +68,11 @@ class Generation:
         metrics: Metrics,
         reqs: list[GenerateRequest],
         frames: list[bytes],
-        tokenizer,
+        tokenizer: Tokenizer,
         stops: list[str],
         render_attribution: Callable[[int, list[PackedAttribution]], dict | None],
         denoise_views: list[DenoiseView | None],
-    ):
+    ) -> None:
         self.metrics = metrics
         self._render = render_attribution
         self._views = denoise_views

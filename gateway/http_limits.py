@@ -4,6 +4,7 @@ checked, so an unauthenticated client can hold neither a connection nor a reques
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     d = HttpLimits()
     p.add_argument(
         "--header-timeout",
@@ -64,7 +65,7 @@ def add_arguments(p) -> None:
     )
 
 
-def from_args(args) -> HttpLimits:
+def from_args(args: argparse.Namespace) -> HttpLimits:
     if args.allowed_hosts is not None:
         names = {n.strip().lower().rstrip(".") for n in args.allowed_hosts.split(",") if n.strip()}
         hosts = None if "*" in names else frozenset(names)

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import re
-from typing import TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from cde.gateway.errors import from_validation_error, invalid
 from pydantic import BaseModel, ValidationError
@@ -38,7 +39,7 @@ def parse_json_body(raw: bytes, content_type: str) -> object:
     return data
 
 
-def _check_unicode(value, path: list) -> None:
+def _check_unicode(value: Any, path: list) -> None:
     strings = [value] if isinstance(value, str) else []
     if isinstance(value, dict):
         strings = list(value)
@@ -65,7 +66,7 @@ async def read_body(request: Request, schema: type[M]) -> M:
         raise invalid("request body nested too deeply", None, "invalid_json") from None
 
 
-async def until_disconnect(request: Request, work) -> Response:
+async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
     """Run a non-streaming generation, cancelling it (and so aborting it in the worker) if the
     client disconnects first: nobody would read the answer."""
     task = asyncio.ensure_future(work)

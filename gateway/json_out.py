@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+from typing import Any
 
 from starlette.responses import JSONResponse
 
 log = logging.getLogger("cde.gateway")
 
 
-def dumps(obj) -> bytes:
+def dumps(obj: Any) -> bytes:
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:  # the only one json.dumps raises for our plain values: a non-finite float
@@ -22,7 +23,7 @@ def dumps(obj) -> bytes:
     return text.encode("utf-8")
 
 
-def _finite(value):
+def _finite(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -33,5 +34,5 @@ def _finite(value):
 
 
 class JsonResponse(JSONResponse):
-    def render(self, content) -> bytes:
+    def render(self, content: Any) -> bytes:
         return dumps(content)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 
@@ -26,7 +27,7 @@ class ContentLog:
     def __init__(self, enabled: bool, request_id: str):
         self.enabled, self.request_id = enabled, request_id
 
-    def asked(self, **content) -> None:
+    def asked(self, **content: Any) -> None:
         if self.enabled:
             log.info("request content", extra={"request_id": self.request_id, **content})
 

@@ -14,6 +14,7 @@ import uuid
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
 from cde.gateway.metrics import Metrics
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("cde.gateway")
 
@@ -36,7 +37,7 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith("/static/")
 
 
-def header_values(scope, name: bytes) -> list[bytes]:
+def header_values(scope: Scope, name: bytes) -> list[bytes]:
     return [v for k, v in scope["headers"] if k == name]
 
 
@@ -45,18 +46,18 @@ class RequestLog:
     which is also the prefix of the ids the workers log), logs one line when it ends and counts
     its status in `metrics` (`cde_http_responses_total`; a request that raised counts as 500)."""
 
-    def __init__(self, app, metrics: Metrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         state = scope.setdefault("state", {})
         state["request_id"] = f"req-{uuid.uuid4().hex}"
         started, status = time.monotonic(), [500]
 
-        async def send_with_id(message):
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
@@ -88,10 +89,10 @@ class HostCheck:
     loopback names): a web page whose DNS name an attacker points at 127.0.0.1 (DNS rebinding)
     gets a 400 instead of the API, and no redirect ever carries a foreign Host."""
 
-    def __init__(self, app, limits: HttpLimits):
+    def __init__(self, app: ASGIApp, limits: HttpLimits) -> None:
         self.app, self.limits = app, limits
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             hosts = header_values(scope, b"host")
             name = hosts[0].decode("latin-1").lower() if hosts else ""
@@ -107,13 +108,13 @@ class BodyLimit:
     moment the streamed body passes the limit, without reading the rest; and bodies that take
     longer than `timeout` seconds to arrive with 408 (a slow client holds no request open)."""
 
-    def __init__(self, app, max_bytes: int, timeout: float):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"Request body too large: the limit is {self.max_bytes} bytes", None, "request_too_large")
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length", b"")
@@ -121,7 +122,7 @@ class BodyLimit:
             return await self._too_large().response()(scope, receive, send)
         seen, deadline, done = 0, time.monotonic() + self.timeout, False
 
-        async def counted():
+        async def counted() -> Message:
             nonlocal seen, done
             if done:  # the body is in: a disconnect may be awaited as long as the response runs
                 return await receive()
@@ -149,7 +150,7 @@ class ApiKey:
     """`Authorization: Bearer KEY` on every non-public route. Both sides are hashed first, so the
     constant-time compare leaks neither the key's bytes nor its length."""
 
-    def __init__(self, app, api_key: str | None):
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
         self.digest = None if api_key is None else hashlib.sha256(api_key.encode()).digest()
 
@@ -160,7 +161,7 @@ class ApiKey:
         offered = hashlib.sha256(token.strip()).digest()
         return hmac.compare_digest(offered, self.digest) and scheme.lower() == b"bearer"
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         offered = header_values(scope, b"authorization")

@@ -4,6 +4,8 @@ rules, but answering here gives the client a 400 naming the field instead of a f
 
 from __future__ import annotations
 
+from typing import Any
+
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.schemas import SamplingParams, SteeringParams
@@ -72,7 +74,7 @@ def generate_requests(
     return out
 
 
-def _flashblock(value) -> FlashBlockSpec | bool | None:
+def _flashblock(value: Any) -> FlashBlockSpec | bool | None:
     if value is None or value is False:
         return value
     if value is True:
@@ -80,7 +82,7 @@ def _flashblock(value) -> FlashBlockSpec | bool | None:
     return FlashBlockSpec(tau=value.tau, max_reuse=value.max_reuse)
 
 
-def _attribution(value) -> AttributionSpec | None:
+def _attribution(value: Any) -> AttributionSpec | None:
     if value is None or value is False:
         return None
     if value is True:

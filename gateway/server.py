@@ -17,13 +17,20 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import h11
 import uvicorn
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    from cde.gateway.router import Router
+    from starlette.applications import Starlette
 
 log = logging.getLogger("cde.gateway")
 
@@ -33,12 +40,12 @@ STRAGGLER_GRACE_S = 2.0  # after the drain deadline: time for the error events t
 class DrainGate:
     """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.active = 0
         self.draining = False
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.draining and scope["path"] != "/metrics":
@@ -56,13 +63,13 @@ class GuardedH11Protocol(H11Protocol):
     first byte (or of the connection's start): else a 408 if it sent something, and closed.
     Beyond `max_connections` open at once, a connection's request gets a 503 and it is closed."""
 
-    def __init__(self, *args, limits: HttpLimits, **kwargs):
+    def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol's
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self.app = _too_many_connections
@@ -77,7 +84,7 @@ class GuardedH11Protocol(H11Protocol):
         else:
             self._disarm()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
@@ -108,7 +115,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-async def _too_many_connections(scope, receive, send) -> None:
+async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
     err = ApiError(
         503,
         "too many connections, retry later",
@@ -124,7 +131,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.gate = gate
 
-    def handle_exit(self, sig, frame) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded for re-raising: the drain is the whole of our answer to the signal.
         if self.gate.draining or not self.started:
             self.should_exit = self.force_exit = True
@@ -133,7 +140,7 @@ class DrainingServer(uvicorn.Server):
             self.gate.draining = True
 
 
-async def _drain(server: DrainingServer, gate: DrainGate, router, timeout: float) -> None:
+async def _drain(server: DrainingServer, gate: DrainGate, router: Router, timeout: float) -> None:
     while not gate.draining:
         await asyncio.sleep(0.05)
     deadline = time.monotonic() + timeout
@@ -149,7 +156,7 @@ async def _drain(server: DrainingServer, gate: DrainGate, router, timeout: float
 
 
 def serve_http(
-    app,
+    app: Starlette,
     host: str,
     port: int,
     *,
@@ -172,11 +179,11 @@ def serve_http(
         port=port,
         log_level=log_level,
         lifespan="on",
-        timeout_graceful_shutdown=STRAGGLER_GRACE_S,
+        timeout_graceful_shutdown=STRAGGLER_GRACE_S,  # type: ignore[arg-type]  # uvicorn takes a float
         log_config=None,
         access_log=False,
-        http=functools.partial(GuardedH11Protocol, limits=limits),
-        timeout_keep_alive=limits.keep_alive_timeout,
+        http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]  # a protocol factory
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
     )
     server = DrainingServer(config, gate)
 

@@ -14,6 +14,7 @@ import anyio
 from cde.gateway.errors import ApiError, GenerationError
 from cde.gateway.json_out import dumps
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger("cde.gateway")
 
@@ -56,7 +57,7 @@ class EventStreamResponse(StreamingResponse):
         )
         self.on_close = on_close  # also runs when the client left before the first chunk
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with anyio.create_task_group() as tg:
 

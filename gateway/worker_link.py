@@ -12,6 +12,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -111,7 +112,7 @@ class WorkerLink:
         self.sock.close()
 
     # ---- traffic ------------------------------------------------------------------------------
-    def send(self, msg) -> None:
+    def send(self, msg: Any) -> None:
         self._outbox.put_nowait(encode(msg))
 
     def ping(self) -> None:

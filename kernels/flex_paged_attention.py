@@ -15,6 +15,8 @@ same attention, S times the parallelism.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from cde.shared.config import PAGE
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -33,7 +35,7 @@ class PagedBlockMask:
     place from the page table, so a captured CUDA graph sees every step's pages without being
     rebuilt."""
 
-    def __init__(self, n: int, cache_pages: int, device, splits: int = 1):
+    def __init__(self, n: int, cache_pages: int, device: torch.device | str, splits: int = 1) -> None:
         self.n, self.cache_pages, self.splits = n, cache_pages, splits
         tiles = n * splits
         self.full_num = torch.zeros(1, 1, tiles, dtype=torch.int32, device=device)
@@ -44,7 +46,7 @@ class PagedBlockMask:
 
         # The mask function states the same visibility for paths that evaluate it densely (eager,
         # CPU); the CUDA kernel never calls it, since every listed block is a full block.
-        def page_visible(b, h, q_idx, kv_idx):
+        def page_visible(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
             return allowed[q_idx // PAGE, kv_idx // PAGE]
 
         self.block_mask = BlockMask.from_kv_blocks(
@@ -76,7 +78,9 @@ class PagedBlockMask:
         torch.gt(hits, 0, out=self.allowed)
 
 
-def flex_paged_attention(q, k_cache, v_cache, block_mask: BlockMask, return_lse: bool = False):
+def flex_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_mask: BlockMask, return_lse: bool = False
+) -> Any:
     """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp
     [N, H, 64] in fp32 when asked; a tile with no pages gives 0 and -inf). The block mask's
     number of query tiles (N, or N * S) tells whether the keys are split S ways."""

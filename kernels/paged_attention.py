@@ -35,7 +35,7 @@ class PagedBatch:
     flashblock: FlashBlockBatch | None = None  # set when some item splits its attention
 
 
-def paged_attention(q, k, v, cache: tuple, meta: PagedBatch) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tuple, meta: PagedBatch) -> torch.Tensor:
     """q [N, H, 64, Dh], k/v [N, KVH, 64, Dh] of this pass; cache = (K, V) [KVH, P, 64, Dh],
     followed by FlashBlock's (A, L) rows when the pass splits attention."""
     k_cache, v_cache = cache[0], cache[1]
@@ -62,7 +62,9 @@ def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     return cache.index_select(1, pages).reshape(kvh, -1, dh)
 
 
-def sdpa_paged_attention(q, cache: tuple, batch: PagedBatch, fresh=None) -> torch.Tensor:
+def sdpa_paged_attention(
+    q: torch.Tensor, cache: tuple, batch: PagedBatch, fresh: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
     """CPU / fallback path: one SDPA call per item over exactly its pages, so an item's result
     never depends on what else is in the batch (no padding, no shared reductions). Split items
     (FlashBlock) attend to their cached pages and to their own `fresh` (k, v) separately."""
@@ -83,7 +85,7 @@ def sdpa_paged_attention(q, cache: tuple, batch: PagedBatch, fresh=None) -> torc
     return out
 
 
-def dense_block_causal_reference(q, k, v, block: int = 64) -> torch.Tensor:
+def dense_block_causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 64) -> torch.Tensor:
     """Ground truth for tests: full-sequence block-causal attention. q: [B, H, T, D], k/v: [B, KVH, T, D]."""
     t = q.shape[-2]
     idx = torch.arange(t, device=q.device)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class Concept:
     is_demographic: bool
 
 
-def _flag(value, default: bool) -> bool:
+def _flag(value: Any, default: bool) -> bool:
     if value is None or value == "":
         return default
     if isinstance(value, str):  # CSV cells
@@ -69,7 +70,7 @@ def _flag(value, default: bool) -> bool:
     return bool(value)
 
 
-def _optional_int(value) -> int | None:
+def _optional_int(value: Any) -> int | None:
     # pandas reads a nullable integer column as float64 with NaN for the nulls.
     if value is None or value == "" or value != value:
         return None

@@ -180,7 +180,9 @@ def aggregate(
     return out
 
 
-def token_attribution(r: dict, decode, labels: ConceptLabels, n_known: int, top_k: int | None, prompt_len: int) -> dict:
+def token_attribution(
+    r: dict, decode: Callable[[list[int]], str], labels: ConceptLabels, n_known: int, top_k: int | None, prompt_len: int
+) -> dict:
     entries = [
         _entry(cid, kind, c, labels, n_known) | {"weight": w}
         for kind in ("known", "discovered")

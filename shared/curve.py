@@ -67,7 +67,7 @@ class CurveServer:
     allowed: frozenset[bytes]
 
     @classmethod
-    def from_files(cls, secret_key_file, authorized) -> CurveServer:
+    def from_files(cls, secret_key_file: str | os.PathLike, authorized: str | os.PathLike) -> CurveServer:
         public, secret = _load(secret_key_file, want_secret=True)
         return cls(public, secret, frozenset(authorized_keys(authorized)))
 
@@ -105,7 +105,7 @@ class CurveClient:
     server_public: bytes
 
     @classmethod
-    def from_files(cls, secret_key_file, server_key_file) -> CurveClient:
+    def from_files(cls, secret_key_file: str | os.PathLike, server_key_file: str | os.PathLike) -> CurveClient:
         public, secret = _load(secret_key_file, want_secret=True)
         return cls(public, secret, _load(server_key_file, want_secret=False)[0])
 

@@ -188,8 +188,8 @@ class PackedAttribution:
         if len(self.token_ids) % INT.itemsize:
             raise ValueError("token_ids is not a whole number of int32")
         n = len(self)
-        for name, (dtype, k) in _LAYOUT.items():
-            want = n * dtype.itemsize * (1 if k is None else getattr(self, k))
+        for name, (dtype, k) in _LAYOUT.items():  # type: ignore[assignment]  # `k` was an int above
+            want = n * dtype.itemsize * (1 if k is None else getattr(self, k))  # type: ignore[call-overload]
             if len(getattr(self, name)) != want:
                 raise ValueError(f"{name} holds {len(getattr(self, name))} bytes, not {want} ({n} tokens)")
 

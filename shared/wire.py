@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import types
 import typing
+from typing import Any
 
 import msgpack
 from cde.shared.limits import clip
@@ -51,7 +52,7 @@ def _fail(message: str) -> WireError:
     return WireError(clip(message, _MAX_ERROR_CHARS))
 
 
-def encode(msg) -> bytes:
+def encode(msg: Any) -> bytes:
     return encode_all([msg])[0]
 
 
@@ -62,7 +63,7 @@ def encode_all(msgs: list) -> list[bytes]:
     packer = msgpack.Packer(use_bin_type=True)  # per call: encoding runs on several threads
     memo: dict[int, tuple[object, bytes]] = {}
 
-    def packed(value) -> bytes:
+    def packed(value: Any) -> bytes:
         if not isinstance(value, list | dict) and not dataclasses.is_dataclass(value):
             return packer.pack(value)
         if id(value) not in memo:  # the value is kept with its bytes so that its id stays unique
@@ -85,18 +86,18 @@ def encode_all(msgs: list) -> list[bytes]:
     return frames
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """A nested spec as a map of its fields; lists and maps (of plain values) pass as they are."""
     if dataclasses.is_dataclass(value):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
-def _no_extensions(code: int, data: bytes):
+def _no_extensions(code: int, data: bytes) -> None:
     raise WireError(f"msgpack extension type {code} is not part of the protocol")
 
 
-def decode(frame: bytes):
+def decode(frame: bytes) -> Any:
     try:
         # Steering's relu_logit_mask is keyed by concept id, so map keys may be ints.
         data = msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_no_extensions)
@@ -114,7 +115,7 @@ def decode(frame: bytes):
     return _build(MESSAGES[name], data)
 
 
-def _build(cls, data):
+def _build(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise _fail(f"bad {cls.__name__}: expected a map, got {type(data).__name__}")
     hints = _fields(cls)
@@ -135,7 +136,7 @@ def _build(cls, data):
 
 
 @functools.cache
-def _fields(cls) -> dict:
+def _fields(cls: type) -> dict:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -143,7 +144,7 @@ def _fields(cls) -> dict:
 _SCALARS = (str, int, bool, bytes)  # bytes: a msgpack bin (a packed array)
 
 
-def _value(value, hint, where: str):
+def _value(value: Any, hint: Any, where: str) -> Any:
     """`value` as the declared type `hint`, or WireError."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):

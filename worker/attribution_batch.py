@@ -14,10 +14,15 @@ share theirs on the assumption that they replay one after another.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from cde.worker.concept_contributions import attribute, width
 from cde.worker.staging import HostCopy
+
+if TYPE_CHECKING:
+    from cde.shared.config import ModelConfig
+    from cde.worker.model import SteerlingModel
 
 BUCKETS = (8, 32, 128, 512, 2048, 8192)
 
@@ -32,7 +37,7 @@ class _Graph:
 
 
 class AttributionRunner:
-    def __init__(self, model, cfg, max_rows: int):
+    def __init__(self, model: SteerlingModel, cfg: ModelConfig, max_rows: int) -> None:
         self.model, self.cfg, self.max_rows = model, cfg, max_rows
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype

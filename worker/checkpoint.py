@@ -10,12 +10,16 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from cde.shared.config import ConfigError, ModelConfig, preset
 from cde.worker.model import SteerlingModel
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"
@@ -50,7 +54,9 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+def load_checkpoint(
+    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> tuple[ModelConfig, SteerlingModel]:
     """Returns (config, model in eval mode). Every tensor must be present with its exact shape:
     that is checked from the safetensors headers before any memory is allocated. The weights are
     then read straight onto `device` one tensor at a time (safetensors maps the file and copies to
@@ -113,7 +119,7 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
     return plan
 
 
-def _progress(total: int, what: str):
+def _progress(total: int, what: str) -> tqdm:
     """A byte progress bar on stderr, shown on a terminal only (a log file gets the timing line)."""
     from tqdm.auto import tqdm
 

@@ -17,9 +17,14 @@ head never has more than `positions x GROUP_LOGITS` logits alive, never all 101,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from cde.shared.config import ModelConfig
+
+if TYPE_CHECKING:
+    from cde.worker.model import SteerlingModel
 
 LOGIT_CLAMP = 15.0
 
@@ -28,7 +33,9 @@ GROUP_LOGITS = 1 << 15  # concept logits alive per position at once (the referen
 MAX_ROWS = 2048  # positions per pass: at most 256 MB of float32 logits alive
 
 
-def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block: int, by_sigmoid: bool):
+def streaming_topk(
+    x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block: int, by_sigmoid: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of `x @ weight[:n].T` per row, merged `block` concepts at a time like the
     reference. x is the (possibly compressed) hidden state [P, d]; the weight's dtype follows x.
     Returns indices [P, k] and the logits recomputed for them (clamped), like the reference's
@@ -42,7 +49,7 @@ def streaming_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block:
     return top_i, logits
 
 
-def _merged_topk(x, weight, n: int, k: int, block: int, by_sigmoid: bool) -> torch.Tensor:
+def _merged_topk(x: torch.Tensor, weight: torch.Tensor, n: int, k: int, block: int, by_sigmoid: bool) -> torch.Tensor:
     top_v = torch.full((x.shape[0], k), float("-inf"), device=x.device)
     top_i = torch.zeros((x.shape[0], k), dtype=torch.long, device=x.device)
     span = max(1, GROUP_LOGITS // block) * block
@@ -55,7 +62,9 @@ def _merged_topk(x, weight, n: int, k: int, block: int, by_sigmoid: bool) -> tor
     return top_i
 
 
-def _chunk_topks(x, weight, offset: int, k: int, block: int, by_sigmoid: bool):
+def _chunk_topks(
+    x: torch.Tensor, weight: torch.Tensor, offset: int, k: int, block: int, by_sigmoid: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-k of every `block`-concept chunk of `weight` in one call: [P, chunks, k] scores
     and concept ids. A chunk shorter than k is padded with -inf at id 0, as in the reference."""
     logits = F.linear(x, weight.to(x.dtype)).float().clamp(-LOGIT_CLAMP, LOGIT_CLAMP)
@@ -70,7 +79,7 @@ def _chunk_topks(x, weight, offset: int, k: int, block: int, by_sigmoid: bool):
     return v, i
 
 
-def known_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
+def known_topk(model: SteerlingModel, cfg: ModelConfig, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The known head's features top-k ranked by sigmoid weight, then (when the head keeps more
     features than it reports) the `topk_known` largest logits among them."""
     weight = model.known_head.concept_predictor.weight
@@ -83,7 +92,7 @@ def known_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
     return idx, logits
 
 
-def unknown_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
+def unknown_topk(model: SteerlingModel, cfg: ModelConfig, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The discovered head's top-k by logit, entirely in the rank-r space."""
     head = model.unknown_head
     compressed = F.linear(hidden, head.predictor_down.weight).float()  # [P, r]
@@ -97,7 +106,7 @@ def unknown_topk(model, cfg: ModelConfig, hidden: torch.Tensor):
     )
 
 
-def unknown_alignment(model, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tensor:
+def unknown_alignment(model: SteerlingModel, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tensor:
     """E_i . W_y for discovered concepts, with E_i = basis(coef_i): W_y is projected onto the
     basis once, so no [P, k, D] embedding tensor is built."""
     head = model.unknown_head
@@ -105,7 +114,9 @@ def unknown_alignment(model, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tens
     return torch.einsum("pkr,pr->pk", F.embedding(idx, head.embedding_coef.weight).float(), w_r)
 
 
-def attribute(model, cfg: ModelConfig, hidden: torch.Tensor, tokens: torch.Tensor, target_logits: torch.Tensor):
+def attribute(
+    model: SteerlingModel, cfg: ModelConfig, hidden: torch.Tensor, tokens: torch.Tensor, target_logits: torch.Tensor
+) -> torch.Tensor:
     """hidden [P, D] final-norm states of committed positions, tokens [P], target_logits [P] (the
     token's logit in the committing pass). Returns packed [P, width(cfg)] float64 (see `width`)."""
     w_y = model.transformer.lm_head.weight[tokens].float()  # [P, D]

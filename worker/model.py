@@ -29,7 +29,9 @@ class RMSNorm(nn.Module):
         return (self.weight * xf).to(x.dtype)
 
 
-def rope_tables(cfg: ModelConfig, n_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    cfg: ModelConfig, n_positions: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [n_positions, head_dim], computed in fp32 like the reference."""
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float) / dim))
@@ -57,7 +59,14 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
-    def forward(self, x, cos, sin, cache: tuple[torch.Tensor, torch.Tensor], meta: PagedBatch):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+    ) -> torch.Tensor:
         cfg = self.cfg
         n, t, _ = x.shape
         qkv = self.c_attn(x)
@@ -81,7 +90,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 2 * cfg.ffn_size, bias=False)
         self.c_proj = nn.Linear(cfg.ffn_size, cfg.n_embd, bias=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         up, gate = self.c_fc(x).chunk(2, dim=-1)
         return self.c_proj(F.silu(gate) * up)
 
@@ -95,7 +104,16 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, meta, inject, gate):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+        inject: torch.Tensor,
+        gate: torch.Tensor,
+    ) -> torch.Tensor:
         """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
         here, it fuses into the block's last residual add."""
         if self.post_norm:

@@ -61,7 +61,7 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     return x.index_fill_(-1, sb.banned, NEG_INF)
 
 
-def select_positions(adjusted: torch.Tensor, sb: SamplingBatch):
+def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first.
     Confidence is the reference's max softmax probability."""
     row_conf = torch.softmax(adjusted, -1, dtype=torch.float32).amax(-1)
@@ -86,7 +86,9 @@ def entropy_temperature(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tens
     return 0.3 + 0.4 * torch.clamp(ent / torch.log(k_eff.to(ent.dtype)), max=1.0)
 
 
-def filtered_log_probs(logits: torch.Tensor, temperature, top_p, top_k) -> torch.Tensor:
+def filtered_log_probs(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
+) -> torch.Tensor:
     """log of the distribution the reference samples from: softmax(logits / T), then top-k
     (CDE extension) and nucleus filtering (keep while cumulative - p <= top_p, first always)."""
     probs = torch.softmax(logits / temperature[:, None], -1)
@@ -124,7 +126,9 @@ def sample_rows(rows: torch.Tensor, item: torch.Tensor, positions: torch.Tensor,
     return (logp.double() + gumbel).argmax(-1)
 
 
-def select_and_sample(logits: torch.Tensor, sb: SamplingBatch, compact: bool | None = None):
+def select_and_sample(
+    logits: torch.Tensor, sb: SamplingBatch, compact: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [R, V] of the eligible rows -> (positions [S, K], tokens [S, K], valid [S, K]).
     `compact` (default: on the CPU) samples only the slots that commit."""
     adjusted = adjust_logits(logits, sb)

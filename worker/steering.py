@@ -10,10 +10,14 @@ optional ReLU mask subtracts strength * relu(E_c . W_vocab) from the token logit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from cde.shared.config import ModelConfig
 from cde.shared.protocol import SteeringSpec
+
+if TYPE_CHECKING:
+    from cde.worker.model import SteerlingModel
 
 
 @dataclass
@@ -33,7 +37,7 @@ def _vocab_alignment(lm: torch.Tensor, vectors: torch.Tensor, chunk: int = 8192)
 
 
 @torch.inference_mode()
-def prepare_steering(model, cfg: ModelConfig, spec: SteeringSpec) -> SteeringState:
+def prepare_steering(model: SteerlingModel, cfg: ModelConfig, spec: SteeringSpec) -> SteeringState:
     dtype = next(model.parameters()).dtype
     lm = model.transformer.lm_head.weight  # [V, D]
     emb_table = model.known_head.concept_embedding.weight
@@ -55,7 +59,7 @@ def prepare_steering(model, cfg: ModelConfig, spec: SteeringSpec) -> SteeringSta
 
 
 @torch.inference_mode()
-def concept_top_tokens(model, concept_id: int, k: int) -> tuple[list[int], list[float]]:
+def concept_top_tokens(model: SteerlingModel, concept_id: int, k: int) -> tuple[list[int], list[float]]:
     """The k vocabulary tokens the known concept most promotes, with their alignment scores
     (reference: `SteerlingGenerator.concept_top_tokens`), computed on the model's device."""
     lm = model.transformer.lm_head.weight

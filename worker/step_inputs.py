@@ -23,6 +23,7 @@ def eligible_rows(steps: list[int], seqs: list[Sequence]):
     """The positions that get logits: every still-masked position of each step item that may be
     unmasked. Returns their rows in the flattened hidden states, the [S, 64] grid mapping a
     position to its logits row (-1: none) and the step item of each row."""
+    rows: list
     rows, grid, row_item = [], [], []
     for n, (i, seq) in enumerate(zip(steps, seqs)):
         for p, ok in enumerate(seq.eligible()):
@@ -34,7 +35,7 @@ def eligible_rows(steps: list[int], seqs: list[Sequence]):
 
 
 class StepInputBuilder:
-    def __init__(self, device, banned: torch.Tensor, seen: torch.Tensor):
+    def __init__(self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor) -> None:
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
         self.banned, self.seen = banned, seen

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import Any
 
 # name -> (module in cde.commands, one-line help). Only the chosen one is imported: `bench serve`
 # and `bench soak` run where torch is not installed.
@@ -18,7 +19,13 @@ SUBCOMMANDS = {
 class _LazySubcommands(argparse._SubParsersAction):
     """Adds the chosen subcommand's arguments when argparse reaches it."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         name = values[0]
         if name in SUBCOMMANDS:
             module = importlib.import_module(f"cde.commands.{SUBCOMMANDS[name][0]}")
@@ -29,11 +36,11 @@ class _LazySubcommands(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", required=True, action=_LazySubcommands)
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, formatter_class=p.formatter_class)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     return args.bench_run(args)

@@ -29,7 +29,7 @@ WORDS = [
 # fmt: on
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
     p.add_argument("--num-prompts", type=int, default=100)
@@ -186,7 +186,7 @@ def make_bodies(args: argparse.Namespace, model: str, rng: random.Random) -> lis
     ]
 
 
-async def bench(args) -> dict:
+async def bench(args: argparse.Namespace) -> dict:
     base, headers = api_base(args.url), auth_headers(args.api_key)
     rng = random.Random(args.seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.max_concurrency or 100)
@@ -210,7 +210,7 @@ async def bench(args) -> dict:
     }
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     summary = asyncio.run(bench(args))
     print_report(summary)
     write_json(summary, args.json)

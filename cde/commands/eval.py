@@ -7,10 +7,15 @@ Prints markdown tables; `--json` keeps everything."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cde.train.backends import EngineBackend, HttpBackend
 
 # name -> the API fields of the decoding setting (the seed's table)
-SETTINGS = {
+SETTINGS: dict[str, dict | None] = {
     "one token per step": {},
     "tokens_per_step 2": {"tokens_per_step": 2},
     "tokens_per_step 4": {"tokens_per_step": 4},
@@ -22,7 +27,7 @@ SETTINGS = {
 SECTIONS = ("tasks", "steering", "attribution")
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="checkpoint directory: run an engine in this process")
     src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000")
@@ -44,7 +49,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", metavar="PATH", help="write every number (and sample replies) here")
 
 
-def _backend(args):
+def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
     from cde.train.backends import EngineBackend, HttpBackend
 
     if args.url:
@@ -52,13 +57,13 @@ def _backend(args):
     return EngineBackend(args.model, device=_device(args), max_running=args.max_running, cuda_graphs=args.cuda_graphs)
 
 
-def _device(args) -> str:
+def _device(args: argparse.Namespace) -> str:
     from cde.worker.engine import resolve_device
 
     return resolve_device(args.device)
 
 
-def _tasks(backend, args) -> list[dict]:
+def _tasks(backend: EngineBackend | HttpBackend, args: argparse.Namespace) -> list[dict]:
     from cde.train import heldout
 
     probs = heldout.problems(args.limit, args.seed)
@@ -87,7 +92,7 @@ def _task_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from cde.train import concept_eval
 
     sections = [s.strip() for s in args.sections.split(",")]
@@ -119,6 +124,7 @@ def run(args) -> int:
         )
         if args.model:
             from cde.train.export import load
+
             from cde.train.faithfulness import logit_drops
 
             f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)

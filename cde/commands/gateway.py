@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+from typing import TYPE_CHECKING, Any
 
-from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 from cde.gateway.http_limits import add_arguments as add_limit_arguments
 from cde.shared.logs import setup_logging
 
+from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 
-def add_http_arguments(p) -> None:
+if TYPE_CHECKING:
+    from cde.gateway.concepts import ConceptLabels
+    from cde.gateway.state import ServerState
+
+
+def add_http_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared with `cde serve`."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -68,7 +75,7 @@ def _read_key(path: str) -> str:
     return key
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from cde.gateway.discovery import dns_target
 
     p.add_argument(
@@ -100,7 +107,7 @@ def add_arguments(p) -> None:
     add_http_arguments(p)
 
 
-def concept_labels(args, model_dir):
+def concept_labels(args: argparse.Namespace, model_dir: str | None) -> ConceptLabels:
     """The concept labels a server (or `cde generate`) names concepts by."""
     from cde.gateway.concepts import ConceptLabels
     from cde.shared.catalog import CatalogError
@@ -111,7 +118,13 @@ def concept_labels(args, model_dir):
         raise SystemExit(f"cde: {exc}") from None
 
 
-def build_state(args, endpoints, processes=None, model_dir=None, **router_options):
+def build_state(
+    args: argparse.Namespace,
+    endpoints: list[str],
+    processes: list[subprocess.Popen] | None = None,
+    model_dir: str | None = None,
+    **router_options: Any,
+) -> ServerState:
     from cde.gateway.router import Router
     from cde.gateway.state import ServerState
 
@@ -128,7 +141,7 @@ def build_state(args, endpoints, processes=None, model_dir=None, **router_option
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from cde.gateway.app import create_app
     from cde.gateway.discovery import DnsDiscovery
     from cde.gateway.http_limits import from_args as limits_from_args

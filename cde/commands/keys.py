@@ -15,7 +15,7 @@ def _name(text: str) -> str:
     return text
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     gen = sub.add_parser("generate", help="write CURVE key pairs (NAME.key public, NAME.key_secret private)")
     gen.add_argument("directory")
@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
     gen.add_argument("--force", action="store_true", help="overwrite existing key files")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from cde.shared.curve import generate

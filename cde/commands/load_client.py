@@ -17,6 +17,7 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -69,7 +70,7 @@ def _take_choices(out: Outcome, obj: dict) -> bool:
     return got_text
 
 
-def _error_from(response_json, out: Outcome, kind: str) -> Outcome:
+def _error_from(response_json: Any, out: Outcome, kind: str) -> Outcome:
     err = response_json.get("error") if isinstance(response_json, dict) else None
     if not isinstance(err, dict) or "message" not in err:
         return out.fail("broken", kind + "_no_error_body")
@@ -163,7 +164,7 @@ def metric_samples(text: str) -> dict[str, float]:
     return out
 
 
-def write_json(obj, path: str | None) -> None:
+def write_json(obj: Any, path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(obj, f, indent=2)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 from cde.shared.config import PRESETS
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output directory")
     p.add_argument("--preset", choices=sorted(PRESETS), required=True)
     p.add_argument("--instruct", action="store_true", help="instruct vocabulary (100284) and chat template")
@@ -15,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-shard-gb", type=float, default=4.0)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from cde.worker.checkpoint import make_model
 
     out = make_model(

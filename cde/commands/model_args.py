@@ -3,18 +3,24 @@ or a Hugging Face Hub id, resolved to a local directory before any model work.""
 
 from __future__ import annotations
 
+import argparse
+
 MODEL_HELP = (
     "checkpoint directory, or Hugging Face Hub id org/name (fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
 )
 
 
-def add_model_arguments(p, model_help: str = MODEL_HELP + " (default: the built-in demo model)", into=None) -> None:
+def add_model_arguments(
+    p: argparse.ArgumentParser,
+    model_help: str = MODEL_HELP + " (default: the built-in demo model)",
+    into: argparse._MutuallyExclusiveGroup | None = None,
+) -> None:
     """`into`: a mutually exclusive group of `p` that --model joins (`bench engine --preset`)."""
     (into or p).add_argument("--model", help=model_help)
     p.add_argument("--revision", help="branch, tag or commit of a Hub id (default: main)")
 
 
-def resolve_model_args(args, command: str, demo: bool = True) -> str | None:
+def resolve_model_args(args: argparse.Namespace, command: str, demo: bool = True) -> str | None:
     """Points `args.model` at a local directory (the demo model when absent and `demo`) and
     returns the name to serve it under by default: a Hub id as given (as vLLM does), else None
     (a directory is served under its own name)."""

@@ -13,6 +13,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
+from cde.shared.logs import setup_logging
+
 from cde.commands.gateway import add_http_arguments, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import (
@@ -23,12 +25,11 @@ from cde.commands.worker import (
     flashblock_default,
     kv_splits,
 )
-from cde.shared.logs import setup_logging
 
 log = logging.getLogger("cde.gateway")
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--workers", type=int, help="worker processes (default: one per GPU, or 1 on CPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
@@ -60,7 +61,9 @@ def _gpus(device: str) -> list[str]:
     return gpus
 
 
-def _spawn(args, model: str, n: int, gpus: list[str], sockdir: str):
+def _spawn(
+    args: argparse.Namespace, model: str, n: int, gpus: list[str], sockdir: str
+) -> tuple[list[str], list[subprocess.Popen]]:
     endpoints, procs = [], []
     for i in range(n):
         endpoint = f"ipc://{sockdir}/worker-{i}"
@@ -158,11 +161,12 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
     return warm_up(args.api_key, 64, 1) if gpus else warm_up(args.api_key, 16, 16)
 
 
-def run(args) -> int:
-    from cde.cli import STARTED
+def run(args: argparse.Namespace) -> int:
     from cde.gateway.app import create_app
     from cde.gateway.http_limits import from_args as limits_from_args
     from cde.gateway.server import serve_http
+
+    from cde.cli import STARTED
 
     setup_logging("gateway", args.log_level)
     # Bad flags fail here, before any model work, not in every worker.
@@ -190,7 +194,7 @@ def run(args) -> int:
             app,
             args.host,
             args.port,
-            banner=banner,
+            banner=banner,  # type: ignore[arg-type]  # a str-like with .format(), formatted when ready
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.log_level,
             warm_up=_warm_up(args, gpus),

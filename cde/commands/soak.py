@@ -9,15 +9,16 @@ memory (from /metrics, read from /proc by each process) flat from start to end."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
 
 import httpx
+from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 from cde.commands.bench_serve import api_base, auth_headers, first_model
 from cde.commands.load_client import metric_samples, send, write_json
-from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 IDLE_GAUGES = (
     "cde_worker_running_requests",
@@ -27,7 +28,7 @@ IDLE_GAUGES = (
 )
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
     p.add_argument("--duration", type=float, default=300.0, help="seconds of load (after the reference runs)")
@@ -70,7 +71,7 @@ async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float) -> dict
         await asyncio.sleep(0.25)
 
 
-async def soak(args) -> dict:
+async def soak(args: argparse.Namespace) -> dict:
     base, headers = api_base(args.url), auth_headers(args.api_key)
     root = base[: -len("/v1")]
     rng = random.Random(args.seed)
@@ -110,7 +111,7 @@ async def soak(args) -> dict:
         await asyncio.sleep(1.0)
         start = await read_metrics(client, root)
         peak = resident_mb(start)
-        records = []
+        records: list = []
         end_at, t0 = time.monotonic() + args.duration, time.perf_counter()
 
         async def runner() -> None:
@@ -141,7 +142,15 @@ async def soak(args) -> dict:
     return judge(args, records, problems, start, end, peak, duration)
 
 
-def judge(args, records, problems, start, end, peak, duration) -> dict:
+def judge(
+    args: argparse.Namespace,
+    records: list,
+    problems: list,
+    start: dict[str, float],
+    end: dict[str, float],
+    peak: dict[str, float],
+    duration: float,
+) -> dict:
     outcomes: dict[str, int] = {}
     by_kind: dict[str, int] = {}
     errors: dict[str, int] = {}
@@ -195,7 +204,7 @@ def print_report(r: dict) -> None:
     print("PASS" if r["passed"] else f"FAIL ({len(r['problems'])} problems)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     report = asyncio.run(soak(args))
     print_report(report)
     write_json(report, args.json)

@@ -12,24 +12,32 @@
 
 from __future__ import annotations
 
-from cde.train.concepts import concepts, topic_concept
-from cde.train.samples import NEUTRAL_PROMPTS
+from typing import TYPE_CHECKING, Any
+
 from cde.train.text import on_topic_share
 from cde.train.vocab import TOPICS
+
+from cde.train.concepts import concepts, topic_concept
+from cde.train.samples import NEUTRAL_PROMPTS
+
+if TYPE_CHECKING:
+    from cde.train.backends import EngineBackend, HttpBackend
 
 MIN_CHUNK_CHARS = 40  # a chunk shorter than a sentence says little about its topic
 
 
-def _chat(text: str, max_tokens: int, **extra) -> dict:
+def _chat(text: str, max_tokens: int, **extra: Any) -> dict:
     return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0.0, **extra}
 
 
-def _shares(backend, bodies: list[dict], topics: list[str]) -> float:
+def _shares(backend: EngineBackend | HttpBackend, bodies: list[dict], topics: list[str]) -> float:
     batch = backend.run(bodies)
     return sum(on_topic_share(c.text, t) for c, t in zip(batch.completions, topics)) / max(len(topics), 1)
 
 
-def amplify(backend, strengths: list[float], n_topics: int, n_prompts: int, max_tokens: int = 64) -> list[dict]:
+def amplify(
+    backend: EngineBackend | HttpBackend, strengths: list[float], n_topics: int, n_prompts: int, max_tokens: int = 64
+) -> list[dict]:
     topics = TOPICS[:n_topics]
     cases = [(t, p) for t in topics for p in NEUTRAL_PROMPTS[:n_prompts]]
     rows = []
@@ -48,7 +56,7 @@ def amplify(backend, strengths: list[float], n_topics: int, n_prompts: int, max_
     return rows
 
 
-def suppress(backend, n_topics: int, max_tokens: int = 64) -> dict:
+def suppress(backend: EngineBackend | HttpBackend, n_topics: int, max_tokens: int = 64) -> dict:
     topics = TOPICS[:n_topics]
     ask = [f"Tell me about {t.phrase}." for t in topics]
     names = [t.name for t in topics]
@@ -64,7 +72,7 @@ def suppress(backend, n_topics: int, max_tokens: int = 64) -> dict:
     return {"baseline": base, "suppressed": steered}
 
 
-def attribution(backend, n_topics: int, max_tokens: int = 128) -> dict:
+def attribution(backend: EngineBackend | HttpBackend, n_topics: int, max_tokens: int = 128) -> dict:
     """How often a chunk's top known concept is its topic."""
     topics = TOPICS[:n_topics]
     group = {c.id: c.group_id for c in concepts()}

@@ -47,7 +47,7 @@ class Concept:
 def concepts() -> tuple[Concept, ...]:
     out: list[Concept] = []
 
-    def add(name, description, group_id, group_name, kind):
+    def add(name: str, description: str, group_id: int, group_name: str, kind: str) -> None:
         out.append(Concept(len(out), name, description, group_id, group_name, kind))
 
     for g, topic in enumerate(TOPICS):

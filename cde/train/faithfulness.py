@@ -13,18 +13,21 @@ i + 1 >= inject_layer at p, for c = the top contributor and for c = a random oth
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
-
 from cde.shared.config import MASK_ID
 from cde.shared.tokenizer import get_tokenizer
-from cde.train.model import TrainModel, block_causal_mask
 from cde.train.text import paragraph
 from cde.train.vocab import TOPICS
 
+from cde.train.model import TrainModel, block_causal_mask
+
 
 @torch.no_grad()
-def _state(model: TrainModel, ids: torch.Tensor, p: int, direction=None, strength: float = 0.0):
+def _state(
+    model: TrainModel, ids: torch.Tensor, p: int, direction: torch.Tensor | None = None, strength: float = 0.0
+) -> Any:
     x = ids.clone()
     x[0, p] = MASK_ID
     pos = torch.arange(ids.shape[1], device=ids.device)[None]

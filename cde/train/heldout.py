@@ -5,8 +5,12 @@ greedy decoding, replies checked by each family's checker. Used by the training 
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from cde.train import tasks
+
+if TYPE_CHECKING:
+    from cde.train.backends import EngineBackend, HttpBackend
 
 
 def problems(n_per_family: int, seed: int = 0) -> list[tasks.Problem]:
@@ -18,7 +22,7 @@ def body(p: tasks.Problem, options: dict) -> dict:
     return {"messages": [{"role": "user", "content": p.prompt}], "max_tokens": 48, "temperature": 0.0, **options}
 
 
-def accuracy(backend, probs: list[tasks.Problem], options: dict | None = None) -> dict:
+def accuracy(backend: EngineBackend | HttpBackend, probs: list[tasks.Problem], options: dict | None = None) -> dict:
     """{"accuracy": {family: share}, "tokens_per_step", "tok_s", "samples": [(prompt, reply)]}."""
     batch = backend.run([body(p, options or {}) for p in probs])
     right: dict[str, list[bool]] = {}

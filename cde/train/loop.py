@@ -12,21 +12,22 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import count
 from pathlib import Path
 
 import torch
-
 from cde.shared.config import ModelConfig
-from cde.train import heldout
-from cde.train.concepts import concepts, topic_concept
 from cde.train.export import archive, export
-from cde.train.model import TrainModel
-from cde.train.objective import Topics, Weights, losses
 from cde.train.rows import Batches
 from cde.train.token_set import topic_words, used_ids
 from cde.train.vocab import TOPICS
+
+from cde.train import heldout
+from cde.train.concepts import concepts, topic_concept
+from cde.train.model import TrainModel
+from cde.train.objective import Topics, Weights, losses
 
 
 @dataclass
@@ -86,14 +87,21 @@ def build(o: Options, used: list[int]) -> tuple[TrainModel, torch.optim.Optimize
     return model, opt, topics
 
 
-def _forward_backward(model, topics, batch, gen, o: Options, hidden) -> dict:
+def _forward_backward(
+    model: TrainModel,
+    topics: Topics,
+    batch: dict,
+    gen: torch.Generator,
+    o: Options,
+    hidden: Callable[..., torch.Tensor] | None,
+) -> dict:
     with torch.autocast("cuda", torch.bfloat16, enabled=o.device.startswith("cuda")):
         out = losses(model, topics, batch, gen, o.weights, hidden)
     out["total"].backward()
     return out
 
 
-def _save(run: Path, model, opt, state: dict) -> None:
+def _save(run: Path, model: TrainModel, opt: torch.optim.Optimizer, state: dict) -> None:
     """state.pt: everything, to resume on this machine. weights.pt: the weights in bf16 and the
     schedule's position (small enough to travel when the machine is gone; Adam restarts)."""
     for name, blob in (

@@ -29,12 +29,13 @@ Losses, on masked positions of the noisy copy:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from cde.shared.config import EOS_ID, MASK_ID, PAGE
+
 from cde.train.model import TrainModel, clean_noisy_mask
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
 
@@ -79,7 +80,9 @@ class Topics:
     words: torch.Tensor
 
 
-def _steering(model: TrainModel, topics: Topics, batch: dict, masked: torch.Tensor, w: Weights, gen: torch.Generator):
+def _steering(
+    model: TrainModel, topics: Topics, batch: dict, masked: torch.Tensor, w: Weights, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-document injection -> (inject [B, 2L, D], gates [layers, B])."""
     steer, device = batch["steer"], batch["ids"].device
     k = topics.ids.numel()
@@ -121,7 +124,12 @@ def _token_loss(model: TrainModel, logits: torch.Tensor, target: torch.Tensor, h
 
 
 def losses(
-    model: TrainModel, topics: Topics, batch: dict, gen: torch.Generator, w: Weights, hidden_fn=None
+    model: TrainModel,
+    topics: Topics,
+    batch: dict,
+    gen: torch.Generator,
+    w: Weights,
+    hidden_fn: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """hidden_fn: model.hidden, or a compiled version of it."""
     ids, kinds, doc = batch["ids"], batch["kinds"], batch["doc"]

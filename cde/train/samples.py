@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from cde.shared.config import EOT_ID
 from cde.shared.tokenizer import get_tokenizer
-from cde.train import tasks
-from cde.train.concepts import concept_id, tone_concept, topic_concept
 from cde.train.text import TONES, paragraph
 from cde.train.vocab import TOPICS
+
+from cde.train import tasks
+from cde.train.concepts import concept_id, tone_concept, topic_concept
 
 PROMPT, TEXT, EOT, TRAIL = 0, 1, 2, 3
 
@@ -110,7 +112,7 @@ def plain_doc(rng: random.Random, min_tokens: int) -> Doc:
     return Doc(ids, [TEXT] * len(ids), sorted(labels), topic_concept(topic.name))
 
 
-def _labels(par) -> list[int]:
+def _labels(par: Any) -> list[int]:
     return [topic_concept(par.topic.name), concept_id(par.subtopic.name), tone_concept(par.tone)]
 
 
