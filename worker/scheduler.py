@@ -132,7 +132,7 @@ class Scheduler:
         Requests that stream the denoising get a StepResult per step, before their BlockResult.
         The results of requests that asked for attribution get it from `attach`, which the
         engine calls once the pass's attribution has reached the host."""
-        results = []
+        results: list[BlockResult | StepResult] = []
         self._awaiting = []
         for n, (item, (positions, tokens)) in enumerate(zip(batch.steps, picks)):
             seq = item.seq
