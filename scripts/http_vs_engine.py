@@ -4,7 +4,9 @@
    off and on.
 2. `cde serve` of the same checkpoint (its warm-up on), then: the first request after startup
    (one streamed request, attribution off), and `cde bench serve` for every cell with the same
-   prompts' shape (random token ids), max_tokens and tokens per step.
+   prompts' shape (random token ids), max_tokens and tokens per step, and greedy like the engine
+   bench (`temperature: 0`: the API's default of 1 samples, and sampling over the vocabulary
+   costs the device time per pass that the engine bench does not spend).
 
 Prints a markdown table (engine and HTTP tok/s, their ratio, median time to the first block of
 both) and the first request's time, and writes everything as JSON. The engine and the server run
@@ -118,6 +120,7 @@ def first_request(url: str, args: argparse.Namespace) -> dict:
         "prompt": [rng.randrange(1000, 100000) for _ in range(args.prompt_len)],
         "max_tokens": args.max_tokens,
         "tokens_per_step": args.tokens_per_step,
+        "temperature": 0,
         "stream": True,
     }
     t0 = time.perf_counter()
@@ -132,7 +135,7 @@ def first_request(url: str, args: argparse.Namespace) -> dict:
 
 def run_http(args: argparse.Namespace, url: str, c: int, attribution: bool, out: Path) -> dict:
     path = out / f"http_c{c}_{'attr' if attribution else 'plain'}.json"
-    extra = {"tokens_per_step": args.tokens_per_step, "attribution": attribution}
+    extra = {"tokens_per_step": args.tokens_per_step, "attribution": attribution, "temperature": 0}
     cmd = [*PY, "bench", "serve", "--url", url, "--prompt-ids", "--prompt-len", str(args.prompt_len)]
     cmd += ["--max-tokens", str(args.max_tokens), "--extra-body", json.dumps(extra), "--json", str(path)]
     cmd += ["--num-prompts", str(args.requests_at_1 if c == 1 else c), "--max-concurrency", str(c)]
