@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from cde.gateway.chat import create_chat_completion
@@ -38,7 +37,7 @@ def _model_card(state: ServerState) -> dict:
         "object": "model",
         "created": int(time.time()),
         "owned_by": "cde",
-        "max_model_len": state.live_info.block_size,
+        "max_model_len": state.live_info.context_len,
     }
 
 
@@ -110,7 +109,7 @@ def create_app(
     None starts serving at once (a standalone gateway, whose workers may come later)."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app):
         await state.router.start()
         try:
             if wait_for_workers is not None:

@@ -8,7 +8,6 @@ from itertools import islice
 
 from cde.gateway.errors import ApiError, invalid
 from cde.gateway.state import ServerState
-from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import get_tokenizer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -51,20 +50,13 @@ def _head_param(request: Request, default: str | None) -> str | None:
     return HEADS[raw]
 
 
-def _live_info(state: ServerState) -> Heartbeat:
-    info = state.router.info
-    if info is None:
-        raise ApiError(503, "no worker is available", code="no_worker")
-    return info
-
-
 async def list_concepts(request: Request) -> Response:
     state: ServerState = request.app.state.cde
     limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     search = request.query_params.get("search", "")
     if len(search) > MAX_SEARCH_CHARS:
         raise invalid(f"Invalid value for 'search': at most {MAX_SEARCH_CHARS} characters, got {len(search)}", "search")
-    n_concepts = _live_info(state).n_concepts
+    n_concepts = state.live_info.n_concepts
     # A search ranks steerable known concepts unless told otherwise, as the official one does;
     # a plain listing is the whole catalog unless filtered.
     head = _head_param(request, "known" if search else None)
@@ -93,7 +85,7 @@ def _known_concept_id(raw: str, n_concepts: int) -> int:
 
 async def get_concept(request: Request) -> Response:
     state: ServerState = request.app.state.cde
-    info = _live_info(state)
+    info = state.live_info
     concept_id = _known_concept_id(request.path_params["concept_id"], info.n_concepts)
     k = _int_param(request, "k", DEFAULT_K, 1, MAX_K)
     reply = await state.router.concept_top_tokens(concept_id, k)

@@ -189,7 +189,7 @@ def openapi_schema(model_name: str | None, info: Heartbeat | None, api_key: bool
             ("ChatCompletionRequest", "max_tokens"),
             ("ChatCompletionRequest", "max_completion_tokens"),
         ):
-            defs[name]["properties"][field]["anyOf"][0]["maximum"] = info.block_size - 1
+            defs[name]["properties"][field]["anyOf"][0]["maximum"] = info.context_len - 1
         _bound_ints(defs["CompletionRequest"]["properties"]["prompt"], info.vocab_size - 1)
         _bound_ints(defs["SteeringParams"]["properties"]["concepts"], info.n_concepts - 1)
         defs["SteeringParams"]["properties"]["inject_layer"] = {

@@ -4,11 +4,13 @@ rules, but answering here gives the client a 400 naming the field instead of a f
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
 
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.schemas import SamplingParams, SteeringParams
+from cde.shared.limits import LimitError, check_context, check_token_ids
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
 
 
@@ -23,25 +25,26 @@ def check_prompt(
     error names the one to change (a prompt that alone fills the context: the prompt)."""
     if not ids:
         raise invalid("the prompt must not be empty", param)
-    if len(ids) + max_tokens > info.block_size:  # before the vocabulary check: it walks every id
-        raise invalid(
-            f"This model's maximum context length is {info.block_size} tokens; the prompt has {len(ids)} "
-            f"tokens and {max_tokens_param} is {max_tokens}. Shorten the prompt or lower {max_tokens_param}.",
-            param if len(ids) >= info.block_size else max_tokens_param,
-            "context_length_exceeded",
-        )
-    bad = next((t for t in ids if not 0 <= t < info.vocab_size), None)
-    if bad is not None:
-        raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", param)
+    with as_invalid():
+        check_context(len(ids), max_tokens, info.context_len, param, max_tokens_param)
+        check_token_ids(ids, info.vocab_size, param)
+
+
+@contextlib.contextmanager
+def as_invalid() -> Iterator[None]:
+    """A LimitError (the rules the worker checks too, shared/limits.py) as the client's 400."""
+    try:
+        yield
+    except LimitError as exc:
+        raise invalid(str(exc), exc.param, exc.code) from None
 
 
 def generate_requests(
     body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat, labels: ConceptLabels, prefix: str
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
-    bad = next((t for t in body.stop_token_ids or [] if not 0 <= t < info.vocab_size), None)
-    if bad is not None:
-        raise invalid(f"token id {bad} is outside the vocabulary [0, {info.vocab_size})", "stop_token_ids")
+    with as_invalid():
+        check_token_ids(body.stop_token_ids or [], info.vocab_size, "stop_token_ids")
     if body.stream_denoise and not body.stream:
         raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
@@ -74,7 +77,7 @@ def generate_requests(
     return out
 
 
-def _flashblock(value: Any) -> FlashBlockSpec | bool | None:
+def _flashblock(value) -> FlashBlockSpec | bool | None:
     if value is None or value is False:
         return value
     if value is True:
@@ -82,7 +85,7 @@ def _flashblock(value: Any) -> FlashBlockSpec | bool | None:
     return FlashBlockSpec(tau=value.tau, max_reuse=value.max_reuse)
 
 
-def _attribution(value: Any) -> AttributionSpec | None:
+def _attribution(value) -> AttributionSpec | None:
     if value is None or value is False:
         return None
     if value is True:

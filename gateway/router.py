@@ -7,16 +7,12 @@ import logging
 import subprocess
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 import zmq.asyncio
 from cde.gateway.errors import ApiError
 from cde.gateway.worker_link import RequestHandle, WorkerLink
 from cde.shared.curve import CurveClient
 from cde.shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
-
-if TYPE_CHECKING:
-    from cde.gateway.discovery import DnsDiscovery
 
 log = logging.getLogger("cde.gateway")
 
@@ -33,8 +29,8 @@ class Router:
         heartbeat_timeout: float = 5.0,
         max_queue: int = 256,
         curve: CurveClient | None = None,
-        discovery: DnsDiscovery | None = None,
-    ) -> None:
+        discovery=None,
+    ):
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval
@@ -117,14 +113,19 @@ class Router:
 
     @property
     def info(self) -> Heartbeat | None:
-        """What the served model accepts, from any live worker."""
+        """What the served model accepts, from any live worker (None: no worker is alive)."""
         alive = self.alive
         return alive[0].info if alive else None
 
-    def _least_loaded(self) -> WorkerLink:
+    def live(self) -> list[WorkerLink]:
+        """The live workers, or the API's 503 `no_worker` when none is: the one place it is raised."""
         alive = self.alive
         if not alive:
             raise ApiError(503, "no worker is available", code="no_worker")
+        return alive
+
+    def _least_loaded(self) -> WorkerLink:
+        alive = self.live()
         # Rotate the start so that equally loaded workers take turns.
         self._turn = (self._turn + 1) % len(alive)
         order = alive[self._turn :] + alive[: self._turn]

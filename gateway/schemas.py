@@ -7,14 +7,17 @@ asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from cde.shared.limits import MAX_CONCEPT_LIST, MAX_STEERING_STRENGTH, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS, MAX_STOPS
+from cde.shared.limits import (
+    MAX_CONCEPT_LIST,
+    MAX_FLASHBLOCK_KNOB,
+    MAX_STEERING_STRENGTH,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_STOPS,
+)
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
-
-if TYPE_CHECKING:
-    from pydantic import ValidationInfo
 
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
@@ -29,11 +32,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
+def _reject(*fields: str, when=bool, hint: str = ""):
     """A validator refusing `fields` whenever `when(value)` holds: an OpenAI field CDE cannot
     honour is an error, never silently ignored."""
 
-    def check(cls: type, v: Any, info: ValidationInfo) -> Any:
+    def check(cls, v, info):
         if when(v):
             raise ValueError(f"{info.field_name}{hint} is not supported by CDE")
         return v
@@ -41,7 +44,7 @@ def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") ->
     return field_validator(*fields)(classmethod(check))
 
 
-def _given(v: object) -> bool:
+def _given(v) -> bool:
     return v is not None
 
 
@@ -56,7 +59,7 @@ def documented_as(schema: dict) -> dict:
     return {"json_schema_extra": replace}
 
 
-def only(*values: Any) -> dict:
+def only(*values) -> dict:
     """An OpenAI field CDE accepts only with its "off" values."""
     return documented_as({"enum": list(values)})
 
@@ -68,7 +71,7 @@ _NonEmpty = Annotated[list[T], Field(min_length=1)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
-def _prompt_shape(v: Any) -> str | None:
+def _prompt_shape(v) -> str | None:
     """Which of the prompt forms `v` is meant to be, so that its errors name what is wrong with
     that form (not why it is not one of the others); None for none of them."""
     if isinstance(v, str):
@@ -133,8 +136,10 @@ class AttributionParams(_Body):
 class FlashBlockParams(_Body):
     """FlashBlock: reuse the attention to the cached pages across the steps of a block."""
 
-    tau: int = Field(2, ge=0, le=64, description="recompute after a step that unmasked at least tau tokens")
-    max_reuse: int = Field(16, ge=0, le=64, description="recompute after this many reuses in a row")
+    tau: int = Field(
+        2, ge=0, le=MAX_FLASHBLOCK_KNOB, description="recompute after a step that unmasked at least tau tokens"
+    )
+    max_reuse: int = Field(16, ge=0, le=MAX_FLASHBLOCK_KNOB, description="recompute after this many reuses in a row")
 
 
 class SamplingParams(_Body):
@@ -177,7 +182,7 @@ class SamplingParams(_Body):
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v: Any) -> Any:
+    def _stops(cls, v):
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > MAX_STOPS:
             raise ValueError(f"at most {MAX_STOPS} stop sequences")
@@ -217,7 +222,7 @@ class ResponseFormat(_Body):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_only(cls, v: Any) -> Any:
+    def _text_only(cls, v):
         # Named before its other fields (a json_schema) are refused as unknown: the type is the mistake.
         if isinstance(v, dict) and v.get("type") != "text":
             raise ValueError(

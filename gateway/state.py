@@ -36,9 +36,8 @@ class ServerState:
 
     @property
     def live_info(self) -> Heartbeat:
-        info = self.router.info
-        if info is None:
-            raise ApiError(503, "no worker is available", code="no_worker")
-        if self.max_model_len is not None and self.max_model_len < info.block_size:
-            info = replace(info, block_size=self.max_model_len)
+        """The live model's limits, its context capped by `max_model_len`; 503 without a worker."""
+        info = self.router.live()[0].info
+        if self.max_model_len is not None and self.max_model_len < info.context_len:
+            info = replace(info, context_len=self.max_model_len)
         return info

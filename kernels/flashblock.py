@@ -8,7 +8,7 @@ part comes with its log-sum-exp, and the two merge exactly:
 
 The external part (A_out, L_out) is cached per request slot and layer and may be reused by later
 steps of the same block instead of being recomputed (the scheduler decides per item: see
-`Sequence.attention_mode`). Items in ATTN_EXACT mode never touch the split or the cache.
+`Sequence.next_attention_mode`). Items in ATTN_EXACT mode never touch the split or the cache.
 """
 
 from __future__ import annotations
@@ -29,6 +29,22 @@ class FlashBlockBatch:
     mode_host: list[int]  # the modes again, for the CPU loop
 
 
+@dataclass
+class FlashBlockSplit:
+    """The same per item, on the host, as the model runner decides it (FlashBlockBatch is its
+    device form; CUDA graphs pack it into their input buffer instead)."""
+
+    modes: list[int]  # ATTN_*
+    slots: list[int]  # cache row read by REUSE items (the scratch row for exact items)
+    writes: list[int]  # cache row written (the scratch row unless REFRESH)
+
+    def to_device(self, device: torch.device | str) -> FlashBlockBatch:
+        def tensor(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, device=device)
+
+        return FlashBlockBatch(tensor(self.modes), tensor(self.slots), tensor(self.writes), self.modes)
+
+
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention with its log-sum-exp, fp32 math. q [..., H, T, D]; k/v [..., KVH, S, D]
     (GQA: query heads grouped onto their KV head without repeating K/V). Returns the output
@@ -43,7 +59,7 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[to
     return out.reshape(*lead, h, t, d).to(q.dtype), lse.reshape(*lead, h, t)
 
 
-def merge(a_out: torch.Tensor, l_out: torch.Tensor, a_in: torch.Tensor, l_in: torch.Tensor) -> torch.Tensor:
+def merge(a_out, l_out, a_in, l_in) -> torch.Tensor:
     """The log-space merge of two partial attentions over disjoint key sets (fp32 math)."""
     m = torch.maximum(l_out, l_in)
     w_out, w_in = torch.exp(l_out - m)[..., None], torch.exp(l_in - m)[..., None]
@@ -56,15 +72,7 @@ def external_pages(n_pages: torch.Tensor, mode: torch.Tensor) -> torch.Tensor:
     return torch.where(mode == ATTN_EXACT, n_pages, torch.where(mode == ATTN_REUSE, 0, n_pages - 1))
 
 
-def split_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    external: torch.Tensor,
-    external_lse: torch.Tensor,
-    cache: tuple[torch.Tensor, ...],
-    fb: FlashBlockBatch,
-) -> torch.Tensor:
+def split_attention(q, k, v, external, external_lse, cache, fb: FlashBlockBatch) -> torch.Tensor:
     """Batched (CUDA graph friendly) FlashBlock step. q [N, H, 64, D]; k/v [N, KVH, 64, D] the
     items' own keys; `external`/`external_lse` the paged kernel's output over `external_pages`
     (the whole attention for exact items). cache = (A [slots, H, 64, D], L [slots, H, 64])."""
@@ -79,16 +87,7 @@ def split_attention(
     return torch.where(exact, external, merge(a_ext, l_ext, a_in, l_in))
 
 
-def split_attention_item(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_ext: torch.Tensor,
-    v_ext: torch.Tensor,
-    cache: tuple[torch.Tensor, ...],
-    slot: int,
-    mode: int,
-) -> torch.Tensor:
+def split_attention_item(q, k, v, k_ext, v_ext, cache, slot: int, mode: int) -> torch.Tensor:
     """One item on the CPU path (no padding, no batch-wide work): q [H, 64, D]; k/v its own
     keys [KVH, 64, D]; k_ext/v_ext its external pages [KVH, S, D] (unused when reusing)."""
     a_cache, l_cache = cache

@@ -19,6 +19,11 @@ PAGE = 64  # diffusion block = attention tile = KV page
 ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE = 0, 1, 2
 
 
+# The published config.json's key for the context length (ModelConfig.context_len). Its nested
+# `concept` block has a `block_size` too: the concept head's (ModelConfig.concept_block_size).
+PUBLISHED_CONTEXT_KEY = "block_size"
+
+
 class ConfigError(ValueError):
     """The checkpoint's config.json describes something CDE cannot serve."""
 
@@ -42,7 +47,9 @@ class ModelConfig:
     n_head: int = 32
     n_kv_heads: int = 4
     n_embd: int = 4096
-    block_size: int = 4096  # context length
+    # Context length (positions). The published config.json calls it `block_size`; CDE reads and
+    # writes that key, but keeps "block" for the 64-token diffusion block.
+    context_len: int = 4096
     diff_block_size: int = 64
     vocab_size: int = BASE_VOCAB
     intermediate_size: int | None = None  # default mlp_ratio * n_embd
@@ -99,12 +106,14 @@ class ModelConfig:
 
     @property
     def max_blocks(self) -> int:
-        return -(-self.block_size // PAGE)
+        return -(-self.context_len // PAGE)
 
     # ---- (de)serialisation ---------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
         data = {k: v for k, v in raw.items() if k not in _IGNORED}
+        if PUBLISHED_CONTEXT_KEY in data:  # the published name wins (`--set block_size=...` over a preset)
+            data["context_len"] = data.pop(PUBLISHED_CONTEXT_KEY)
         nested = data.pop("concept", None)
         if isinstance(nested, dict):
             for key, value in nested.items():
@@ -163,7 +172,7 @@ class ModelConfig:
 
     def to_published_dict(self) -> dict:
         """The flat config.json layout of the published checkpoints."""
-        d = dataclasses.asdict(self)
+        d = {PUBLISHED_CONTEXT_KEY if k == "context_len" else k: v for k, v in dataclasses.asdict(self).items()}
         d.update(
             model_type="causal_diffusion",
             use_rms_norm=True,
@@ -221,7 +230,7 @@ _IGNORED = {
     "rope_full_precision",
 }
 # Architecture switches whose other values CDE does not implement.
-_FIXED: dict[str, set] = {
+_FIXED = {
     # "steerling": the published Hub config (its Hugging Face file builder); "causal_diffusion":
     # the official package's own configs.
     "model_type": {"causal_diffusion", "steerling"},
@@ -249,7 +258,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_head=8,
         n_kv_heads=2,
         n_embd=256,
-        block_size=1024,
+        context_len=1024,
         n_concepts=512,
         n_unknown_concepts=2048,
         factorize_rank=32,
@@ -263,7 +272,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_head=4,
         n_kv_heads=2,
         n_embd=64,
-        block_size=1024,
+        context_len=1024,
         n_concepts=96,
         n_unknown_concepts=256,
         factorize_rank=16,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from cde.shared.protocol import GenerateRequest
+from cde.shared.protocol import FlashBlockSpec, GenerateRequest
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000  # a stop string longer than this is not a stop, it is a payload
@@ -20,6 +20,52 @@ MAX_STEERING_STRENGTH = 100.0
 # Before the model is known (schema validation), concept lists are capped at a size above any
 # Steerling's known head (33,732 at 8B); the model's own n_concepts then bounds them exactly.
 MAX_CONCEPT_LIST = 1 << 16
+
+
+class LimitError(ValueError):
+    """A request outside what the served model accepts. The gateway answers it with a 400 naming
+    `param` (with `code`, when OpenAI has one); the worker refuses the request with its message."""
+
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def check_context(
+    prompt_len: int,
+    max_tokens: int,
+    context_len: int,
+    prompt_param: str = "prompt",
+    max_tokens_param: str = "max_tokens",
+) -> None:
+    """The prompt and the tokens to generate must fit the model's context. The error names the
+    field to change: the prompt when it alone fills the context, else `max_tokens_param`."""
+    if prompt_len + max_tokens > context_len:
+        raise LimitError(
+            f"This model's maximum context length is {context_len} tokens; the prompt ({prompt_len} tokens) + "
+            f"{max_tokens_param} ({max_tokens}) exceeds the context. Shorten the prompt or lower {max_tokens_param}.",
+            prompt_param if prompt_len >= context_len else max_tokens_param,
+            "context_length_exceeded",
+        )
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Every id must be in the model's vocabulary. Walks the whole list: check the context first."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise LimitError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", param)
+
+
+# The API's cap on FlashBlock's knobs (gateway/schemas.py): a block has 64 positions, so neither a
+# larger tau nor a larger max_reuse changes anything.
+MAX_FLASHBLOCK_KNOB = 64
+
+
+def check_flashblock(spec: FlashBlockSpec) -> None:
+    """FlashBlock's two knobs may not be negative: the rule of the worker (every request) and of
+    `cde serve/worker --flashblock-*`; the API's schema states it as ge=0."""
+    if not (spec.tau >= 0 and spec.max_reuse >= 0):
+        raise LimitError("flashblock tau and max_reuse must be >= 0", "flashblock")
 
 
 def clip(text: str, limit: int) -> str:

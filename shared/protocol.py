@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from cde.shared.packed_attribution import PackedAttribution
 
-PROTOCOL_VERSION = 3  # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution
+# 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len
+PROTOCOL_VERSION = 4
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Heartbeat:
 
     boot_id: str  # new per worker process: a change means in-flight requests were lost
     model: str
-    block_size: int
+    context_len: int  # positions: prompt + generated tokens
     vocab_size: int
     instruct: bool
     n_layers: int

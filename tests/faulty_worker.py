@@ -15,7 +15,7 @@ LAUNCH_FAULT, SYNC_FAULT = 99_991, 99_992
 
 
 def _faulty(pass_or_batch, token: int) -> bool:
-    return any(it.step and it.seq.req.prompt_ids[:1] == [token] for it in pass_or_batch.items)
+    return any(it.is_step and it.seq.req.prompt_ids[:1] == [token] for it in pass_or_batch.items)
 
 
 def _plant() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from cde.kernels.flashblock import FlashBlockBatch, external_pages
+from cde.kernels.flashblock import FlashBlockBatch, FlashBlockSplit, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
@@ -53,7 +53,7 @@ def pack(
     write_pages,
     pages,
     steer_from,
-    split,
+    split: FlashBlockSplit | None,
     *,
     scratch_page: int,
     scratch_slot: int,
@@ -64,9 +64,8 @@ def pack(
     that write the scratch page, attend to it alone, inject nothing and (FlashBlock family) read
     and write the scratch slot."""
     real, pad = len(pages), n - len(pages)
-    modes, slots, writes = (
-        split if split is not None else ([ATTN_EXACT] * real, [scratch_slot] * real, [scratch_slot] * real)
-    )
+    if split is None:
+        split = FlashBlockSplit([ATTN_EXACT] * real, [scratch_slot] * real, [scratch_slot] * real)
     flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
     for p in pages:
         flat += p + [scratch_page] * (width - len(p))
@@ -76,9 +75,9 @@ def pack(
         (write_pages, scratch_page),
         ([len(p) for p in pages], 1),
         (steer_from, no_injection),
-        (modes, ATTN_EXACT),
-        (slots, scratch_slot),
-        (writes, scratch_slot),
+        (split.modes, ATTN_EXACT),
+        (split.slots, scratch_slot),
+        (split.writes, scratch_slot),
     ):
         flat += list(column) + [fill] * pad
     return flat
@@ -178,7 +177,7 @@ class GraphedForward:
         self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None, split_caches=None
     ) -> torch.Tensor:
         """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].
-        `split`: FlashBlock's (modes, slots, write slots) per item, with its per-layer cache rows."""
+        `split`: FlashBlock's modes, slots and write slots per item, with its per-layer cache rows."""
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)

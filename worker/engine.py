@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.config import PAGE
+from cde.shared.limits import check_context, check_flashblock, check_token_ids
 from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker.checkpoint import DTYPES, load_checkpoint
@@ -30,6 +31,17 @@ class EngineArgs:
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
     kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
+
+
+@dataclass
+class EngineStats:
+    """The engine's load, as the worker's heartbeat reports it."""
+
+    running: int  # requests being decoded
+    waiting: int  # requests queued for pages or a slot
+    pages_used: int  # KV cache pages held by running requests
+    pages_free: int
+    forward_passes: int  # since the engine started
 
 
 def resolve_device(device: str) -> str:
@@ -68,14 +80,8 @@ class Engine:
         cfg = self.cfg
         if req.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
-        if len(req.prompt_ids) + req.max_tokens > cfg.block_size:
-            raise ValueError(
-                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) "
-                f"exceeds the context of {cfg.block_size}"
-            )
-        bad = [t for t in req.prompt_ids if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})")
+        check_context(len(req.prompt_ids), req.max_tokens, cfg.context_len)
+        check_token_ids(req.prompt_ids, cfg.vocab_size, "prompt")
         if not 1 <= req.tokens_per_step <= PAGE:
             raise ValueError("tokens_per_step must be in [1, 64]")
         if req.steering is not None:
@@ -84,9 +90,8 @@ class Engine:
                     raise ValueError(f"unknown concept id {c}")
             if not 0 <= req.steering.inject_layer <= cfg.n_layers:
                 raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
-        fb = req.flashblock
-        if isinstance(fb, FlashBlockSpec) and not (fb.tau >= 0 and fb.max_reuse >= 0):
-            raise ValueError("flashblock tau and max_reuse must be >= 0")
+        if isinstance(req.flashblock, FlashBlockSpec):
+            check_flashblock(req.flashblock)
 
     def add_request(self, req: GenerateRequest) -> None:
         if req.flashblock is None:
@@ -142,10 +147,10 @@ class Engine:
         return results
 
     def _launch(self) -> Pass | None:
-        batch, admitted = self.scheduler.schedule()
-        for seq in admitted:
+        scheduled = self.scheduler.schedule()
+        for seq in scheduled.admitted:
             self.runner.start(seq)
-        return self.runner.launch(batch) if batch.items else None
+        return self.runner.launch(scheduled.batch) if scheduled.batch.items else None
 
     def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
         """Run requests to completion; returns the generated token ids of each."""
@@ -158,12 +163,12 @@ class Engine:
                     out[res.request_id].extend(res.token_ids)
         return out
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         s = self.scheduler
-        return {
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-            "pages_used": s.pages.num_used,
-            "pages_free": s.pages.num_free,
-            "forward_passes": self.forward_passes,
-        }
+        return EngineStats(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            pages_used=s.pages.num_used,
+            pages_free=s.pages.num_free,
+            forward_passes=self.forward_passes,
+        )

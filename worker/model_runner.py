@@ -7,21 +7,20 @@ device-to-host copies that the engine reads when it needs them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from cde.kernels.flashblock import FlashBlockBatch
+from cde.kernels.flashblock import FlashBlockSplit
 from cde.kernels.paged_attention import PagedBatch
-from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_batch import AttributionRunner
 from cde.worker.concept_contributions import head_widths
 from cde.worker.cuda_graphs import GraphedForward
 from cde.worker.model import SteerlingModel, rope_tables
 from cde.worker.sampler import select_and_sample
-from cde.worker.scheduler import Batch, Item
+from cde.worker.scheduler import Batch, Item, Picks
 from cde.worker.sequence import Sequence
 from cde.worker.staging import HostCopy, Staging, to_host
 from cde.worker.steering import SteeringState, alpha_now, prepare_steering
@@ -33,9 +32,9 @@ class Pass:
     """One launched forward pass and its results on their way to the host."""
 
     batch: Batch
-    steps: list[int]  # indices of the step items in batch.items
+    step_indices: list[int]  # where the step items are in batch.items
     picks: HostCopy | None = None  # [3, S, K]: positions, tokens, valid
-    attributed: list[int] = field(default_factory=list)  # step items (indices into steps) that asked
+    attributed: list[int] = field(default_factory=list)  # step items (indices into step_indices) that asked
     seq_steps: list[int] = field(default_factory=list)  # each step item's step counter when launched
     attribution: HostCopy | None = None  # [A * K, width] packed rows
 
@@ -81,7 +80,6 @@ class ModelRunner:
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
         self.inputs = StepInputBuilder(self.device, self.banned, self.seen)
         self.attr_inputs = Staging(self.device, torch.int64)
-        self.deviation: dict | None = None  # set by `cde bench engine --flashblock-*`: KL of reuse vs exact
         self.graphed = None
         self.attribution = AttributionRunner(model, cfg, max_rows=max_running * PAGE)
         if self.device.type == "cuda" and cuda_graphs:
@@ -148,12 +146,8 @@ class ModelRunner:
         next pass while this one's attribution finishes."""
         items = batch.items
         steer_vec, steer_from = self._steering_inputs(items)
-        split = self._split_inputs(items)
-        reference = None
-        if self.deviation is not None and split is not None and ATTN_REUSE in split[0]:
-            reference = self._forward(items, steer_vec, steer_from, None).clone()
-        hidden = self._forward(items, steer_vec, steer_from, split)
-        steps = [i for i, it in enumerate(items) if it.step]
+        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
+        steps = [i for i, it in enumerate(items) if it.is_step]
         if not steps:
             return Pass(batch, steps)
         step_seqs = [items[i].seq for i in steps]
@@ -161,8 +155,6 @@ class ModelRunner:
         inp = self.inputs.build(steps, step_seqs, relu)
         sb = inp.sampling
         logits = self._logits(hidden, inp.rows)
-        if reference is not None:
-            self._measure_deviation(logits, self._logits(reference, inp.rows), items, steps)
         positions, chosen, valid = select_and_sample(logits, sb)
         if sb.rep_penalty is not None:
             slots = torch.where(valid, inp.slots[:, None], self.max_running)
@@ -180,21 +172,35 @@ class ModelRunner:
             )
         return p
 
-    def picks(self, p: Pass) -> list[tuple[list[int], list[int]]]:
-        """Per step item of the pass: the (positions, tokens) it unmasked. Waits for its selection."""
-        if not p.steps:
+    def picks(self, p: Pass) -> list[Picks]:
+        """Per step item of the pass: the positions it unmasked and their tokens. Waits for its selection."""
+        if not p.step_indices:
             return []
         host = p.picks.tolist()
         return [
-            ([q for q, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
+            Picks([q for q, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
+
+    @torch.inference_mode()
+    def step_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
+        """For measurements, not serving (`cde bench engine --flashblock-*` compares FlashBlock's
+        reuse with the exact path): the [R, padded vocabulary] logits a pass of `batch` gives every
+        eligible position of its step items, and the item (index into batch.items) of each row.
+        Nothing is selected, but it is a forward pass like `launch`'s: it writes the items' K/V and
+        FlashBlock items read or refresh their cache rows as their modes say."""
+        items = batch.items
+        steer_vec, steer_from = self._steering_inputs(items)
+        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
+        steps = [i for i, it in enumerate(items) if it.is_step]
+        rows, _, row_item = eligible_rows(steps, [items[i].seq for i in steps])
+        return self._logits(hidden, torch.tensor(rows, device=self.device)), [steps[n] for n in row_item]
 
     def records(self, p: Pass) -> list[PackedAttribution | None]:
         """Per step item of the pass: the attribution of the tokens it committed, packed (None:
         not asked). Waits for the pass's attribution. No Python object per token: the rows are
         sliced as numpy arrays and sent as they are."""
-        out: list[PackedAttribution | None] = [None] * len(p.steps)
+        out: list[PackedAttribution | None] = [None] * len(p.step_indices)
         if not p.attributed:
             return out
         picks = np.asarray(p.picks.tolist())  # [3, S, K], already on the host for picks()
@@ -204,7 +210,7 @@ class ModelRunner:
         k = picks.shape[2]
         kk, ku = head_widths(self.cfg)
         for a, n in enumerate(p.attributed):
-            base = p.batch.items[p.steps[n]].block * PAGE
+            base = p.batch.items[p.step_indices[n]].block * PAGE
             ok = picks[2, n].astype(bool)
             block_rows = rows[a * k : (a + 1) * k][ok]
             out[n] = PackedAttribution.from_rows(
@@ -216,7 +222,9 @@ class ModelRunner:
         """[R, padded vocabulary] logits of the hidden rows (the padding columns are banned in selection)."""
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
-    def _forward(self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split) -> torch.Tensor:
+    def _forward(
+        self, items: list[Item], steer_vec, steer_from: list[int], split: FlashBlockSplit | None
+    ) -> torch.Tensor:
         if self.graphed is not None:
             return self.graphed(
                 [it.tokens for it in items],
@@ -230,21 +238,8 @@ class ModelRunner:
             )
         return self._forward_eager(items, steer_vec, steer_from, split)
 
-    def _measure_deviation(self, logits, reference, items: list[Item], steps: list[int]) -> None:
-        """KL(exact || reused) of the next-token distribution at every eligible position of the
-        items that reused FlashBlock's cache this step (bench only: costs a second forward)."""
-        _, _, owner = eligible_rows(steps, [items[i].seq for i in steps])
-        reused = [r for r, n in enumerate(owner) if items[steps[n]].attention == ATTN_REUSE]
-        idx = torch.tensor(reused, device=self.device)
-        v = self.cfg.vocab_size
-        p_log = torch.log_softmax(reference[idx, :v].float(), -1)
-        q_log = torch.log_softmax(logits[idx, :v].float(), -1)
-        kl = (p_log.exp() * (p_log - q_log)).sum(-1)
-        self.deviation["kl_sum"] += kl.sum().item()
-        self.deviation["rows"] += len(reused)
-
-    def _split_inputs(self, items: list[Item]) -> tuple[list[int], list[int], list[int]] | None:
-        """FlashBlock per item: (mode, cache row read, cache row written), or None when every
+    def _split_inputs(self, items: list[Item]) -> FlashBlockSplit | None:
+        """FlashBlock per item: its mode, cache row read and cache row written, or None when every
         item attends exactly. Rows other than the item's own go to the scratch row."""
         if all(it.attention == ATTN_EXACT for it in items):
             return None
@@ -252,9 +247,9 @@ class ModelRunner:
         modes = [it.attention for it in items]
         slots = [it.seq.slot if m != ATTN_EXACT else scratch for it, m in zip(items, modes)]
         writes = [it.seq.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
-        return modes, slots, writes
+        return FlashBlockSplit(modes, slots, writes)
 
-    def _forward_eager(self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split) -> torch.Tensor:
+    def _forward_eager(self, items: list[Item], steer_vec, steer_from, split: FlashBlockSplit | None) -> torch.Tensor:
         dev = self.device
         tokens = torch.tensor([it.tokens for it in items], device=dev)
         abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
@@ -267,9 +262,7 @@ class ModelRunner:
         )
         caches = self.kv
         if split is not None:
-            modes, slots, writes = split
-            t = lambda xs: torch.tensor(xs, device=dev)
-            paged.flashblock = FlashBlockBatch(t(modes), t(slots), t(writes), modes)
+            paged.flashblock = split.to_device(dev)
             caches = [kv + fb for kv, fb in zip(self.kv, self.flashblock_cache)]
         return self.model(
             tokens,
@@ -282,16 +275,7 @@ class ModelRunner:
             tokens == MASK_ID,
         )
 
-    def _attribute(
-        self,
-        hidden: torch.Tensor,
-        items: list[int],
-        attributed: list,
-        logits: torch.Tensor,
-        grid: Any,
-        positions: torch.Tensor,
-        chosen: torch.Tensor,
-    ) -> HostCopy:
+    def _attribute(self, hidden, items, attributed, logits, grid, positions, chosen) -> HostCopy:
         """Attribution of every selection slot of the step items that asked (`attributed`, their
         pass indices `items`), in one batched pass: [A * K, width] rows on their way to the host.
         Slots that commit nothing are computed too (static shapes, no sync) and dropped there."""
@@ -307,7 +291,7 @@ class ModelRunner:
         start = [self.cfg.n_layers + 1] * len(items)  # past the last layer: no injection
         for i, it in enumerate(items):
             state = self.steering.get(it.seq.slot)
-            if it.step and state is not None:
+            if it.is_step and state is not None:
                 alpha = alpha_now(state, it.seq.committed)
                 if alpha != 0.0:
                     vec[i] = alpha * state.direction

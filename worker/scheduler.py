@@ -10,6 +10,7 @@ while the others keep denoising; new requests join between any two steps.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
@@ -27,7 +28,7 @@ class Item:
     tokens: list[int]  # 64 ids
     page: int  # page the item's K/V are written to
     pages: list[int]  # pages attended: blocks 0..block of the request
-    step: bool  # a denoising step (logits, selection) vs a prefill/commit write
+    is_step: bool  # a denoising step (logits, selection) vs a prefill/commit write
     attention: int = ATTN_EXACT  # ATTN_* (shared/config.py): FlashBlock's split and reuse
 
 
@@ -36,12 +37,45 @@ class Batch:
     items: list[Item] = field(default_factory=list)
 
     @property
-    def steps(self) -> list[Item]:
-        return [it for it in self.items if it.step]
+    def step_items(self) -> list[Item]:
+        """The denoising steps of the pass, in pass order (the order of its picks)."""
+        return [it for it in self.items if it.is_step]
+
+
+@dataclass
+class Scheduled:
+    """What `Scheduler.schedule` returns: the next forward pass, and the sequences admitted for
+    it (the runner sets up their per-request device state before the pass launches)."""
+
+    batch: Batch
+    admitted: list[Sequence]
+
+
+@dataclass
+class Picks:
+    """What one step item unmasked: positions within its block (most confident first) and the
+    token placed at each."""
+
+    positions: list[int]
+    tokens: list[int]
+
+
+@dataclass
+class _Awaiting:
+    """One step item of the last `update`, whose results wait for the pass's attribution."""
+
+    index: int  # the item's place in batch.step_items (and in the list `attach` receives)
+    request_id: str
+    step_result: StepResult | None  # sent for this step (stream_denoise), if any
+    block_result: BlockResult | None  # the block this step completed, if any
+    kept: set[int] | None  # that block's positions whose tokens it keeps
+    earlier: list[PackedAttribution]  # that block's attribution from its earlier steps
 
 
 class Scheduler:
-    def __init__(self, num_pages: int, max_running: int, max_items: int, eot_id: int | None, decode):
+    def __init__(
+        self, num_pages: int, max_running: int, max_items: int, eot_id: int | None, decode: Callable[[list[int]], str]
+    ) -> None:
         self.pages = PageAllocator(num_pages)
         self.max_running = max_running
         self.max_items = max_items
@@ -51,7 +85,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_running - 1, -1, -1))
         self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's
-        self._awaiting: list[tuple] = []  # update() -> attach(): the last pass's results that want attribution
+        self._awaiting: list[_Awaiting] = []  # update() -> attach(): the last pass's results that want attribution
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest) -> Sequence:
@@ -88,8 +122,8 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    def schedule(self) -> tuple[Batch, list[Sequence]]:
-        """Returns the next forward pass and the sequences admitted for it."""
+    def schedule(self) -> Scheduled:
+        """The next forward pass and the sequences admitted for it."""
         admitted = self._admit()
         batch = Batch()
         budget = self.max_items
@@ -102,9 +136,9 @@ class Scheduler:
                 break
             if seq.pending_commit:
                 block, tokens = seq.pending_commit
-                batch.items.append(self._item(seq, block, tokens, step=False))
+                batch.items.append(self._item(seq, block, tokens, is_step=False))
                 seq.pending_commit = None
-            batch.items.append(self._item(seq, seq.block, seq.tokens, step=True))
+            batch.items.append(self._item(seq, seq.block, seq.tokens, is_step=True))
             budget -= need
         # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
         for seq in self.running:
@@ -112,30 +146,30 @@ class Scheduler:
                 continue  # stepped above, or left for the next pass when the budget ran out
             while not seq.prefill_done and budget > 0:
                 block = seq.prefilled
-                batch.items.append(self._item(seq, block, seq.prompt_block(block), step=False))
+                batch.items.append(self._item(seq, block, seq.prompt_block(block), is_step=False))
                 seq.prefilled += 1
                 budget -= 1
             if seq.prefill_done and budget > 0:
-                batch.items.append(self._item(seq, seq.block, seq.tokens, step=True))
+                batch.items.append(self._item(seq, seq.block, seq.tokens, is_step=True))
                 budget -= 1
-        return batch, admitted
+        return Scheduled(batch, admitted)
 
     @staticmethod
-    def _item(seq: Sequence, block: int, tokens: list[int], step: bool) -> Item:
+    def _item(seq: Sequence, block: int, tokens: list[int], is_step: bool) -> Item:
         # Prefill and commit items always attend exactly: the K/V they write are final.
-        mode = seq.attention_mode() if step else ATTN_EXACT
-        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], step, mode)
+        mode = seq.next_attention_mode() if is_step else ATTN_EXACT
+        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], is_step, mode)
 
     # ---- update ---------------------------------------------------------------------------
-    def update(self, batch: Batch, picks: list[tuple[list[int], list[int]]]) -> list[BlockResult | StepResult]:
-        """Apply the (positions, tokens) chosen for each step item, in batch.steps order.
+    def update(self, batch: Batch, picks: list[Picks]) -> list[BlockResult | StepResult]:
+        """Apply the picks of each step item, in batch.step_items order.
         Requests that stream the denoising get a StepResult per step, before their BlockResult.
         The results of requests that asked for attribution get it from `attach`, which the
         engine calls once the pass's attribution has reached the host."""
-        results: list[BlockResult | StepResult] = []
+        results = []
         self._awaiting = []
-        for n, (item, (positions, tokens)) in enumerate(zip(batch.steps, picks)):
-            seq = item.seq
+        for n, (item, pick) in enumerate(zip(batch.step_items, picks)):
+            seq, positions, tokens = item.seq, pick.positions, pick.tokens
             if seq.status is not Status.RUNNING:
                 continue  # aborted while its step was in flight
             seq.step += 1
@@ -150,21 +184,21 @@ class Scheduler:
                 block_result, kept = self._complete_block(seq, ended_by_eot)
                 results.append(block_result)
             if seq.req.attribution is not None:
-                self._awaiting.append((n, seq.id, step_result, block_result, kept, earlier))
+                self._awaiting.append(_Awaiting(n, seq.id, step_result, block_result, kept, earlier))
         return results
 
     def attach(self, attribution: list[PackedAttribution | None]) -> None:
         """The attribution of the last update's pass, per step item (packed arrays): kept with the
         request's active block, and given to the results that update() returned for it."""
-        for n, request_id, step_result, block_result, kept, earlier in self._awaiting:
-            records = attribution[n]
-            if step_result is not None:
-                step_result.attribution = records.head(len(step_result.token_ids))
-            if block_result is None:
-                self.block_attribution.setdefault(request_id, []).append(records)
+        for waiting in self._awaiting:
+            records = attribution[waiting.index]
+            if waiting.step_result is not None:
+                waiting.step_result.attribution = records.head(len(waiting.step_result.token_ids))
+            if waiting.block_result is None:
+                self.block_attribution.setdefault(waiting.request_id, []).append(records)
             else:
-                block = PackedAttribution.join([*earlier, records])
-                block_result.attribution = block.kept(kept)
+                block = PackedAttribution.join([*waiting.earlier, records])
+                waiting.block_result.attribution = block.kept(waiting.kept)
         self._awaiting = []
 
     def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], ended_by_eot: bool) -> StepResult:
@@ -219,7 +253,9 @@ class Scheduler:
         self._free_slots.append(seq.slot)
 
 
-def _shortest_prefix_with_stop(decode, generated, new, found) -> list[int]:
+def _shortest_prefix_with_stop(
+    decode: Callable[[list[int]], str], generated: list[int], new: list[int], found: tuple[int, str]
+) -> list[int]:
     """Keep the block's tokens up to the one that completes the stop string, so the client's
     detokenizer sees the same stop at the same place."""
     for n in range(len(new) + 1):

@@ -69,9 +69,10 @@ class Sequence:
     def block_done(self) -> bool:
         return not any(self.eligible())
 
-    def attention_mode(self) -> int:
-        """How this step's item attends (the FlashBlock rule; ATTN_EXACT when off), recorded
-        as taken."""
+    def next_attention_mode(self) -> int:
+        """How the step being scheduled attends (the FlashBlock rule; ATTN_EXACT when off). Not a
+        getter: it advances the FlashBlock state (a reuse is counted, a refresh marks the cache as
+        this block's), so it is called once per scheduled step."""
         fb = self.req.flashblock
         if not isinstance(fb, FlashBlockSpec):
             return ATTN_EXACT

@@ -290,24 +290,24 @@ class WorkerServer:
         now = time.monotonic()
         t0, n0 = self._rate_at
         if now - t0 >= 0.5:
-            self._steps_per_s = (stats["forward_passes"] - n0) / (now - t0)
-            self._rate_at = (now, stats["forward_passes"])
+            self._steps_per_s = (stats.forward_passes - n0) / (now - t0)
+            self._rate_at = (now, stats.forward_passes)
         cfg = self.engine.cfg
         return Heartbeat(
             boot_id=self.boot_id,
             model=self.model_name,
-            block_size=cfg.block_size,
+            context_len=cfg.context_len,
             vocab_size=cfg.vocab_size,
             instruct=cfg.instruct,
             n_layers=cfg.n_layers,
             n_concepts=cfg.n_concepts,
             max_running=self.engine.args.max_running,
-            running=stats["running"],
-            waiting=stats["waiting"],
-            pages_used=stats["pages_used"],
-            pages_free=stats["pages_free"],
+            running=stats.running,
+            waiting=stats.waiting,
+            pages_used=stats.pages_used,
+            pages_free=stats.pages_free,
             steps_per_s=round(self._steps_per_s, 2),
-            forward_passes=stats["forward_passes"],
+            forward_passes=stats.forward_passes,
             rss_bytes=resident_bytes(),
         )
 

@@ -19,13 +19,13 @@ class StepInputs:
     sampling: SamplingBatch
 
 
-def eligible_rows(steps: list[int], seqs: list[Sequence]):
-    """The positions that get logits: every still-masked position of each step item that may be
-    unmasked. Returns their rows in the flattened hidden states, the [S, 64] grid mapping a
-    position to its logits row (-1: none) and the step item of each row."""
-    rows: list
+def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
+    """The positions that get logits: every still-masked position of each step item (at
+    `step_indices` in the pass, of `seqs`) that may be unmasked. Returns their rows in the
+    flattened hidden states, the [S, 64] grid mapping a position to its logits row (-1: none) and
+    the step item (index into step_indices) of each row."""
     rows, grid, row_item = [], [], []
-    for n, (i, seq) in enumerate(zip(steps, seqs)):
+    for n, (i, seq) in enumerate(zip(step_indices, seqs)):
         for p, ok in enumerate(seq.eligible()):
             grid.append(len(rows) if ok else -1)
             if ok:
@@ -35,15 +35,15 @@ def eligible_rows(steps: list[int], seqs: list[Sequence]):
 
 
 class StepInputBuilder:
-    def __init__(self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor) -> None:
+    def __init__(self, device, banned: torch.Tensor, seen: torch.Tensor):
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
         self.banned, self.seen = banned, seen
 
-    def build(self, steps: list[int], seqs: list[Sequence], relu_masks: list) -> StepInputs:
+    def build(self, step_indices: list[int], seqs: list[Sequence], relu_masks: list[torch.Tensor | None]) -> StepInputs:
         """relu_masks: per step item, its steering ReLU logit mask (a device tensor) or None."""
         reqs = [s.req for s in seqs]
-        rows, grid, row_item = eligible_rows(steps, seqs)
+        rows, grid, row_item = eligible_rows(step_indices, seqs)
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
 import random
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any
 
 import torch
+
+from cde.commands import bench_flashblock
+from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.shared.config import PAGE
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs, resolve_device
 
-from cde.commands import bench_flashblock
-from cde.commands.model_args import add_model_arguments, resolve_model_args
 
-if TYPE_CHECKING:
-    from cde.shared.protocol import FlashBlockSpec
-    from cde.worker.model_runner import Pass
-    from cde.worker.scheduler import Batch, Picks
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p) -> None:
     src = p.add_mutually_exclusive_group()
     add_model_arguments(p, into=src)
     src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
@@ -84,22 +77,22 @@ class _StepClock:
         self.last_decode = False  # the last finished pass held no prefill item
         self.inner = runner.launch, runner.picks
 
-        def launch(batch: Batch) -> Pass:
+        def launch(batch):
             self.starts.append(self._mark())
             p = self.inner[0](batch)
             self.queued.append(self._mark())
             return p
 
-        def picks(p: Pass) -> list[Picks]:
+        def picks(p):
             out = self.inner[1](p)
             self.end = self._mark()
             self.finished += 1
-            self.last_decode = all(it.step or it.block >= it.seq.n_prompt_blocks for it in p.batch.items)
+            self.last_decode = all(it.is_step or it.block >= it.seq.n_prompt_blocks for it in p.batch.items)
             return out
 
         runner.launch, runner.picks = launch, picks
 
-    def _mark(self) -> float | torch.cuda.Event:
+    def _mark(self):
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
@@ -109,7 +102,7 @@ class _StepClock:
     def restore(self) -> None:
         self.runner.launch, self.runner.picks = self.inner
 
-    def _ms(self, a: Any, b: Any) -> float:
+    def _ms(self, a, b) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def device_ms(self) -> tuple[list[float], float]:
@@ -124,11 +117,11 @@ class _StepClock:
 
 def _requests(
     n: int,
-    args: argparse.Namespace,
+    args,
     tag: str,
     steer: bool = False,
     attribution: bool | None = None,
-    flashblock: FlashBlockSpec | bool | None = None,
+    flashblock=None,
     prompt_len: int | None = None,
 ) -> list[GenerateRequest]:
     attribution = args.attribution if attribution is None else attribution
@@ -155,7 +148,7 @@ class _GcClock:
     """Python garbage collections during a run and the time they took (they stall the step they
     interrupt)."""
 
-    def __init__(self) -> None:
+    def __init__(self):
         self.count, self.seconds, self._t0 = 0, 0.0, 0.0
         gc.callbacks.append(self._on)
 
@@ -233,7 +226,7 @@ def _compile_count() -> int:
     return sum(counters["stats"].values()) if "stats" in counters else 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     device = resolve_device(args.device)
     if args.preset is None:
         resolve_model_args(args, "bench engine")

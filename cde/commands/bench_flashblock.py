@@ -10,27 +10,21 @@ by the run's measured mix of refreshed and reused steps, times the number of lay
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
+
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
 from cde.shared.protocol import FlashBlockSpec
 from cde.worker.cuda_graphs import bucket_splits
-
-if TYPE_CHECKING:
-    from cde.shared.protocol import GenerateRequest
-    from cde.worker.engine import Engine
-    from cde.worker.model_runner import ModelRunner, Pass
-    from cde.worker.scheduler import Batch
+from cde.worker.scheduler import Batch
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p) -> None:
     p.add_argument("--flashblock-tau", type=int, help="also run FlashBlock with this tau (greedy, vs the exact path)")
     p.add_argument("--flashblock-max-reuse", default="4,16,63", help="comma-separated max_reuse values to run")
 
@@ -38,13 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class _ModeCount:
     """Counts the attention mode of every step item the engine runs."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine):
         self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
         self.runner, self.inner = engine.runner, engine.runner.launch
 
-        def counted(batch: Batch) -> Pass:
+        def counted(batch):
             for it in batch.items:
-                if it.step:
+                if it.is_step:
                     self.counts[it.attention] += 1
             return self.inner(batch)
 
@@ -54,6 +48,42 @@ class _ModeCount:
         self.runner.launch = self.inner
         total = sum(self.counts.values()) or 1
         return {m: c / total for m, c in self.counts.items()}
+
+
+class Deviation:
+    """KL(exact || reused) of the next-token distribution at every eligible position of the step
+    items that reuse FlashBlock's cache, over every pass the engine runs while it is installed.
+    Before such a pass launches, its batch is run once with every item exact and once as
+    scheduled (`ModelRunner.step_logits`): two extra forwards per pass, so measure in a run of
+    its own, not one that is timed. Both write the same K/V and cache rows the pass then writes."""
+
+    def __init__(self, engine) -> None:
+        self.kl_sum, self.rows = 0.0, 0
+        self.runner, self.inner = engine.runner, engine.runner.launch
+        self.vocab = engine.cfg.vocab_size
+
+        def measured(batch: Batch):
+            if any(it.is_step and it.attention == ATTN_REUSE for it in batch.items):
+                self._measure(batch)
+            return self.inner(batch)
+
+        self.runner.launch = measured
+
+    def _measure(self, batch: Batch) -> None:
+        exact = Batch([dataclasses.replace(it, attention=ATTN_EXACT) for it in batch.items])
+        reference, _ = self.runner.step_logits(exact)
+        logits, row_item = self.runner.step_logits(batch)
+        reused = [r for r, i in enumerate(row_item) if batch.items[i].attention == ATTN_REUSE]
+        idx = torch.tensor(reused, device=logits.device)
+        p_log = torch.log_softmax(reference[idx, : self.vocab].float(), -1)
+        q_log = torch.log_softmax(logits[idx, : self.vocab].float(), -1)
+        self.kl_sum += (p_log.exp() * (p_log - q_log)).sum(-1).sum().item()
+        self.rows += len(reused)
+
+    def restore(self) -> float:
+        """Uninstall; the mean KL per reused position."""
+        self.runner.launch = self.inner
+        return self.kl_sum / max(self.rows, 1)
 
 
 def agreement(exact: dict[str, list[int]], other: dict[str, list[int]]) -> float:
@@ -66,7 +96,7 @@ def agreement(exact: dict[str, list[int]], other: dict[str, list[int]]) -> float
 
 
 @torch.inference_mode()
-def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) -> float:
+def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
     """One layer's paged attention for n items with ctx_pages pages each, all in `mode`
     (None: the unsplit path), in ms."""
     cfg, dev, dtype = runner.cfg, runner.device, runner.dtype
@@ -95,14 +125,14 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
     attend = torch.compile(paged_attention)
     mask = PagedBlockMask(n, cache_pages, dev, bucket_splits(runner.graphed.kv_splits, n) if runner.graphed else 1)
 
-    def layer() -> torch.Tensor:
+    def layer():
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
         return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask.block_mask, split))
 
     return graph_replay_ms(layer)[0]
 
 
-def graph_replay_ms(fn: Callable[[], torch.Tensor], iters: int = 20) -> tuple[float, torch.Tensor]:
+def graph_replay_ms(fn, iters: int = 20) -> tuple[float, torch.Tensor]:
     """fn() run twice (compiling it), captured as a CUDA graph and replayed: ms per replay, and
     the captured output."""
     for _ in range(2):
@@ -121,13 +151,7 @@ def graph_replay_ms(fn: Callable[[], torch.Tensor], iters: int = 20) -> tuple[fl
     return start.elapsed_time(end) / iters, out
 
 
-def run_level(
-    engine: Engine,
-    args: argparse.Namespace,
-    level: int,
-    make_requests: Callable[..., list[GenerateRequest]],
-    run: Callable[..., dict],
-) -> list[dict]:
+def run_level(engine, args, level: int, make_requests, run) -> list[dict]:
     """make_requests(level, tag, flashblock) -> requests; run(engine, requests) -> result dict
     with the generated tokens under "outputs"."""
     ctx_pages = -(-(args.prompt_len + args.max_tokens) // PAGE)
@@ -145,15 +169,17 @@ def run_level(
         counter = _ModeCount(engine)
         res = run(engine, make_requests(level, f"fb{level}{max_reuse}", spec))
         mix = counter.restore()
-        engine.runner.deviation = {"kl_sum": 0.0, "rows": 0}
-        again = run(engine, make_requests(level, f"fbk{level}{max_reuse}", spec))
-        dev, engine.runner.deviation = engine.runner.deviation, None
+        deviation = Deviation(engine)
+        try:
+            again = run(engine, make_requests(level, f"fbk{level}{max_reuse}", spec))
+        finally:
+            mean_kl = deviation.restore()
         res.update(
             flashblock=f"tau={spec.tau},max_reuse={max_reuse}",
             attention_ms_per_step=mix[ATTN_REFRESH] * split_ms[ATTN_REFRESH] + mix[ATTN_REUSE] * split_ms[ATTN_REUSE],
             reused_fraction=mix[ATTN_REUSE],
             token_agreement=agreement(_by_index(exact["outputs"]), _by_index(res["outputs"])),
-            mean_kl=dev["kl_sum"] / max(dev["rows"], 1),
+            mean_kl=mean_kl,
             deterministic=_by_index(again["outputs"]) == _by_index(res["outputs"]),
         )
         results.append(res)

@@ -3,18 +3,13 @@ take the JSON of the API's `steering` and `attribution` fields, checked by the g
 
 from __future__ import annotations
 
-import argparse
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 
-if TYPE_CHECKING:
-    from cde.worker.engine import Engine
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p) -> None:
     add_model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (encoded as is: no chat template)")
@@ -53,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
     from cde.shared.protocol import BlockResult, GenerateRequest
     from cde.worker.engine import Engine, EngineArgs
@@ -83,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     if args.steering is not None or args.attribution is not None:
         req.steering, req.attribution, render = _api_fields(args, engine, prompt_ids)
     engine.add_request(req)
-    records: list
     ids, records = [], []
     while engine.has_work():
         for res in engine.step():
@@ -107,17 +101,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int]) -> Any:
+def _api_fields(args, engine, prompt_ids: list[int]):
     """The request's steering and attribution specs, parsed and checked as the API parses and
     checks them (labels, presets, bounds), and the API's attribution renderer."""
+    from pydantic import ValidationError
+
+    from cde.commands.gateway import concept_labels
     from cde.gateway.attribution_render import renderer
     from cde.gateway.errors import ApiError, from_validation_error
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest
     from cde.shared.protocol import Heartbeat
-    from pydantic import ValidationError
-
-    from cde.commands.gateway import concept_labels
 
     body = {"model": "cli", "prompt": prompt_ids}
     for field in ("steering", "attribution"):
@@ -131,7 +125,7 @@ def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int])
     info = Heartbeat(
         boot_id="cli",
         model="cli",
-        block_size=cfg.block_size,
+        context_len=cfg.context_len,
         vocab_size=cfg.vocab_size,
         instruct=cfg.instruct,
         n_layers=cfg.n_layers,

@@ -11,7 +11,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
@@ -41,7 +40,7 @@ class EngineBackend:
         self.info = Heartbeat(
             boot_id="eval",
             model="eval",
-            block_size=cfg.block_size,
+            context_len=cfg.context_len,
             vocab_size=cfg.vocab_size,
             instruct=cfg.instruct,
             n_layers=cfg.n_layers,
@@ -51,7 +50,7 @@ class EngineBackend:
         self.labels = ConceptLabels.load(model_dir)
         self.cfg = cfg
 
-    def _request(self, body: dict) -> Any:
+    def _request(self, body: dict):
         from cde.gateway.attribution_render import renderer
         from cde.gateway.params import generate_requests
         from cde.gateway.schemas import CompletionRequest

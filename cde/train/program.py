@@ -11,19 +11,18 @@ import dataclasses
 import sys
 
 from cde.shared.config import INSTRUCT_VOCAB, ModelConfig
-
 from cde.train.concepts import concepts
 
 # The reference shape: 6 layers x 256 wide (~7M weights with the used embedding rows: 14 MB in
 # bf16), 64-token blocks, 512 positions; small enough to ship (and to come back from a device call,
 # 16 MiB a file) and to decode on a CPU in seconds.
-SHAPES: dict[str, dict] = {
+SHAPES = {
     "reference": dict(
         n_layers=6,
         n_head=4,
         n_kv_heads=2,
         n_embd=256,
-        block_size=512,
+        context_len=512,
         n_unknown_concepts=512,
         factorize_rank=32,
         topk_known=16,
@@ -36,7 +35,7 @@ SHAPES: dict[str, dict] = {
         n_head=2,
         n_kv_heads=1,
         n_embd=64,
-        block_size=256,
+        context_len=256,
         n_unknown_concepts=64,
         factorize_rank=16,
         topk_known=8,
@@ -87,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     a = parser().parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    if a.length % 64 or a.length > model_config(a.shape).block_size:
-        raise SystemExit(f"--length must be a multiple of 64 up to the context ({model_config(a.shape).block_size})")
+    if a.length % 64 or a.length > model_config(a.shape).context_len:
+        raise SystemExit(f"--length must be a multiple of 64 up to the context ({model_config(a.shape).context_len})")
     fields = {f.name for f in dataclasses.fields(Options)}
     opts = Options(
         config=model_config(a.shape),

@@ -104,7 +104,7 @@ def preset_spec(name: str, concepts: list[int], n_layers: int) -> SteeringSpec:
     from cde.shared.protocol import Heartbeat
 
     info = Heartbeat(
-        "b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100, max_running=16
+        "b", "m", context_len=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100, max_running=16
     )
     body = CompletionRequest(model="m", prompt="x", steering={"concepts": concepts, "preset": name})
     (req,) = generate_requests(body, [[1]], 16, info, ConceptLabels(), "c")

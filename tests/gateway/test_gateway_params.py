@@ -9,7 +9,7 @@ from cde.shared.catalog import Catalog
 from cde.shared.protocol import AttributionSpec, Heartbeat
 
 INFO = Heartbeat(
-    "b", "m", block_size=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100, max_running=16
+    "b", "m", context_len=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100, max_running=16
 )
 LABELS = ConceptLabels(
     Catalog.from_rows(

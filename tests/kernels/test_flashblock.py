@@ -11,6 +11,8 @@ from cde.shared.wire import decode, encode
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.sequence import Sequence
 
+from cde.commands.bench_flashblock import Deviation
+
 H, KVH, D = 4, 2, 16
 
 
@@ -82,7 +84,7 @@ def modes_of(spec: FlashBlockSpec, unmasked_per_step: list[int], block_ends: set
     seq = Sequence(GenerateRequest("r", [1] * 64, max_tokens=64, flashblock=spec), None)
     out = []
     for step, n in enumerate(unmasked_per_step):
-        out.append("ERU"[seq.attention_mode()])
+        out.append("ERU"[seq.next_attention_mode()])
         seq.place(list(range(n)), [5] * n)
         if step in block_ends:
             seq.advance()
@@ -142,18 +144,18 @@ def test_split_without_reuse_equals_exact_path(engine):
 
 def test_reuse_drifts_from_the_exact_path_within_a_bound(engine):
     """Reuse really skips work: its outputs drift from the exact path's (otherwise the reuse
-    branch would be dead code), but only a little. The runner measures KL(exact || reused) of the
-    next-token distribution at every eligible position of every reusing step (as `cde bench
-    engine --flashblock-*` does): on this model about 0.04 nats on average, while reusing a stale
-    or another slot's cache row gives about 3. The bound sits between."""
+    branch would be dead code), but only a little. `cde bench engine --flashblock-*`'s Deviation
+    measures KL(exact || reused) of the next-token distribution at every eligible position of
+    every reusing step: on this model about 0.04 nats on average, while reusing a stale or another
+    slot's cache row gives about 3. The bound sits between."""
     prompts = PROMPTS[:2]
-    engine.runner.deviation = {"kl_sum": 0.0, "rows": 0}
+    deviation = Deviation(engine)
     try:
         reused = run(engine, FlashBlockSpec(tau=2, max_reuse=63), "r", prompts)
     finally:
-        deviation, engine.runner.deviation = engine.runner.deviation, None
-    assert deviation["rows"] > 1000
-    assert 1e-4 < deviation["kl_sum"] / deviation["rows"] < 0.3
+        mean_kl = deviation.restore()
+    assert deviation.rows > 1000
+    assert 1e-4 < mean_kl < 0.3
     exact = run(engine, False, "e", prompts)
     assert reused != exact
     assert all(len(reused[k]) == len(exact[k]) for k in exact)
@@ -169,7 +171,7 @@ def test_mixed_batch_leaves_exact_requests_exact(engine):
         reqs.append(GenerateRequest(f"f{i}", prompt(n, i), max_tokens=m, flashblock=FlashBlockSpec(2, 63)))
     out = engine.generate(reqs)
     assert {k[1:]: v for k, v in out.items() if k.startswith("x")} == alone
-    assert engine.stats()["running"] == 0 and engine.stats()["pages_used"] == 0
+    assert engine.stats().running == 0 and engine.stats().pages_used == 0
 
 
 def test_server_default_applies_unless_the_request_says_false(tiny_dir):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.reference
 
 PROMPT = [random.Random(7).randrange(100000) for _ in range(64)]  # one full block: decodes as the reference
 INFO = Heartbeat(
-    "b", "m", block_size=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN, max_running=16
+    "b", "m", context_len=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN, max_running=16
 )
 
 

@@ -38,7 +38,7 @@ def test_8b_preset_is_steerling_8b():
     assert (c.n_layers, c.n_embd, c.n_head, c.n_kv_heads, c.head_dim) == (32, 4096, 32, 4, 128)
     assert (c.vocab_size, c.n_concepts, c.n_unknown_concepts, c.factorize_rank) == (100281, 33732, 101196, 256)
     assert c.ffn_size == 16384
-    assert (c.block_size, c.diff_block_size, c.max_blocks) == (4096, 64, 64)
+    assert (c.context_len, c.diff_block_size, c.max_blocks) == (4096, 64, 64)
     assert (c.known_padded, c.unknown_padded) == (33744, 101200)
     assert c.norm_order == "post" and c.use_qk_norm and c.weight_sharing and c.clip_qkv == 10.0
     assert c.rope_base == 500000.0 and not c.instruct and c.eot_id is None
@@ -84,11 +84,11 @@ def test_nested_concept_block_from_official_classes():
     ).model_dump()
     raw = {**model, "vocab_size": 100281, "concept": concept}
     c = ModelConfig.from_dict(raw)
-    assert (c.n_layers, c.n_head, c.n_kv_heads, c.n_embd, c.block_size) == (3, 4, 2, 64, 512)
+    assert (c.n_layers, c.n_head, c.n_kv_heads, c.n_embd, c.context_len) == (3, 4, 2, 64, 512)
     assert (c.n_concepts, c.n_unknown_concepts, c.factorize_rank) == (100, 300, 16)
     assert (c.topk_known, c.known_topk_features, c.unknown_topk) == (8, 4, 16)
     # the nested block_size is the concept head's, not the context length
-    assert c.concept_block_size == 256 and c.block_size == 512
+    assert c.concept_block_size == 256 and c.context_len == 512
     assert (c.known_padded, c.unknown_padded) == (128, 320)
 
 
@@ -175,3 +175,11 @@ def test_from_json_errors(tmp_path):
 
 def test_config_error_is_value_error_and_page_is_64():
     assert issubclass(ConfigError, ValueError) and PAGE == 64
+
+
+def test_context_length_is_read_and_written_under_the_published_key():
+    c = preset("tiny")
+    d = c.to_published_dict()
+    assert d["block_size"] == c.context_len == 1024 and "context_len" not in d
+    assert ModelConfig.from_dict(d) == c
+    assert ModelConfig.from_dict({**d, "block_size": 2048}).context_len == 2048

@@ -97,7 +97,7 @@ def live_pass(engine: Engine, flashblock):
     for _ in range(4):
         engine.step()
     batch = engine._in_flight.batch
-    assert len(batch.items) >= 3 and any(it.step for it in batch.items) and len({it.block for it in batch.items}) > 1
+    assert len(batch.items) >= 3 and any(it.is_step for it in batch.items) and len({it.block for it in batch.items}) > 1
     return batch.items
 
 

@@ -54,7 +54,7 @@ def test_batch_invariance_with_staggered_arrivals(tiny_dir, sampled):
     assert together == alone
     for r in reqs:
         assert len(alone[r.request_id]) == r.max_tokens
-    assert engine.stats()["pages_used"] == 0 and engine.stats()["running"] == 0
+    assert engine.stats().pages_used == 0 and engine.stats().running == 0
 
 
 def test_requests_progress_independently(tiny_dir):
@@ -92,7 +92,7 @@ def test_stop_token_ids_and_stop_strings(tiny_dir):
     assert res[-1].finish_reason == "stop" and res[-1].stop_str == stop
     got = [t for r in res for t in r.token_ids]
     assert stop in engine.tokenizer.decode(got) and stop not in engine.tokenizer.decode(got[:-1])
-    assert engine.stats()["pages_used"] == 0
+    assert engine.stats().pages_used == 0
 
 
 @pytest.mark.reference
@@ -153,11 +153,11 @@ def test_waiting_requests_queue_when_pages_run_out(tiny_dir):
         engine.add_request(GenerateRequest(f"q{i}", [1] * 10, max_tokens=100))  # 2 pages each
     engine.step()
     st = engine.stats()
-    assert st["running"] == 1 and st["waiting"] == 2 and st["pages_used"] == 2
+    assert st.running == 1 and st.waiting == 2 and st.pages_used == 2
     done = set()
     while engine.has_work():
         done |= {r.request_id for r in engine.step() if r.finished}
-    assert done == {"q0", "q1", "q2"} and engine.stats()["pages_free"] == 3
+    assert done == {"q0", "q1", "q2"} and engine.stats().pages_free == 3
 
 
 def test_startup_freezes_what_it_leaves_behind(tiny_dir):
@@ -205,7 +205,7 @@ def test_abort_while_its_next_pass_is_in_flight(tiny_dir):
         assert [_ids(r) for r in ours.attribution] == [_ids(r) for r in ref.attribution]
         for a, b in zip(ours.attribution, ref.attribution):
             assert _values(a) == pytest.approx(_values(b), rel=1e-5, abs=1e-6)
-    assert engine.stats()["pages_used"] == 0 and engine.stats()["running"] == 0
+    assert engine.stats().pages_used == 0 and engine.stats().running == 0
 
 
 def _ids(record: dict) -> tuple:

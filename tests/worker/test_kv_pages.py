@@ -7,7 +7,7 @@ import pytest
 from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import GenerateRequest
 from cde.worker.kv_pages import OutOfPages, PageAllocator
-from cde.worker.scheduler import Scheduler
+from cde.worker.scheduler import Picks, Scheduler
 from cde.worker.sequence import Status
 
 
@@ -77,13 +77,13 @@ def check_scheduler(s: Scheduler, max_running: int):
 
 def fake_picks(batch, rng, eot_id):
     picks = []
-    for it in batch.steps:
+    for it in batch.step_items:
         eligible = [i for i, ok in enumerate(it.seq.eligible()) if ok]
         assert eligible, "a step item with nothing to unmask"
         k = min(rng.choice([1, 1, 2, 5, 64]), len(eligible))
         pool = [STOP_ID] * 1 + list(range(20, 40)) + ([eot_id] if eot_id is not None else [])
         toks = [rng.choice(pool) if rng.random() < 0.02 else rng.randrange(20, 1000) for _ in range(k)]
-        picks.append((eligible[:k], toks))
+        picks.append(Picks(eligible[:k], toks))
     return picks
 
 
@@ -131,7 +131,8 @@ def run_fuzz(seed: int, n_ops: int):
             running_before = {q.id for q in s.running}
             waiting_before = [q.id for q in s.waiting]
             free_before = s.pages.num_free
-            batch, admitted = s.schedule()
+            scheduled = s.schedule()
+            batch, admitted = scheduled.batch, scheduled.admitted
             check_scheduler(s, max_running)
             stats["admitted"] += len(admitted)
             # FIFO admission; nothing running was evicted to make room
@@ -150,11 +151,11 @@ def run_fuzz(seed: int, n_ops: int):
                 assert it.seq.status is Status.RUNNING
                 assert it.page == it.seq.pages[it.block] and it.pages == it.seq.pages[: it.block + 1]
                 assert set(it.pages) <= set(s.pages._by_owner[it.seq.id]) and len(it.tokens) == PAGE
-            step_ids = [it.seq.id for it in batch.steps]
+            step_ids = [it.seq.id for it in batch.step_items]
             assert len(step_ids) == len(set(step_ids)), "two steps of one request in one pass"
             picks = fake_picks(batch, rng, eot_id)
             # sometimes a request is aborted while its step is in flight
-            if batch.steps and rng.random() < 0.1:
+            if batch.step_items and rng.random() < 0.1:
                 rid = rng.choice(step_ids)
                 assert s.abort(rid)
                 finished[rid] = "abort"
@@ -183,7 +184,7 @@ def run_fuzz(seed: int, n_ops: int):
     for _ in range(50):
         if not s.running:
             break
-        batch, _ = s.schedule()
+        batch = s.schedule().batch
         for res in s.update(batch, fake_picks(batch, rng, eot_id)):
             if res.finished:
                 live.pop(res.request_id)
@@ -213,12 +214,16 @@ def test_waiting_request_waits_for_pages_without_eviction():
     late = s.add(GenerateRequest("late", [], max_tokens=65))  # 2 pages: only 1 free
     small = s.add(GenerateRequest("small", [], max_tokens=1))  # 1 page, but behind "late" (FIFO)
     for _ in range(3):
-        batch, admitted = s.schedule()
+        scheduled = s.schedule()
+        batch, admitted = scheduled.batch, scheduled.admitted
         assert admitted == [] and [q.id for q in s.running] == ["big"]
         assert list(s.waiting) == [late, small] and big.pages == s.pages._by_owner["big"]
-        s.update(batch, [([i for i, ok in enumerate(it.seq.eligible()) if ok][:1], [5]) for it in batch.steps])
+        s.update(
+            batch, [Picks([i for i, ok in enumerate(it.seq.eligible()) if ok][:1], [5]) for it in batch.step_items]
+        )
     assert s.abort("big") and s.pages.num_free == 4
-    batch, admitted = s.schedule()
+    scheduled = s.schedule()
+    batch, admitted = scheduled.batch, scheduled.admitted
     assert admitted == [late, small] and s.pages.num_free == 1
 
 

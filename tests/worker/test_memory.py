@@ -87,7 +87,7 @@ def wide_vocab_dir(tmp_path_factory):
         n_embd=64,
         n_head=4,
         n_kv_heads=2,
-        block_size=512,
+        context_len=512,
         factorize_rank=16,
         intermediate_size=128,
     )

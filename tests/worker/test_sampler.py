@@ -235,19 +235,20 @@ def run_checked(engine, reqs, check):
         for _ in range(200):
             if not engine.has_work():
                 break
-            batch, admitted = engine.scheduler.schedule()
+            scheduled = engine.scheduler.schedule()
+            batch, admitted = scheduled.batch, scheduled.admitted
             for seq in admitted:
                 engine.runner.start(seq)
             if not batch.items:
                 continue
-            eligible = [it.seq.eligible() for it in batch.steps]
+            eligible = [it.seq.eligible() for it in batch.step_items]
             context = [
                 list(it.seq.req.prompt_ids) + it.seq.generated + [t for t in it.seq.tokens if t != MASK_ID]
-                for it in batch.steps
+                for it in batch.step_items
             ]
             picks = engine.runner.picks(engine.runner.launch(batch))
             hidden = captured["hidden"]
-            step_idx = [i for i, it in enumerate(batch.items) if it.step]
+            step_idx = [i for i, it in enumerate(batch.items) if it.is_step]
             with torch.inference_mode():
                 for n, i in enumerate(step_idx):
                     logits = model.logits(hidden[i]).float()
@@ -272,7 +273,7 @@ def test_tokens_per_step_selects_most_confident(engine):
     seen = {"steps": 0, "multi": 0}
 
     def check(req, logits, eligible, pick, context):
-        positions, tokens = pick
+        positions, tokens = pick.positions, pick.tokens
         x, conf = banned_conf(logits)
         conf = conf.masked_fill(~eligible, -1.0)
         k = min(req.tokens_per_step, int(eligible.sum()))
@@ -311,7 +312,7 @@ def test_confidence_threshold(engine):
     counts = {0.0: [], 0.9999: [], middle: []}
 
     def check(req, logits, eligible, pick, context):
-        positions, _ = pick
+        positions = pick.positions
         threshold = req.confidence_threshold
         _, conf = banned_conf(logits)
         conf = conf.masked_fill(~eligible, -1.0)
@@ -354,7 +355,7 @@ def test_banned_ids_never_generated(tmp_path):
     preferred = []
 
     def check(req, logits, eligible, pick, context):
-        positions, tokens = pick
+        positions, tokens = pick.positions, pick.tokens
         preferred.extend(int(logits[p].argmax()) in BANNED for p in positions)
         assert not set(tokens) & set(BANNED)
 
@@ -382,7 +383,7 @@ def test_repetition_penalty_formula(tiny_dir, tmp_path, sign):
     signs = set()
 
     def check(req, logits, eligible, pick, context):
-        positions, tokens = pick
+        positions, tokens = pick.positions, pick.tokens
         signs.update(torch.sign(logits[eligible]).unique().tolist())
         x = logits.clone()
         if req.repetition_penalty != 1.0:

@@ -64,7 +64,7 @@ def heartbeat(sock) -> Heartbeat:
 
 def test_ping_answers_with_model_and_load(dealer):
     hb = heartbeat(dealer)
-    assert (hb.model, hb.block_size, hb.max_running, hb.instruct) == ("tiny", 1024, 4, False)
+    assert (hb.model, hb.context_len, hb.max_running, hb.instruct) == ("tiny", 1024, 4, False)
     assert hb.running == hb.waiting == hb.pages_used == 0
 
 
