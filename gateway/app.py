@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from cde.gateway.chat import create_chat_completion
@@ -109,7 +110,7 @@ def create_app(
     None starts serving at once (a standalone gateway, whose workers may come later)."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await state.router.start()
         try:
             if wait_for_workers is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
@@ -77,7 +78,7 @@ def generate_requests(
     return out
 
 
-def _flashblock(value) -> FlashBlockSpec | bool | None:
+def _flashblock(value: Any) -> FlashBlockSpec | bool | None:
     if value is None or value is False:
         return value
     if value is True:
@@ -85,7 +86,7 @@ def _flashblock(value) -> FlashBlockSpec | bool | None:
     return FlashBlockSpec(tau=value.tau, max_reuse=value.max_reuse)
 
 
-def _attribution(value) -> AttributionSpec | None:
+def _attribution(value: Any) -> AttributionSpec | None:
     if value is None or value is False:
         return None
     if value is True:

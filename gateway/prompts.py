@@ -8,9 +8,14 @@ tokenized on a thread (tiktoken releases the GIL), so the event loop keeps servi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from cde.gateway.errors import invalid
 from cde.shared.protocol import Heartbeat
+
+if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
 
 MAX_TOKEN_BYTES = 128  # the longest token of cl100k_base (special tokens in text are encoded as text)
 THREAD_CHARS = 64 << 10
@@ -28,17 +33,17 @@ def _check_fits(texts: list[str], info: Heartbeat, param: str) -> None:
         )
 
 
-async def _run(work, chars: int):
+async def _run(work: Callable[[], Any], chars: int) -> Any:
     return await asyncio.to_thread(work) if chars > THREAD_CHARS else work()
 
 
-async def encode_prompts(tok, texts: list[str], info: Heartbeat) -> list[list[int]]:
+async def encode_prompts(tok: Tokenizer, texts: list[str], info: Heartbeat) -> list[list[int]]:
     for text in texts:
         _check_fits([text], info, "prompt")
     return await _run(lambda: [tok.encode(t) for t in texts], sum(map(len, texts)))
 
 
-async def encode_chat(tok, messages: list[dict], info: Heartbeat) -> list[int]:
+async def encode_chat(tok: Tokenizer, messages: list[dict], info: Heartbeat) -> list[int]:
     if len(messages) * MIN_MESSAGE_TOKENS >= info.context_len:
         raise invalid(
             f"{len(messages)} messages take more than this model's context of {info.context_len} tokens",

@@ -7,12 +7,16 @@ import logging
 import subprocess
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import zmq.asyncio
 from cde.gateway.errors import ApiError
 from cde.gateway.worker_link import RequestHandle, WorkerLink
 from cde.shared.curve import CurveClient
 from cde.shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
+
+if TYPE_CHECKING:
+    from cde.gateway.discovery import DnsDiscovery
 
 log = logging.getLogger("cde.gateway")
 
@@ -29,8 +33,8 @@ class Router:
         heartbeat_timeout: float = 5.0,
         max_queue: int = 256,
         curve: CurveClient | None = None,
-        discovery=None,
-    ):
+        discovery: DnsDiscovery | None = None,
+    ) -> None:
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval

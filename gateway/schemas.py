@@ -7,7 +7,8 @@ asked for.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from cde.shared.limits import (
     MAX_CONCEPT_LIST,
@@ -18,6 +19,9 @@ from cde.shared.limits import (
     MAX_STOPS,
 )
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from pydantic import ValidationInfo
 
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
@@ -32,11 +36,11 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-def _reject(*fields: str, when=bool, hint: str = ""):
+def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
     """A validator refusing `fields` whenever `when(value)` holds: an OpenAI field CDE cannot
     honour is an error, never silently ignored."""
 
-    def check(cls, v, info):
+    def check(cls: type, v: Any, info: ValidationInfo) -> Any:
         if when(v):
             raise ValueError(f"{info.field_name}{hint} is not supported by CDE")
         return v
@@ -44,7 +48,7 @@ def _reject(*fields: str, when=bool, hint: str = ""):
     return field_validator(*fields)(classmethod(check))
 
 
-def _given(v) -> bool:
+def _given(v: object) -> bool:
     return v is not None
 
 
@@ -59,7 +63,7 @@ def documented_as(schema: dict) -> dict:
     return {"json_schema_extra": replace}
 
 
-def only(*values) -> dict:
+def only(*values: Any) -> dict:
     """An OpenAI field CDE accepts only with its "off" values."""
     return documented_as({"enum": list(values)})
 
@@ -71,7 +75,7 @@ _NonEmpty = Annotated[list[T], Field(min_length=1)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
-def _prompt_shape(v) -> str | None:
+def _prompt_shape(v: Any) -> str | None:
     """Which of the prompt forms `v` is meant to be, so that its errors name what is wrong with
     that form (not why it is not one of the others); None for none of them."""
     if isinstance(v, str):
@@ -182,7 +186,7 @@ class SamplingParams(_Body):
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, v):
+    def _stops(cls, v: Any) -> Any:
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > MAX_STOPS:
             raise ValueError(f"at most {MAX_STOPS} stop sequences")
@@ -222,7 +226,7 @@ class ResponseFormat(_Body):
 
     @model_validator(mode="before")
     @classmethod
-    def _text_only(cls, v):
+    def _text_only(cls, v: Any) -> Any:
         # Named before its other fields (a json_schema) are refused as unknown: the type is the mistake.
         if isinstance(v, dict) and v.get("type") != "text":
             raise ValueError(

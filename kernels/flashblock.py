@@ -59,7 +59,7 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[to
     return out.reshape(*lead, h, t, d).to(q.dtype), lse.reshape(*lead, h, t)
 
 
-def merge(a_out, l_out, a_in, l_in) -> torch.Tensor:
+def merge(a_out: torch.Tensor, l_out: torch.Tensor, a_in: torch.Tensor, l_in: torch.Tensor) -> torch.Tensor:
     """The log-space merge of two partial attentions over disjoint key sets (fp32 math)."""
     m = torch.maximum(l_out, l_in)
     w_out, w_in = torch.exp(l_out - m)[..., None], torch.exp(l_in - m)[..., None]
@@ -72,7 +72,15 @@ def external_pages(n_pages: torch.Tensor, mode: torch.Tensor) -> torch.Tensor:
     return torch.where(mode == ATTN_EXACT, n_pages, torch.where(mode == ATTN_REUSE, 0, n_pages - 1))
 
 
-def split_attention(q, k, v, external, external_lse, cache, fb: FlashBlockBatch) -> torch.Tensor:
+def split_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    external: torch.Tensor,
+    external_lse: torch.Tensor,
+    cache: tuple[torch.Tensor, ...],
+    fb: FlashBlockBatch,
+) -> torch.Tensor:
     """Batched (CUDA graph friendly) FlashBlock step. q [N, H, 64, D]; k/v [N, KVH, 64, D] the
     items' own keys; `external`/`external_lse` the paged kernel's output over `external_pages`
     (the whole attention for exact items). cache = (A [slots, H, 64, D], L [slots, H, 64])."""
@@ -87,7 +95,16 @@ def split_attention(q, k, v, external, external_lse, cache, fb: FlashBlockBatch)
     return torch.where(exact, external, merge(a_ext, l_ext, a_in, l_in))
 
 
-def split_attention_item(q, k, v, k_ext, v_ext, cache, slot: int, mode: int) -> torch.Tensor:
+def split_attention_item(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_ext: torch.Tensor,
+    v_ext: torch.Tensor,
+    cache: tuple[torch.Tensor, ...],
+    slot: int,
+    mode: int,
+) -> torch.Tensor:
     """One item on the CPU path (no padding, no batch-wide work): q [H, 64, D]; k/v its own
     keys [KVH, 64, D]; k_ext/v_ext its external pages [KVH, S, D] (unused when reusing)."""
     a_cache, l_cache = cache

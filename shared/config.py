@@ -230,7 +230,7 @@ _IGNORED = {
     "rope_full_precision",
 }
 # Architecture switches whose other values CDE does not implement.
-_FIXED = {
+_FIXED: dict[str, set] = {
     # "steerling": the published Hub config (its Hugging Face file builder); "causal_diffusion":
     # the official package's own configs.
     "model_type": {"causal_diffusion", "steerling"},

@@ -7,6 +7,7 @@ device-to-host copies that the engine reads when it needs them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -223,7 +224,7 @@ class ModelRunner:
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
     def _forward(
-        self, items: list[Item], steer_vec, steer_from: list[int], split: FlashBlockSplit | None
+        self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
     ) -> torch.Tensor:
         if self.graphed is not None:
             return self.graphed(
@@ -249,7 +250,9 @@ class ModelRunner:
         writes = [it.seq.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
         return FlashBlockSplit(modes, slots, writes)
 
-    def _forward_eager(self, items: list[Item], steer_vec, steer_from, split: FlashBlockSplit | None) -> torch.Tensor:
+    def _forward_eager(
+        self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
+    ) -> torch.Tensor:
         dev = self.device
         tokens = torch.tensor([it.tokens for it in items], device=dev)
         abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
@@ -275,7 +278,16 @@ class ModelRunner:
             tokens == MASK_ID,
         )
 
-    def _attribute(self, hidden, items, attributed, logits, grid, positions, chosen) -> HostCopy:
+    def _attribute(
+        self,
+        hidden: torch.Tensor,
+        items: list[int],
+        attributed: list,
+        logits: torch.Tensor,
+        grid: Any,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+    ) -> HostCopy:
         """Attribution of every selection slot of the step items that asked (`attributed`, their
         pass indices `items`), in one batched pass: [A * K, width] rows on their way to the host.
         Slots that commit nothing are computed too (static shapes, no sync) and dropped there."""

@@ -166,7 +166,7 @@ class Scheduler:
         Requests that stream the denoising get a StepResult per step, before their BlockResult.
         The results of requests that asked for attribution get it from `attach`, which the
         engine calls once the pass's attribution has reached the host."""
-        results = []
+        results: list[BlockResult | StepResult] = []
         self._awaiting = []
         for n, (item, pick) in enumerate(zip(batch.step_items, picks)):
             seq, positions, tokens = item.seq, pick.positions, pick.tokens

@@ -24,6 +24,7 @@ def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[i
     `step_indices` in the pass, of `seqs`) that may be unmasked. Returns their rows in the
     flattened hidden states, the [S, 64] grid mapping a position to its logits row (-1: none) and
     the step item (index into step_indices) of each row."""
+    rows: list
     rows, grid, row_item = [], [], []
     for n, (i, seq) in enumerate(zip(step_indices, seqs)):
         for p, ok in enumerate(seq.eligible()):
@@ -35,7 +36,7 @@ def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[i
 
 
 class StepInputBuilder:
-    def __init__(self, device, banned: torch.Tensor, seen: torch.Tensor):
+    def __init__(self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor) -> None:
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
         self.banned, self.seen = banned, seen

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
 import random
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
-
-from cde.commands import bench_flashblock
-from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.shared.config import PAGE
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs, resolve_device
 
+from cde.commands import bench_flashblock
+from cde.commands.model_args import add_model_arguments, resolve_model_args
 
-def add_arguments(p) -> None:
+if TYPE_CHECKING:
+    from cde.shared.protocol import FlashBlockSpec
+    from cde.worker.model_runner import Pass
+    from cde.worker.scheduler import Batch, Picks
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     add_model_arguments(p, into=src)
     src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
@@ -77,13 +84,13 @@ class _StepClock:
         self.last_decode = False  # the last finished pass held no prefill item
         self.inner = runner.launch, runner.picks
 
-        def launch(batch):
+        def launch(batch: Batch) -> Pass:
             self.starts.append(self._mark())
             p = self.inner[0](batch)
             self.queued.append(self._mark())
             return p
 
-        def picks(p):
+        def picks(p: Pass) -> list[Picks]:
             out = self.inner[1](p)
             self.end = self._mark()
             self.finished += 1
@@ -92,7 +99,7 @@ class _StepClock:
 
         runner.launch, runner.picks = launch, picks
 
-    def _mark(self):
+    def _mark(self) -> float | torch.cuda.Event:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
@@ -102,7 +109,7 @@ class _StepClock:
     def restore(self) -> None:
         self.runner.launch, self.runner.picks = self.inner
 
-    def _ms(self, a, b) -> float:
+    def _ms(self, a: Any, b: Any) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def device_ms(self) -> tuple[list[float], float]:
@@ -117,11 +124,11 @@ class _StepClock:
 
 def _requests(
     n: int,
-    args,
+    args: argparse.Namespace,
     tag: str,
     steer: bool = False,
     attribution: bool | None = None,
-    flashblock=None,
+    flashblock: FlashBlockSpec | bool | None = None,
     prompt_len: int | None = None,
 ) -> list[GenerateRequest]:
     attribution = args.attribution if attribution is None else attribution
@@ -148,7 +155,7 @@ class _GcClock:
     """Python garbage collections during a run and the time they took (they stall the step they
     interrupt)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count, self.seconds, self._t0 = 0, 0.0, 0.0
         gc.callbacks.append(self._on)
 
@@ -226,7 +233,7 @@ def _compile_count() -> int:
     return sum(counters["stats"].values()) if "stats" in counters else 0
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.preset is None:
         resolve_model_args(args, "bench engine")

@@ -10,11 +10,13 @@ by the run's measured mix of refreshed and reused steps, times the number of lay
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch, paged_attention
@@ -23,8 +25,14 @@ from cde.shared.protocol import FlashBlockSpec
 from cde.worker.cuda_graphs import bucket_splits
 from cde.worker.scheduler import Batch
 
+if TYPE_CHECKING:
+    from cde.shared.protocol import GenerateRequest
+    from cde.worker.engine import Engine
+    from cde.worker.model_runner import ModelRunner, Pass
+    from cde.worker.scheduler import Batch
 
-def add_arguments(p) -> None:
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flashblock-tau", type=int, help="also run FlashBlock with this tau (greedy, vs the exact path)")
     p.add_argument("--flashblock-max-reuse", default="4,16,63", help="comma-separated max_reuse values to run")
 
@@ -32,11 +40,11 @@ def add_arguments(p) -> None:
 class _ModeCount:
     """Counts the attention mode of every step item the engine runs."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
         self.runner, self.inner = engine.runner, engine.runner.launch
 
-        def counted(batch):
+        def counted(batch: Batch) -> Pass:
             for it in batch.items:
                 if it.is_step:
                     self.counts[it.attention] += 1
@@ -96,7 +104,7 @@ def agreement(exact: dict[str, list[int]], other: dict[str, list[int]]) -> float
 
 
 @torch.inference_mode()
-def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
+def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) -> float:
     """One layer's paged attention for n items with ctx_pages pages each, all in `mode`
     (None: the unsplit path), in ms."""
     cfg, dev, dtype = runner.cfg, runner.device, runner.dtype
@@ -125,14 +133,14 @@ def attention_ms(runner, n: int, ctx_pages: int, mode: int | None) -> float:
     attend = torch.compile(paged_attention)
     mask = PagedBlockMask(n, cache_pages, dev, bucket_splits(runner.graphed.kv_splits, n) if runner.graphed else 1)
 
-    def layer():
+    def layer() -> torch.Tensor:
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
         return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask.block_mask, split))
 
     return graph_replay_ms(layer)[0]
 
 
-def graph_replay_ms(fn, iters: int = 20) -> tuple[float, torch.Tensor]:
+def graph_replay_ms(fn: Callable[[], torch.Tensor], iters: int = 20) -> tuple[float, torch.Tensor]:
     """fn() run twice (compiling it), captured as a CUDA graph and replayed: ms per replay, and
     the captured output."""
     for _ in range(2):
@@ -151,7 +159,13 @@ def graph_replay_ms(fn, iters: int = 20) -> tuple[float, torch.Tensor]:
     return start.elapsed_time(end) / iters, out
 
 
-def run_level(engine, args, level: int, make_requests, run) -> list[dict]:
+def run_level(
+    engine: Engine,
+    args: argparse.Namespace,
+    level: int,
+    make_requests: Callable[..., list[GenerateRequest]],
+    run: Callable[..., dict],
+) -> list[dict]:
     """make_requests(level, tag, flashblock) -> requests; run(engine, requests) -> result dict
     with the generated tokens under "outputs"."""
     ctx_pages = -(-(args.prompt_len + args.max_tokens) // PAGE)

@@ -3,13 +3,18 @@ take the JSON of the API's `steering` and `attribution` fields, checked by the g
 
 from __future__ import annotations
 
+import argparse
 import json
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 
+if TYPE_CHECKING:
+    from cde.worker.engine import Engine
 
-def add_arguments(p) -> None:
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (encoded as is: no chat template)")
@@ -48,7 +53,7 @@ def add_arguments(p) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
     from cde.shared.protocol import BlockResult, GenerateRequest
     from cde.worker.engine import Engine, EngineArgs
@@ -78,6 +83,7 @@ def run(args) -> int:
     if args.steering is not None or args.attribution is not None:
         req.steering, req.attribution, render = _api_fields(args, engine, prompt_ids)
     engine.add_request(req)
+    records: list
     ids, records = [], []
     while engine.has_work():
         for res in engine.step():
@@ -101,17 +107,17 @@ def run(args) -> int:
     return 0
 
 
-def _api_fields(args, engine, prompt_ids: list[int]):
+def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int]) -> Any:
     """The request's steering and attribution specs, parsed and checked as the API parses and
     checks them (labels, presets, bounds), and the API's attribution renderer."""
-    from pydantic import ValidationError
-
-    from cde.commands.gateway import concept_labels
     from cde.gateway.attribution_render import renderer
     from cde.gateway.errors import ApiError, from_validation_error
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest
     from cde.shared.protocol import Heartbeat
+    from pydantic import ValidationError
+
+    from cde.commands.gateway import concept_labels
 
     body = {"model": "cli", "prompt": prompt_ids}
     for field in ("steering", "attribution"):

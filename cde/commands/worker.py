@@ -3,19 +3,25 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+from cde.shared.logs import setup_logging
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.shared.logs import setup_logging
+
+if TYPE_CHECKING:
+    from cde.shared.protocol import FlashBlockSpec
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
 DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument(
         "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)"
@@ -43,7 +49,7 @@ def add_arguments(p) -> None:
     add_attention_arguments(p)
 
 
-def add_attention_arguments(p) -> None:
+def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-splits",
         type=int,
@@ -63,7 +69,7 @@ def add_attention_arguments(p) -> None:
     p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
 
 
-def flashblock_default(args):
+def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
     """The server's FlashBlock default from the flags (None: exact attention)."""
     from cde.shared.limits import check_flashblock
     from cde.shared.protocol import FlashBlockSpec
@@ -81,13 +87,13 @@ def flashblock_default(args):
 MAX_KV_SPLITS = 64  # a 4096-token context is 64 pages: more shares than pages would stay empty
 
 
-def kv_splits(args) -> int:
+def kv_splits(args: argparse.Namespace) -> int:
     if not 1 <= args.kv_splits <= MAX_KV_SPLITS:
         raise SystemExit(f"--kv-splits must be in [1, {MAX_KV_SPLITS}]")
     return args.kv_splits
 
 
-def attention_flags(args) -> list[str]:
+def attention_flags(args: argparse.Namespace) -> list[str]:
     """The same flags again, for a worker process `cde serve` starts."""
     flags = ["--kv-splits", str(kv_splits(args))]
     if args.flashblock_tau is None:
@@ -100,11 +106,12 @@ def attention_flags(args) -> list[str]:
     ]
 
 
-def run(args) -> int:
-    from cde.cli import STARTED
+def run(args: argparse.Namespace) -> int:
     from cde.shared.curve import CurveKeyError, CurveServer
     from cde.worker.engine import Engine, EngineArgs
     from cde.worker.server import run_worker
+
+    from cde.cli import STARTED
 
     if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
         raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")

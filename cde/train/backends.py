@@ -11,6 +11,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -50,7 +51,7 @@ class EngineBackend:
         self.labels = ConceptLabels.load(model_dir)
         self.cfg = cfg
 
-    def _request(self, body: dict):
+    def _request(self, body: dict) -> Any:
         from cde.gateway.attribution_render import renderer
         from cde.gateway.params import generate_requests
         from cde.gateway.schemas import CompletionRequest

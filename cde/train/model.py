@@ -18,13 +18,16 @@ what the engine computes when it denoises block b over the cached earlier blocks
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from cde.shared.config import PAGE, ModelConfig
 from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, apply_rope, rope_tables
+
+if TYPE_CHECKING:
+    from cde.worker.model import Attention
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
@@ -57,7 +60,9 @@ class Trunk(nn.Module):
         self.ln_f = RMSNorm(cfg.n_embd, cfg.norm_eps)
 
 
-def _attention(attn, x, cos, sin, mask):
+def _attention(
+    attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     cfg = attn.cfg
     b, t, _ = x.shape
     kv = cfg.n_kv_heads * cfg.head_dim
@@ -109,7 +114,14 @@ class TrainModel(nn.Module):
         known = idx < self.n_used
         return self.transformer.tok_emb(idx.clamp(max=self.n_used - 1)) * known[..., None]
 
-    def hidden(self, ids, pos, mask, inject=None, gates=None) -> torch.Tensor:
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        inject: torch.Tensor | None = None,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final-norm hidden states [B, T, D]. inject [B, T, D] (steering, zero where off) is added
         after block i where gates[i] ([L, B]) is 1 — the engine's rule i + 1 >= inject_layer."""
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]

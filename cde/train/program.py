@@ -11,12 +11,13 @@ import dataclasses
 import sys
 
 from cde.shared.config import INSTRUCT_VOCAB, ModelConfig
+
 from cde.train.concepts import concepts
 
 # The reference shape: 6 layers x 256 wide (~7M weights with the used embedding rows: 14 MB in
 # bf16), 64-token blocks, 512 positions; small enough to ship (and to come back from a device call,
 # 16 MiB a file) and to decode on a CPU in seconds.
-SHAPES = {
+SHAPES: dict[str, dict] = {
     "reference": dict(
         n_layers=6,
         n_head=4,
