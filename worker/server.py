@@ -205,15 +205,18 @@ class WorkerServer:
             return
         # The next pass is running: the results are encoded now and go to the I/O thread in one
         # message (one wake-up of it per step, however many requests finished a block).
-        peers, msgs = [], []
+        peers, msgs, finished = [], [], False
         for res in results:
             peer = self.owner.get(res.request_id)
             if isinstance(res, BlockResult) and res.finished:
+                finished = True
                 self.owner.pop(res.request_id, None)
                 log.info("request finished", extra={"request_id": res.request_id, "finish_reason": res.finish_reason})
             if peer is not None:
                 peers.append(peer)
                 msgs.append(res)
+        if finished:  # the load changed: a Ping answered after the last result must show it
+            self._refresh_heartbeat(force=True)
         if msgs:
             frames = encode_all(msgs)
             self._out_push.send_multipart([part for pair in zip(peers, frames) for part in pair])
