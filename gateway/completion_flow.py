@@ -19,6 +19,7 @@ from cde.gateway.schemas import SamplingParams
 from cde.gateway.sse import EventStreamResponse, SseEvent
 from cde.gateway.state import ServerState
 from cde.shared.protocol import GenerateRequest, Heartbeat
+from cde.shared.tokenizer import Tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -55,7 +56,7 @@ async def start_generation(
     prompts: list[list[int]],
     max_tokens: int,
     info: Heartbeat,
-    tokenizer: object,
+    tokenizer: Tokenizer,
     response_id: str,
 ) -> tuple[list[GenerateRequest], Generation]:
     """The engine requests of every (prompt, choice), submitted to the workers."""

@@ -20,12 +20,12 @@ from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
 from cde.shared.protocol import Heartbeat
-from cde.shared.tokenizer import get_tokenizer
+from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
 
 
-async def _prompts(prompt: str | list, tokenizer: object, info: Heartbeat) -> list[list[int]]:
+async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: Heartbeat) -> list[list[int]]:
     if isinstance(prompt, str):
         return await encode_prompts(tokenizer, [prompt], info)
     if not prompt:

@@ -18,12 +18,17 @@ turning it on or off never recompiles.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from cde.kernels.flashblock import FlashBlockBatch, FlashBlockSplit, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
+
+if TYPE_CHECKING:
+    from cde.shared.config import ModelConfig
+    from cde.worker.model import SteerlingModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -48,11 +53,11 @@ def bucket_splits(kv_splits: int, n: int) -> int:
 
 def pack(
     n: int,
-    tokens,
-    blocks,
-    write_pages,
-    pages,
-    steer_from,
+    tokens: list,
+    blocks: list,
+    write_pages: list,
+    pages: list,
+    steer_from: list,
     split: FlashBlockSplit | None,
     *,
     scratch_page: int,
@@ -83,14 +88,23 @@ def pack(
     return flat
 
 
-def views(ints: torch.Tensor, n: int, width: int):
+def views(ints: torch.Tensor, n: int, width: int) -> tuple[torch.Tensor, ...]:
     """A packed bucket -> tokens, page table, blocks, write pages, n pages, steer-from, mode, slot, write slot."""
     tokens, table, rest = ints.split([n * PAGE, n * width, 7 * n])
     return (tokens.view(n, PAGE), table.view(n, width), *rest.view(7, n))
 
 
 def bucket_forward(
-    model, ints: torch.Tensor, n: int, width: int, steer_vec, mask: PagedBlockMask, caches, split_caches, cos, sin
+    model: SteerlingModel,
+    ints: torch.Tensor,
+    n: int,
+    width: int,
+    steer_vec: torch.Tensor,
+    mask: PagedBlockMask,
+    caches: list,
+    split_caches: list | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
 ) -> torch.Tensor:
     """The whole pass of a packed bucket from its device buffers (what a graph captures);
     `split_caches`: FlashBlock's per-layer cache rows for the split family, else None."""
@@ -105,7 +119,17 @@ def bucket_forward(
 
 
 class GraphedForward:
-    def __init__(self, model, cfg, caches, cos, sin, scratch_page: int, scratch_slot: int, kv_splits: int = 1):
+    def __init__(
+        self,
+        model: SteerlingModel,
+        cfg: ModelConfig,
+        caches: list,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        scratch_page: int,
+        scratch_slot: int,
+        kv_splits: int = 1,
+    ) -> None:
         self.model, self.cfg, self.caches = model, cfg, caches
         self.kv_splits = kv_splits
         self.split_caches: list[tuple] | None = None
@@ -165,7 +189,7 @@ class GraphedForward:
         with torch.cuda.graph(b.graph, pool=self.pool):
             b.out = self._run(b)
 
-    def capture_all(self, split_caches=None) -> None:
+    def capture_all(self, split_caches: list | None = None) -> None:
         """Capture every bucket of one family now (the FlashBlock one when `split_caches` is
         given), so no request ever waits for a compile or a capture."""
         self.split_caches = split_caches
@@ -174,7 +198,15 @@ class GraphedForward:
             self._capture(b)
 
     def __call__(
-        self, tokens, blocks, write_pages, pages, steer_vec, steer_from, split=None, split_caches=None
+        self,
+        tokens: list,
+        blocks: list,
+        write_pages: list,
+        pages: list,
+        steer_vec: torch.Tensor,
+        steer_from: list,
+        split: FlashBlockSplit | None = None,
+        split_caches: list | None = None,
     ) -> torch.Tensor:
         """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].
         `split`: FlashBlock's modes, slots and write slots per item, with its per-layer cache rows."""
@@ -193,7 +225,16 @@ class GraphedForward:
         b.graph.replay()
         return b.out[:n]
 
-    def _fill(self, b: _Bucket, tokens, blocks, write_pages, pages, steer_from, split) -> None:
+    def _fill(
+        self,
+        b: _Bucket,
+        tokens: list,
+        blocks: list,
+        write_pages: list,
+        pages: list,
+        steer_from: list,
+        split: FlashBlockSplit | None,
+    ) -> None:
         flat = pack(
             b.n,
             tokens,
