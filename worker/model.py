@@ -59,14 +59,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        meta: PagedBatch,
-    ) -> torch.Tensor:
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[N, T, D] -> q [N, H, T, hd], k and v [N, KV, T, hd]: clipped, QK-normed, rotated (the
+        part of attention that any attention kernel shares; cde/train/model.py's dense one too)."""
         cfg = self.cfg
         n, t, _ = x.shape
         qkv = self.c_attn(x)
@@ -79,9 +76,20 @@ class Attention(nn.Module):
         v = v.reshape(n, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         if cfg.use_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+    ) -> torch.Tensor:
+        n, t, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
         y = paged_attention(q, k, v.contiguous(), cache, meta)
-        return self.c_proj(y.transpose(1, 2).reshape(n, t, cfg.n_embd))
+        return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
 
 
 class MLP(nn.Module):

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 from cde.shared.config import PAGE, ModelConfig
-from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, apply_rope, rope_tables
+from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, rope_tables
 
 if TYPE_CHECKING:
     from cde.worker.model import Attention
@@ -65,17 +66,7 @@ def _attention(
 ) -> torch.Tensor:
     cfg = attn.cfg
     b, t, _ = x.shape
-    kv = cfg.n_kv_heads * cfg.head_dim
-    qkv = attn.c_attn(x)
-    if cfg.clip_qkv is not None:
-        qkv = qkv.clamp(min=-cfg.clip_qkv, max=cfg.clip_qkv)
-    q, k, v = qkv.split([cfg.n_embd, kv, kv], dim=-1)
-    q = q.reshape(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
-    k = k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    v = v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    if cfg.use_qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k, v = attn.qkv(x, cos, sin)
     # KV heads repeated by hand rather than enable_gqa: CUDA's memory-efficient kernel, the one
     # that takes an arbitrary mask, does not group queries itself.
     group = cfg.n_head // cfg.n_kv_heads
