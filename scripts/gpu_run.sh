@@ -5,7 +5,13 @@
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
-# steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS.
+# steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
+# LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
+# EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8.
+# Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at batch 1 on FP8 GEMMs instead of
+# weight-only), `tps` (tokens per step 1,2,4; TPS_QUANT=fp8 for the fp8 engine), `fp8dev` (the GPU tests of
+# the bf16 and fp8 8b logits: the deviation report, and 0 recompiles). The 128k batch-8 FlashBlock rows:
+# LONG_CONC=8 LONG_PROMPTS=130944 LONG_REUSE=16 scripts/gpu_run.sh long (then LONG_REUSE=4, 63: ~9 min each).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -17,14 +23,15 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
-  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" http "*)
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*)
     [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
 esac
 for STAGE in $STAGES; do
   echo "== $STAGE $(date +%T)"
   case $STAGE in
   tests)
-    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 \
+      | tee "$OUT/gpu_tests.log" ;;
   kernels)  # one layer's attention: kernel options and split-KV ways, batch x pages
     python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
@@ -34,8 +41,9 @@ for STAGE in $STAGES; do
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;
   long)  # FlashBlock on a long-context config (the 8b shape with 4 layers and a 128k context)
-    python3 -m cde bench engine --preset 8b --set n_layers=4 --set block_size=131072 --concurrency 1,8 \
-      --prompt-len ${LONG_PROMPTS:-16256,65408,130944} --max-tokens 128 --flashblock-tau 2 --flashblock-max-reuse 4,16,63 \
+    python3 -m cde bench engine --preset 8b --set n_layers=4 --set block_size=131072 --concurrency "${LONG_CONC:-1,8}" \
+      --prompt-len ${LONG_PROMPTS:-16256,65408,130944} --max-tokens 128 --flashblock-tau 2 \
+      --flashblock-max-reuse "${LONG_REUSE:-4,16,63}" \
       --json "$OUT/fb_long.json" 2>&1 | tee "$OUT/fb_long.log" ;;
   compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
@@ -69,7 +77,8 @@ for STAGE in $STAGES; do
     [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('.train/model.tar.xz', '/tmp/cde', 'reference'))")
     python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
     if [[ -n ${API:-} ]]; then  # the same rows through the real HTTP API
-      python3 -m cde serve --model "$MODEL" --device cuda --max-running 64 --port 0 > "$OUT/serve.log" 2>&1 &
+      python3 -m cde serve --model "$MODEL" --device cuda --max-running 64 --port 0 ${EVAL_QUANT:+--quantization "$EVAL_QUANT"} \
+        > "$OUT/serve.log" 2>&1 &
       PID=$!
       until grep -q "ready in" "$OUT/serve.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
       URL=$(grep -o "at http://[^ ]*/v1" "$OUT/serve.log" | cut -c4- | sed 's|/v1$||')
@@ -80,6 +89,25 @@ for STAGE in $STAGES; do
     # requests, 64-token prompts, 256 new tokens; the first request after startup. ~5 min on an H200.
     python3 scripts/http_vs_engine.py --model /tmp/m8b --device cuda --concurrency 1,32 --prompt-len 64 \
       --max-tokens 256 --out "$OUT/http" 2>&1 | tee "$OUT/http.log" ;;
+  fp8)  # issue 16: bfloat16, then --quantization fp8, 64-token prompts, 256 new tokens, attribution on (~6 min)
+    for Q in none fp8; do
+      python3 -m cde bench engine --model /tmp/m8b --quantization $Q --concurrency "${FP8_CONC:-1,32}" --prompt-len 64 \
+        --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" 2>&1 | tee "$OUT/bench_8b_$Q.log" \
+        || echo "!! fp8 stage: the $Q bench failed (exit ${PIPESTATUS[0]}), going on"
+    done
+    grep -h -A3 "^conc |" "$OUT/bench_8b_none.log" "$OUT/bench_8b_fp8.log" 2>/dev/null | tee "$OUT/fp8_tables.txt" ;;
+  fp8paths)  # fp8 at batch 1 (and 2) on FP8 GEMMs with per-token activation scales instead of weight-only (~3 min)
+    python3 -m cde bench engine --model /tmp/m8b --quantization fp8 --fp8-weight-only-rows 0 --concurrency 1,2 \
+      --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_fp8_rows0.json" 2>&1 \
+      | tee "$OUT/bench_8b_fp8_rows0.log" || echo "!! fp8paths stage failed (exit ${PIPESTATUS[0]})" ;;
+  tps)  # issue 16: the mechanical throughput of multi-token steps, one engine (~4 min)
+    python3 -m cde bench engine --model /tmp/m8b --quantization "${TPS_QUANT:-none}" --concurrency 1,32 \
+      --tokens-per-step 1,2,4 --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_tps.json" 2>&1 \
+      | tee "$OUT/bench_8b_tps.log" || echo "!! tps stage failed (exit ${PIPESTATUS[0]})" ;;
+  fp8dev)  # issue 16: bf16 vs fp32 vs official, fp8 vs bf16 (relative error, mean KL, greedy agreement), 0 recompiles
+    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k "8b_logits or fp8 or no_compile" 2>&1 \
+      | tee "$OUT/fp8_dev.log"
+    grep -E "8b (bf16|fp8)|logits|passed|failed" "$OUT/fp8_dev.log" | tee "$OUT/fp8_dev_summary.txt" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

@@ -14,6 +14,7 @@ from cde.shared.config import PAGE
 from cde.shared.limits import check_context, check_flashblock, check_token_ids
 from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
 from cde.shared.tokenizer import get_tokenizer
+from cde.worker import fp8
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.scheduler import Scheduler
@@ -31,6 +32,8 @@ class EngineArgs:
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
     kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
+    quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
+    fp8_weight_only_rows: int = 64  # fp8: passes of at most this many rows run weight-only
 
 
 @dataclass
@@ -54,12 +57,11 @@ class Engine:
     def __init__(self, args: EngineArgs):
         self.args = args
         device = resolve_device(args.device)
-        dtype = (
-            DTYPES["bfloat16" if device.startswith("cuda") else "float32"]
-            if args.dtype == "auto"
-            else DTYPES[args.dtype]
-        )
+        dtype = DTYPES[fp8.engine_dtype(args.dtype, device, args.quantization)]
+        fp8.check_quantization(args.quantization, device, dtype)
         self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
+        if args.quantization == "fp8":
+            fp8.quantize_model(model, args.fp8_weight_only_rows)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)

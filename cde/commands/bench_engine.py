@@ -12,13 +12,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from cde.commands import bench_flashblock
+from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.worker import add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs, resolve_device
-
-from cde.commands import bench_flashblock
-from cde.commands.model_args import add_model_arguments, resolve_model_args
 
 if TYPE_CHECKING:
     from cde.shared.protocol import FlashBlockSpec
@@ -33,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated request counts")
     p.add_argument("--prompt-len", default="64", help="comma-separated prompt lengths, each run at every concurrency")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates")
-    p.add_argument("--tokens-per-step", type=int, default=1, help="tokens unmasked per denoising step")
+    p.add_argument(
+        "--tokens-per-step",
+        default="1",
+        help="comma-separated tokens unmasked per denoising step, each run at every concurrency "
+        "(the mechanical throughput of multi-token steps; their accuracy is the reference-model benchmark's)",
+    )
     p.add_argument("--attribution", action="store_true", help="every request asks for attribution")
     p.add_argument(
         "--compare-attribution",
@@ -64,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072",
     )
+    add_quantization_arguments(p)
     bench_flashblock.add_arguments(p)
 
 
@@ -214,6 +221,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "forward_passes_per_block": steps * len(reqs) / n_blocks,
         "gpu_idle_fraction": idle_ms / 1e3 / wall,  # between passes, waiting for the host's launch
         "forward_passes": steps,
+        "tokens_per_forward": generated / steps,  # tokens committed per pass, all requests together
         "generated_tokens": generated,
         "wall_s": wall,
         "peak_device_gb": torch.cuda.max_memory_allocated() / 2**30 if clock.cuda else None,
@@ -221,6 +229,16 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "gc_ms": gc_clock.seconds * 1e3,
         "outputs": outputs,
     }
+
+
+def _int_list(text: str, flag: str, lo: int, hi: int) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"cde bench engine: {flag} takes comma-separated integers, got {text!r}") from None
+    if not all(lo <= v <= hi for v in values):
+        raise SystemExit(f"cde bench engine: {flag} values must be in [{lo}, {hi}], got {text!r}")
+    return values
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -235,6 +253,8 @@ def _compile_count() -> int:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    check_quantization_device(args, device)
+    tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, PAGE)
     if args.preset is None:
         resolve_model_args(args, "bench engine")
     model_dir = args.model
@@ -263,13 +283,15 @@ def run(args: argparse.Namespace) -> int:
             max_running=max(levels),
             cuda_graphs=not args.no_cuda_graphs,
             kv_splits=args.kv_splits,
+            quantization=args.quantization,
+            fp8_weight_only_rows=args.fp8_weight_only_rows,
         )
     )
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     args.steer_layer = engine.cfg.n_layers // 4  # layer 8 of the 8B's 32
     results = []
-    for plen, c in [(p, c) for p in prompt_lens for c in levels]:
-        args.prompt_len = plen
+    for plen, tps, c in [(p, t, c) for p in prompt_lens for t in tokens_per_step for c in levels]:
+        args.prompt_len, args.tokens_per_step = plen, tps
         # Warm every variant the level will run, so compilation stays out of the measurement.
         # (FlashBlock runs measure decoding: their warm-up skips the long prefill.)
         warm = _requests(
@@ -297,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
             res = _run(engine, _requests(c, args, f"run{c}{steer}{attr}", steer, attr))
             res["recompiles_after_warmup"] = _compile_count() - before
             res["steering_half"], res["attribution"] = steer, attr
+            res["tokens_per_step"], res["quantization"] = tps, args.quantization
             results.append(res)
             print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
     if args.flashblock_tau is not None:
@@ -359,12 +382,15 @@ def print_table(results: list[dict]) -> None:
         ("inter_block_latency_s", "ITL s", "{:.3f}"),
         ("time_to_last_block_s", "TTLB s", "{:.2f}"),
         ("forward_passes_per_block", "fwd/block", "{:.1f}"),
+        ("tokens_per_step", "tok/step", "{:d}"),
+        ("tokens_per_forward", "tok/fwd", "{:.2f}"),
         ("gpu_idle_fraction", "idle", "{:.2f}"),
         ("recompiles_after_warmup", "recomp", "{:d}"),
         ("steering_half", "steer", "{}"),
         ("attribution", "attr", "{}"),
         ("gc_ms", "GC ms", "{:.1f}"),
-        ("peak_device_gb", "peak GB", "{}"),
+        ("peak_device_gb", "peak GB", "{:.1f}"),
+        ("quantization", "quant", "{}"),
     ]
     print(" | ".join(h for _, h, _ in cols))
     for r in results:

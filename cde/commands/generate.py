@@ -9,6 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.worker import add_quantization_arguments, check_quantization_device
 
 if TYPE_CHECKING:
     from cde.worker.engine import Engine
@@ -46,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
+    add_quantization_arguments(p)
     p.add_argument(
         "--json",
         action="store_true",
@@ -56,10 +58,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
     from cde.shared.protocol import BlockResult, GenerateRequest
-    from cde.worker.engine import Engine, EngineArgs
+    from cde.worker.engine import Engine, EngineArgs, resolve_device
 
+    check_quantization_device(args, resolve_device(args.device))
     resolve_model_args(args, "generate")
-    engine = Engine(EngineArgs(args.model, device=args.device, dtype=args.dtype, max_running=1))
+    engine = Engine(
+        EngineArgs(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_running=1,
+            quantization=args.quantization,
+            fp8_weight_only_rows=args.fp8_weight_only_rows,
+        )
+    )
     tok = engine.tokenizer
     if args.prompt is not None:
         prompt_ids = tok.encode(args.prompt)
@@ -110,14 +122,14 @@ def run(args: argparse.Namespace) -> int:
 def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int]) -> Any:
     """The request's steering and attribution specs, parsed and checked as the API parses and
     checks them (labels, presets, bounds), and the API's attribution renderer."""
+    from pydantic import ValidationError
+
+    from cde.commands.gateway import concept_labels
     from cde.gateway.attribution_render import renderer
     from cde.gateway.errors import ApiError, from_validation_error
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest
     from cde.shared.protocol import Heartbeat
-    from pydantic import ValidationError
-
-    from cde.commands.gateway import concept_labels
 
     body = {"model": "cli", "prompt": prompt_ids}
     for field in ("steering", "attribution"):

@@ -19,9 +19,12 @@ from cde.commands.worker import (
     DEVICE_HELP,
     DTYPE_HELP,
     add_attention_arguments,
+    add_quantization_arguments,
     attention_flags,
     flashblock_default,
     kv_splits,
+    quantization,
+    quantization_flags,
 )
 from cde.shared.logs import setup_logging
 
@@ -36,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
     add_attention_arguments(p)
+    add_quantization_arguments(p)
     add_http_arguments(p)
     p.add_argument(
         "--warm-up",
@@ -90,6 +94,7 @@ def _spawn(
             "--parent-pid",
             str(os.getpid()),
             *attention_flags(args),
+            *quantization_flags(args),
         ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
@@ -172,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     # Bad flags fail here, before any model work, not in every worker.
     flashblock_default(args)
     kv_splits(args)
+    quantization(args)
     # Resolved once here (one download, one progress bar); the workers get the local directory.
     name = args.model
     hub_id = resolve_model_args(args, "serve")

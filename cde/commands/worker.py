@@ -10,9 +10,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from cde.shared.logs import setup_logging
-
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.shared.logs import setup_logging
 
 if TYPE_CHECKING:
     from cde.shared.protocol import FlashBlockSpec
@@ -47,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)"
     )
     add_attention_arguments(p)
+    add_quantization_arguments(p)
 
 
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +67,58 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
+
+
+def add_quantization_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "fp8"],
+        help="fp8: the transformer's linear layers in float8 e4m3 with per-output-channel scales, quantized at "
+        "load from the bfloat16 checkpoint (embeddings, LM head and concept heads stay bfloat16); needs a GPU "
+        "with FP8 tensor cores (compute capability 8.9+), emulated on the CPU; --dtype auto is then bfloat16 "
+        "on the CPU too (default: none)",
+    )
+    p.add_argument(
+        "--fp8-weight-only-rows",
+        type=int,
+        default=64,
+        metavar="N",
+        help="fp8: passes of at most N rows (64 per item) dequantize the weights to bfloat16 in the graph; "
+        "larger ones quantize the activations per token for FP8 GEMMs (0: always FP8 GEMMs; default: 64)",
+    )
+
+
+def quantization(args: argparse.Namespace) -> str:
+    """The --quantization choice, with the flags it needs checked before any model work."""
+    if args.fp8_weight_only_rows < 0:
+        raise SystemExit("--fp8-weight-only-rows must be >= 0")
+    if args.quantization == "fp8" and args.dtype not in ("auto", "bfloat16"):
+        raise SystemExit(
+            f"--quantization fp8 computes in bfloat16 (its FP8 GEMMs write bfloat16), not {args.dtype}: "
+            "use --dtype bfloat16 or --dtype auto"
+        )
+    return args.quantization
+
+
+def check_quantization_device(args: argparse.Namespace, device: str) -> None:
+    """Refuses --quantization fp8 on a device that cannot run it (a GPU without FP8 tensor cores,
+    an accelerator other than CUDA) before the weights load. Imports torch."""
+    if quantization(args) == "none":
+        return
+    import torch
+
+    from cde.worker.fp8 import check_quantization
+
+    try:
+        check_quantization(args.quantization, device, torch.bfloat16)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def quantization_flags(args: argparse.Namespace) -> list[str]:
+    """The same flags again, for a worker process `cde serve` starts."""
+    return ["--quantization", quantization(args), "--fp8-weight-only-rows", str(args.fp8_weight_only_rows)]
 
 
 def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
@@ -107,11 +159,10 @@ def attention_flags(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cde.cli import STARTED
     from cde.shared.curve import CurveKeyError, CurveServer
     from cde.worker.engine import Engine, EngineArgs
     from cde.worker.server import run_worker
-
-    from cde.cli import STARTED
 
     if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
         raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")
@@ -122,8 +173,12 @@ def run(args: argparse.Namespace) -> int:
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
     splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
+    quantization(args)
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     served = resolve_model_args(args, "worker")
+    from cde.worker.engine import resolve_device
+
+    check_quantization_device(args, resolve_device(args.device))
     engine = Engine(
         EngineArgs(
             args.model,
@@ -132,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
             max_running=args.max_running,
             flashblock=flashblock,
             kv_splits=splits,
+            quantization=args.quantization,
+            fp8_weight_only_rows=args.fp8_weight_only_rows,
         )
     )
     # From the process's start: imports, weights, compilation and graph capture.

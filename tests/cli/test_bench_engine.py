@@ -92,3 +92,57 @@ def test_latency_table_and_profile(tmp_path):
     for c in (1, 3):
         tables = (prof / f"profile-c{c}.txt").read_text()
         assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables
+
+
+def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
+    """`--tokens-per-step 1,2,4`: one row per value (and concurrency), fewer passes per block
+    and more tokens per pass as the value grows; `--quantization fp8` runs emulated on the CPU."""
+    out = tmp_path / "tps.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cde",
+        "bench",
+        "engine",
+        "--preset",
+        "tiny",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "64",
+        "--tokens-per-step",
+        "1,2,4",
+        "--quantization",
+        "fp8",
+        "--json",
+        str(out),
+    ]
+    res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    lines = res.stdout.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("conc |")))
+    assert "tok/step" in lines[header] and "tok/fwd" in lines[header] and "quant" in lines[header]
+    assert len([line for line in lines[header + 1 :] if line.startswith("2 |")]) == 3
+    results = json.loads(out.read_text())["results"]
+    assert [(r["concurrency"], r["tokens_per_step"], r["quantization"]) for r in results] == [
+        (2, 1, "fp8"),
+        (2, 2, "fp8"),
+        (2, 4, "fp8"),
+    ]
+    for r in results:
+        assert r["generated_tokens"] == 2 * 64 and r["recompiles_after_warmup"] == 0
+        assert r["forward_passes_per_block"] == 64 / r["tokens_per_step"]
+    per_pass = [r["tokens_per_forward"] for r in results]
+    assert per_pass[0] < per_pass[1] < per_pass[2]
+    assert per_pass[2] > 2 * per_pass[0]
+
+
+def test_tokens_per_step_must_be_integers_in_range() -> None:
+    for bad in ("0", "1,x", "65"):
+        res = subprocess.run(
+            [sys.executable, "-m", "cde", "bench", "engine", "--preset", "tiny", "--tokens-per-step", bad],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode != 0 and "--tokens-per-step" in res.stderr and "Traceback" not in res.stderr

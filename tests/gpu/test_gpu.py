@@ -2,6 +2,8 @@
 a dense reference, float32 parity with the official generator through the CUDA-graph path, and
 zero recompiles once warm while steering/attribution toggle per request."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from cde.kernels.flex_paged_attention import PagedBlockMask, flex_paged_attention
@@ -66,12 +68,16 @@ def test_float32_greedy_matches_official_generator_on_gpu(small_dir):
             assert ours == ref.tokens[n:].tolist()
 
 
-def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_change(small_dir):
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_change(small_dir, quantization):
     """The engine warms every graph bucket at startup: batches of any size, with steering and
-    attribution toggled per request, then compile nothing and capture nothing."""
+    attribution toggled per request, then compile nothing and capture nothing. With fp8 the
+    buckets run both paths (weight-only at one item, FP8 GEMMs above)."""
     from torch._dynamo.utils import counters
 
-    engine = Engine(EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=8))
+    engine = Engine(
+        EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=8, quantization=quantization)
+    )
     before, buckets = dict(counters["stats"]), set(engine.runner.graphed.buckets)
 
     def wave(tag, n, prompt_blocks=1):
@@ -172,9 +178,11 @@ def test_flashblock_float32_split_and_mixed_batch_exact_on_gpu(small_dir):
 
 
 @pytest.fixture(scope="module")
-def logits_8b(tmp_path_factory):
+def logits_8b(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch.Tensor], Callable]:
     """The 8b shape: CDE's bfloat16 logits for an active block (context written by prefill), the
-    official full forward's in bfloat16, and the official float32 forward's (the exact result).
+    official full forward's in bfloat16, the official float32 forward's (the exact result), and
+    CDE's with --quantization fp8: through the CUDA graphs (that pass has two items, 128 rows: the
+    FP8 GEMM path) and, without graphs, weight-only at every size.
     $CDE_8B_DIR: a random 8b bf16 checkpoint already written (scripts/gpu_run.sh shares one)."""
     import gc
     import os
@@ -182,42 +190,92 @@ def logits_8b(tmp_path_factory):
     from cde.worker.checkpoint import make_model
 
     from tests.parity.test_bf16_logits import engine_logits, official_logits
+    from tests.worker.test_fp8 import active_block_logits
 
     model_dir = os.environ.get("CDE_8B_DIR") or make_model(
         "8b", tmp_path_factory.mktemp("m8b"), dtype="bfloat16", device="cuda"
     )
     prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
     out = {}
-    for name, fn, dtype in (
-        ("ours", engine_logits, "bfloat16"),
-        ("official", official_logits, torch.bfloat16),
-        ("exact", official_logits, torch.float32),
+    for name, fn in (
+        ("ours", lambda: engine_logits(model_dir, "bfloat16", prompt, device="cuda")),
+        ("official", lambda: official_logits(model_dir, torch.bfloat16, prompt, device="cuda")),
+        ("exact", lambda: official_logits(model_dir, torch.float32, prompt, device="cuda")),
+        ("fp8", lambda: active_block_logits(model_dir, "fp8", device="cuda")),
+        (
+            "fp8_weight_only",
+            lambda: active_block_logits(model_dir, "fp8", weight_only_rows=1 << 30, device="cuda", cuda_graphs=False),
+        ),
     ):
-        out[name] = fn(model_dir, dtype, prompt, device="cuda")
+        try:
+            out[name] = fn()
+        except Exception as exc:  # one failing forward must not hide the others' figures
+            print(f"8b logits: {name} failed: {type(exc).__name__}: {exc}")
         gc.collect()
         torch.cuda.empty_cache()
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()
-    print(
-        f"8b bf16 logits: CDE vs official {rel(out['ours'], out['official']):.2e}; vs float32: "
-        f"CDE {rel(out['ours'], out['exact']):.2e}, official {rel(out['official'], out['exact']):.2e}"
-    )
+    if {"ours", "official", "exact"} <= set(out):
+        print(
+            f"8b bf16 logits: CDE vs official {rel(out['ours'], out['official']):.2e}; vs float32: "
+            f"CDE {rel(out['ours'], out['exact']):.2e}, official {rel(out['official'], out['exact']):.2e}"
+        )
     return out, rel
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured 2.21e-2 on the H200 on 2026-11-29, above the issue's 2e-2; "
-    "see the float32 comparison below for which side the gap comes from",
-)
-def test_bfloat16_8b_logits_match_official_forward(logits_8b):
-    """Issue 5 criterion 4: within 2e-2 of the official model's full forward."""
+def test_bfloat16_8b_logits_at_least_as_close_to_exact_as_official(logits_8b: tuple[dict, Callable]) -> None:
+    """Issue 16: CDE's bfloat16 forward is at least as close to the float32 forward as the
+    official bfloat16 forward (H200, 2026-11-30: 1.67e-2 against 1.81e-2). CDE and the official
+    bfloat16 forwards differ from each other by about 2.2e-2: two roundings taken in different
+    orders, neither of them an error."""
     out, rel = logits_8b
-    assert out["ours"].shape == out["official"].shape and rel(out["ours"], out["official"]) < 2e-2
+    assert out["ours"].shape == out["official"].shape == out["exact"].shape
+    assert rel(out["ours"], out["exact"]) <= rel(out["official"], out["exact"])
 
 
-def test_bfloat16_8b_logits_as_close_to_exact_as_official(logits_8b):
+@pytest.mark.parametrize("path", ["fp8", "fp8_weight_only"])
+def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable], path: str) -> None:
+    """The fp8 8b's deviation from CDE's bfloat16 forward, reported (relative error, mean KL,
+    greedy agreement) and bounded: e4m3 keeps 3 mantissa bits to bfloat16's 8 (2^5 = 32 times
+    coarser rounding), so the fp8 logits may be at most 32 times as far from bfloat16 as the
+    bfloat16 ones are from float32 (14x on the small preset on the CPU); random weights amplify
+    rounding through 32 layers, so the greedy and KL bounds only rule out a broken path (chance
+    agreement is 1e-5)."""
+    from cde.worker.fp8 import deviation
+
     out, rel = logits_8b
-    assert rel(out["ours"], out["exact"]) <= 1.1 * rel(out["official"], out["exact"])
+    dev = deviation(out["ours"], out[path])
+    bf16_error = rel(out["ours"], out["exact"])
+    print(
+        f"8b {path} vs bf16: relative error {dev['rel_error']:.3e}, mean KL {dev['mean_kl']:.3e}, "
+        f"greedy agreement {dev['greedy_agreement']:.3f} (bf16 vs fp32 {bf16_error:.2e})"
+    )
+    assert 0 < dev["rel_error"] <= 32 * bf16_error
+    assert dev["greedy_agreement"] >= 0.3 and dev["mean_kl"] < 1.0
+
+
+@pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384)])  # the 8b's c_attn and MLP c_proj
+def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
+    """torch._scaled_mm (row-wise scales) and the weight-only path, eager and compiled, against the
+    float32 emulation the CPU tests check, on the same quantized weight and inputs."""
+    from cde.worker.fp8 import Fp8Linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(lin.weight, std=0.02)
+    layer = Fp8Linear.from_linear(lin)
+    emulated = Fp8Linear(layer.weight, layer.scale)
+    emulated.emulate = True
+    compiled = torch.compile(layer)
+    for items in (1, 2, 32):
+        x = torch.randn(items, 64, k, device="cuda", dtype=torch.bfloat16)
+        ref = emulated(x).float()
+        for name, fn in (("eager", layer), ("compiled", compiled)):
+            got = fn(x)
+            assert got.dtype == torch.bfloat16 and got.shape == (items, 64, n)
+            err = ((got.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (items, name, err)
+        exact = lin(x).float()
+        assert ((ref - exact).norm() / exact.norm()).item() < 6e-2
 
 
 def test_attribution_overlapped_on_gpu_equals_the_uncaptured_path(tiny_dir):

@@ -1,0 +1,238 @@
+"""`--quantization fp8` on the CPU, where worker/fp8.py emulates the FP8 GEMM with the same e4m3
+rounding and scales: the quantizer, both paths of the linear layer and their choice per batch
+bucket, the model's logits against bfloat16 (small preset), the flag's validation, and serving
+through the CLI (tiny preset)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from cde.shared.protocol import GenerateRequest
+from cde.worker import fp8
+from cde.worker.checkpoint import make_model
+from cde.worker.engine import Engine, EngineArgs
+
+from tests.api_server import ServerProcess
+
+# e4m3: 3 mantissa bits, so a normal value rounds to within 2^-4 of itself; the smallest
+# subnormal step is 2^-9 (in units of the row's scale), half of it the worst absolute rounding.
+E4M3_REL = 2.0**-4
+E4M3_SUBNORMAL_HALF_STEP = 2.0**-10
+
+
+def test_weight_scales_are_per_output_channel_and_use_the_whole_range() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 96, generator=g) * torch.logspace(-3, 2, 48)[:, None]  # rows 5 decades apart
+    w[7] = 0.0  # an all-zero row quantizes to zeros, not NaN
+    q, scale = fp8.quantize_rows(w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (48, 1)
+    assert scale.dtype == torch.float32
+    nonzero = torch.arange(48) != 7
+    assert torch.allclose(scale[nonzero, 0], w[nonzero].abs().amax(-1) / 448.0)
+    # each row's largest value lands on e4m3's largest finite value, whatever the row's magnitude
+    assert torch.equal(q.float().abs().amax(-1)[nonzero], torch.full((47,), 448.0))
+    assert torch.equal(q[7].float(), torch.zeros(96))
+
+
+def test_quantization_saturates_at_448_instead_of_overflowing() -> None:
+    x = torch.tensor([[1.0, -1.0, 1000.0, -1e6, 448.0, 449.0, 0.5]])
+    q = fp8.quantize_with_scale(x, torch.ones(1, 1))
+    assert not q.float().isnan().any()
+    assert q.float().tolist() == [[1.0, -1.0, 448.0, -448.0, 448.0, 448.0, 0.5]]
+
+
+def test_round_trip_error_is_within_e4m3_rounding() -> None:
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(256, 512, generator=g) * 0.02
+    q, scale = fp8.quantize_rows(w)
+    back = fp8.dequantize(q, scale)
+    bound = w.abs() * E4M3_REL + scale * E4M3_SUBNORMAL_HALF_STEP
+    assert ((back - w).abs() <= bound * (1 + 1e-6)).all()
+    rel = ((back - w).norm() / w.norm()).item()
+    assert 5e-3 < rel < 4e-2, rel  # lossy, but only by e4m3's rounding
+
+
+def _linear(n: int = 96, k: int = 64) -> nn.Linear:
+    torch.manual_seed(2)
+    lin = nn.Linear(k, n, bias=False)
+    nn.init.normal_(lin.weight, std=0.02)
+    return lin.to(torch.bfloat16)
+
+
+def test_fp8_linear_paths_and_their_choice_by_rows() -> None:
+    """Weight-only below the threshold (the bf16 GEMM of the dequantized weight), per-token
+    activation quantization above it; both close to the bfloat16 layer."""
+    lin = _linear()
+    layer = fp8.Fp8Linear.from_linear(lin, weight_only_rows=64)
+    assert layer.emulate and layer.weight.dtype == torch.float8_e4m3fn and layer.scale.shape == (96,)
+    g = torch.Generator().manual_seed(3)
+    one = torch.randn(1, 64, 64, generator=g).to(torch.bfloat16)  # one item: 64 rows
+    two = torch.randn(2, 64, 64, generator=g).to(torch.bfloat16)  # two items: 128 rows
+    weight_only = lambda x: F.linear(x, layer.dequantized(torch.bfloat16))
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        xq, xs = fp8.quantize_rows(x.reshape(-1, 64))
+        out = fp8.dequantize(xq, xs) @ fp8.dequantize(layer.weight, layer.scale[:, None]).t()
+        return out.to(torch.bfloat16).reshape(*x.shape[:-1], 96)
+
+    assert torch.equal(layer(one), weight_only(one))
+    assert torch.allclose(layer(two).float(), scaled(two).float(), rtol=1e-2, atol=1e-3)
+    assert not torch.equal(layer(two), weight_only(two))  # the activations were quantized too
+    for x in (one, two):
+        ref = lin(x).float()
+        rel = ((layer(x).float() - ref).norm() / ref.norm()).item()
+        assert rel < 6e-2, rel
+    assert fp8.path_table(64) == {
+        1: "weight-only",
+        2: "scaled",
+        4: "scaled",
+        8: "scaled",
+        16: "scaled",
+        32: "scaled",
+        64: "scaled",
+    }
+    assert set(fp8.path_table(0).values()) == {"scaled"} and set(fp8.path_table(1 << 30).values()) == {"weight-only"}
+
+
+def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) -> None:
+    engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=2))
+    model = engine.runner.model
+    fp8_layers = [n for n, m in model.named_modules() if isinstance(m, fp8.Fp8Linear)]
+    assert len(fp8_layers) == 4 * engine.cfg.n_layers
+    assert all(n.startswith("transformer.blocks.") for n in fp8_layers)
+    # embeddings (tied LM head), concept heads and norms: still bfloat16 parameters
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.transformer.lm_head.weight is model.transformer.tok_emb.weight
+    assert not any(isinstance(m, nn.Linear) for m in model.transformer.blocks.modules())
+
+
+def active_block_logits(
+    model_dir: str | Path,
+    quantization: str,
+    weight_only_rows: int = 64,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    cuda_graphs: bool = True,
+) -> torch.Tensor:
+    """The logits of the engine's first step (the prompt's prefill and block 1's first step in
+    one pass of two items: 128 rows), float32 on the CPU."""
+    engine = Engine(
+        EngineArgs(
+            str(model_dir),
+            device=device,
+            dtype=dtype,
+            quantization=quantization,
+            fp8_weight_only_rows=weight_only_rows,
+            max_running=2,
+            cuda_graphs=cuda_graphs,
+        )
+    )
+    captured = []
+    inner = engine.runner._logits
+
+    def capture(hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        out = inner(hidden, rows)
+        captured.append(out.clone())
+        return out
+
+    engine.runner._logits = capture
+    prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    engine.add_request(GenerateRequest("r", prompt, max_tokens=64))
+    engine.step()
+    return captured[0][:, : engine.cfg.vocab_size].float().cpu()
+
+
+def test_fp8_logits_stay_close_to_bfloat16_on_the_small_preset(tmp_path: Path) -> None:
+    """Random weights amplify rounding, so the bound is relative: e4m3 keeps 3 mantissa bits to
+    bfloat16's 8, so its rounding is 2^5 = 32 times coarser; the fp8 model may deviate from the
+    bfloat16 one by at most 32x what bfloat16 deviates from float32. Measured on this preset:
+    bf16 vs fp32 9.0e-3; fp8 vs bf16 1.24e-1 (FP8 GEMM path, 14x), 9.5e-2 (weight-only)."""
+    model_dir = make_model("small", tmp_path / "small", seed=3, dtype="bfloat16")
+    exact = active_block_logits(model_dir, "none", dtype="float32")
+    bf16 = active_block_logits(model_dir, "none")
+    bf16_error = ((bf16 - exact).norm() / exact.norm()).item()
+    for rows, path in ((64, "FP8 GEMM"), (1 << 30, "weight-only")):
+        dev = fp8.deviation(bf16, active_block_logits(model_dir, "fp8", rows))
+        print(
+            f"small fp8 ({path}) vs bf16: relative error {dev['rel_error']:.2e}, mean KL {dev['mean_kl']:.2e}, "
+            f"greedy agreement {dev['greedy_agreement']:.3f} (bf16 vs fp32: {bf16_error:.2e})"
+        )
+        assert 0 < dev["rel_error"] <= 32 * bf16_error
+        assert dev["mean_kl"] < 0.15 and dev["greedy_agreement"] >= 0.6
+
+
+def test_deviation_report() -> None:
+    ref = torch.tensor([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    same = fp8.deviation(ref, ref)
+    assert same == {"rel_error": 0.0, "mean_kl": 0.0, "greedy_agreement": 1.0}
+    flipped = fp8.deviation(ref, torch.tensor([[3.0, 0.0, 0.0], [2.0, 0.0, 0.0]]))
+    assert (
+        flipped["greedy_agreement"] == 0.5
+        and flipped["mean_kl"] > 0
+        and flipped["rel_error"] == pytest.approx((8 / 13) ** 0.5)
+    )
+
+
+def test_flag_validation(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"bfloat16.*not float32.*--dtype bfloat16"):
+        fp8.check_quantization("fp8", "cpu", torch.float32)
+    with pytest.raises(ValueError, match=r"unknown quantization 'int4'"):
+        fp8.check_quantization("int4", "cpu", torch.bfloat16)
+    with pytest.raises(ValueError, match=r"runs on CUDA GPUs.*not on mps"):
+        fp8.check_quantization("fp8", "mps", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"compute capability >= 8\.9.*NVIDIA A100 is 8\.0"):
+        fp8.check_quantization("fp8", "cuda", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
+    fp8.check_quantization("fp8", "cuda:0", torch.bfloat16)  # an H100/H200
+    fp8.check_quantization("none", "cpu", torch.float32)
+    # the engine refuses before loading anything; auto picks bfloat16 for fp8 on the CPU too
+    with pytest.raises(ValueError, match="--dtype bfloat16"):
+        Engine(EngineArgs(str(tiny_dir), dtype="float32", quantization="fp8"))
+    assert fp8.engine_dtype("auto", "cpu", "fp8") == "bfloat16" and fp8.engine_dtype("auto", "cpu", "none") == "float32"
+    with pytest.raises(ValueError, match="weight_only_rows"):
+        fp8.quantize_model(Engine(EngineArgs(str(tiny_dir), max_running=1)).runner.model, -1)
+
+
+def test_cli_refuses_fp8_with_float32_and_bad_rows(tiny_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.api_server import REPO
+
+    for command, extra, message in (
+        ("generate", ["--prompt-ids", "1,2", "--dtype", "float32"], "--quantization fp8 computes in bfloat16"),
+        ("serve", ["--dtype", "float32"], "--quantization fp8 computes in bfloat16"),
+        ("worker", ["--dtype", "float32"], "--quantization fp8 computes in bfloat16"),
+        ("bench engine", ["--dtype", "float32"], "--quantization fp8 computes in bfloat16"),
+        ("generate", ["--prompt-ids", "1,2", "--fp8-weight-only-rows", "-1"], "--fp8-weight-only-rows must be >= 0"),
+        ("generate", ["--prompt-ids", "1,2", "--device", "mps"], "runs on CUDA GPUs"),
+    ):
+        args = [*command.split(), "--model", str(tiny_dir), *extra, "--quantization", "fp8"]
+        res = subprocess.run(
+            [sys.executable, "-m", "cde", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode != 0 and message in res.stderr, (command, extra, res.stderr[-2000:])
+        assert "Traceback" not in res.stderr
+
+
+def test_serve_fp8_end_to_end_on_the_cpu(tiny_dir: Path) -> None:
+    server = ServerProcess(tiny_dir, "--quantization", "fp8", workers=1)
+    try:
+        model = httpx.get(server.base_url + "/models", timeout=10).json()["data"][0]["id"]
+        r = httpx.post(
+            server.base_url + "/completions",
+            json={"model": model, "prompt": "Hello", "max_tokens": 70, "temperature": 0},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 70
+        assert "fp8: 8 linear layers quantized" in "".join(server.output)
+    finally:
+        assert server.stop() == 0
