@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch, paged_attention
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from cde.shared.protocol import GenerateRequest
     from cde.worker.engine import Engine
     from cde.worker.model_runner import ModelRunner, Pass
-    from cde.worker.scheduler import Batch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,12 +65,12 @@ class Deviation:
     scheduled (`ModelRunner.step_logits`): two extra forwards per pass, so measure in a run of
     its own, not one that is timed. Both write the same K/V and cache rows the pass then writes."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.kl_sum, self.rows = 0.0, 0
         self.runner, self.inner = engine.runner, engine.runner.launch
         self.vocab = engine.cfg.vocab_size
 
-        def measured(batch: Batch):
+        def measured(batch: Batch) -> Pass:
             if any(it.is_step and it.attention == ATTN_REUSE for it in batch.items):
                 self._measure(batch)
             return self.inner(batch)

@@ -124,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.model:
             from cde.train.export import load
-
             from cde.train.faithfulness import logit_drops
 
             f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)

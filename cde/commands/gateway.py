@@ -7,10 +7,9 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, Any
 
+from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 from cde.gateway.http_limits import add_arguments as add_limit_arguments
 from cde.shared.logs import setup_logging
-
-from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 
 if TYPE_CHECKING:
     from cde.gateway.concepts import ConceptLabels

@@ -15,10 +15,10 @@ import random
 import time
 
 import httpx
-from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 from cde.commands.bench_serve import api_base, auth_headers, first_model
 from cde.commands.load_client import metric_samples, send, write_json
+from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
 IDLE_GAUGES = (
     "cde_worker_running_requests",

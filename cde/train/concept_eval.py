@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cde.train.text import on_topic_share
-from cde.train.vocab import TOPICS
-
 from cde.train.concepts import concepts, topic_concept
 from cde.train.samples import NEUTRAL_PROMPTS
+from cde.train.text import on_topic_share
+from cde.train.vocab import TOPICS
 
 if TYPE_CHECKING:
     from cde.train.backends import EngineBackend, HttpBackend

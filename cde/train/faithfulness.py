@@ -16,12 +16,12 @@ import random
 from typing import Any
 
 import torch
+
 from cde.shared.config import MASK_ID
 from cde.shared.tokenizer import get_tokenizer
+from cde.train.model import TrainModel, block_causal_mask
 from cde.train.text import paragraph
 from cde.train.vocab import TOPICS
-
-from cde.train.model import TrainModel, block_causal_mask
 
 
 @torch.no_grad()

@@ -18,16 +18,16 @@ from itertools import count
 from pathlib import Path
 
 import torch
+
 from cde.shared.config import ModelConfig
+from cde.train import heldout
+from cde.train.concepts import concepts, topic_concept
 from cde.train.export import archive, export
+from cde.train.model import TrainModel
+from cde.train.objective import Topics, Weights, losses
 from cde.train.rows import Batches
 from cde.train.token_set import topic_words, used_ids
 from cde.train.vocab import TOPICS
-
-from cde.train import heldout
-from cde.train.concepts import concepts, topic_concept
-from cde.train.model import TrainModel
-from cde.train.objective import Topics, Weights, losses
 
 
 @dataclass

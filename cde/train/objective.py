@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from cde.shared.config import EOS_ID, MASK_ID, PAGE
 
+from cde.shared.config import EOS_ID, MASK_ID, PAGE
 from cde.train.model import TrainModel, clean_noisy_mask
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
 

@@ -11,7 +11,6 @@ import dataclasses
 import sys
 
 from cde.shared.config import INSTRUCT_VOCAB, ModelConfig
-
 from cde.train.concepts import concepts
 
 # The reference shape: 6 layers x 256 wide (~7M weights with the used embedding rows: 14 MB in
