@@ -37,7 +37,7 @@ class ServerState:
     @property
     def live_info(self) -> Heartbeat:
         """The live model's limits, its context capped by `max_model_len`; 503 without a worker."""
-        info = self.router.live()[0].info
+        info: Heartbeat = self.router.live()[0].info  # type: ignore[assignment]  # alive: its heartbeat came
         if self.max_model_len is not None and self.max_model_len < info.context_len:
             info = replace(info, context_len=self.max_model_len)
         return info
