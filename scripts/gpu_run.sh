@@ -11,7 +11,8 @@
 # Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at batch 1 on FP8 GEMMs instead of
 # weight-only), `tps` (tokens per step 1,2,4; TPS_QUANT=fp8 for the fp8 engine), `fp8dev` (the GPU tests of
 # the bf16 and fp8 8b logits: the deviation report, and 0 recompiles). The 128k batch-8 FlashBlock rows:
-# LONG_CONC=8 LONG_PROMPTS=130944 LONG_REUSE=16 scripts/gpu_run.sh long (then LONG_REUSE=4, 63: ~9 min each).
+# LONG_CONC=8 LONG_PROMPTS=130944 scripts/gpu_run.sh long (LONG_REUSE=16 etc. runs one max_reuse at a time, with
+# its exact run, if all three do not fit in one call; every finished row is printed as JSON as it completes).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
