@@ -154,7 +154,7 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
                     assert torch.equal(k[:, page], before_kv[layer][0][:, page]), (layer, page)
                     assert torch.equal(v[:, page], before_kv[layer][1][:, page]), (layer, page)
         if flashblock:
-            refreshed = {it.seq.slot for it, w in zip(items, split[2]) if w != scratch_slot}
+            refreshed = {it.seq.slot for it, w in zip(items, split.writes) if w != scratch_slot}
             for layer, rows in enumerate(fb_cache):
                 for slot in range(scratch_slot):
                     for ours, eager, old in zip(rows, want_fb[layer], before_fb[layer]):
