@@ -28,10 +28,20 @@ class SteeringSpec:
 
 
 @dataclass
+class InputAttributionSpec:
+    """Input attribution: integrated gradients over the snapshot each token was committed from."""
+
+    top_k: int = 10
+    steps: int = 8  # interpolation steps, 1-64
+    scope: str = "prompt"  # "prompt" | "all" (the prompt and the generated tokens the model saw)
+
+
+@dataclass
 class AttributionSpec:
     top_k: int = 10
     per_token: bool = False
     chunking: str = "block"  # "block" | "endofchunk"
+    inputs: InputAttributionSpec | None = None
 
 
 @dataclass
@@ -91,6 +101,24 @@ class BlockResult:
     error: str | None = None
     prompt_tokens: int = 0
     attribution: PackedAttribution | None = None  # of the committed tokens, when asked
+    input_attribution: InputAttribution | None = None  # of this block's tokens, when asked
+
+
+@dataclass
+class InputAttribution:
+    """A block's input attribution (worker/input_attribution_runner.py). Positions are absolute
+    (from the start of the prompt); per token its top-k inputs by |contribution|, per chunk that
+    this block closes its top-k inputs by the official aggregate_chunk score."""
+
+    positions: list[int] = field(default_factory=list)  # the block's tokens
+    token_ids: list[int] = field(default_factory=list)
+    top_positions: list[list[int]] = field(default_factory=list)
+    top_token_ids: list[list[int]] = field(default_factory=list)
+    top_scores: list[list[float]] = field(default_factory=list)  # signed contributions
+    chunk_spans: list[list[int]] = field(default_factory=list)  # [start, end) positions
+    chunk_positions: list[list[int]] = field(default_factory=list)
+    chunk_token_ids: list[list[int]] = field(default_factory=list)
+    chunk_scores: list[list[float]] = field(default_factory=list)
 
 
 @dataclass

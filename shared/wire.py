@@ -24,6 +24,8 @@ from cde.shared.protocol import (
     FlashBlockSpec,
     GenerateRequest,
     Heartbeat,
+    InputAttribution,
+    InputAttributionSpec,
     Ping,
     SteeringSpec,
     StepResult,
@@ -33,7 +35,7 @@ MESSAGES = {
     cls.__name__: cls
     for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat, ConceptQuery, ConceptInfo, StepResult)
 }
-_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution)
+_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution, InputAttributionSpec, InputAttribution)
 
 # The largest frame either side sends or accepts (zmq.MAXMSGSIZE on every peer socket). A block
 # of attribution at 8B is ~0.2 MB (packed arrays: 64 tokens x 160 concepts x 20 bytes), and the

@@ -16,6 +16,7 @@ from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, St
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8
 from cde.worker.checkpoint import DTYPES, load_checkpoint
+from cde.worker.input_attribution_runner import InputAttributionRunner, check_input_attribution
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.scheduler import Scheduler
 from cde.worker.steering import concept_top_tokens
@@ -66,6 +67,7 @@ class Engine:
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
+        self.inputs = InputAttributionRunner(model, self.cfg)  # input attribution, for requests that ask
         # CUDA: every graph bucket is captured now, not when the first request of its size stalls the others.
         self.runner.warmup(flashblock=args.flashblock is not None)
         # Loading and compiling leave ~10^6 long-lived Python objects that a full collection would
@@ -94,6 +96,7 @@ class Engine:
                 raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
         if isinstance(req.flashblock, FlashBlockSpec):
             check_flashblock(req.flashblock)
+        check_input_attribution(req)
 
     def add_request(self, req: GenerateRequest) -> None:
         if req.flashblock is None:
@@ -101,13 +104,14 @@ class Engine:
         self.validate(req)
         if req.seed is None:
             req.seed = random.getrandbits(32)
-        self.scheduler.add(req)
+        self.inputs.track(self.scheduler.add(req))
 
     def abort(self, request_id: str) -> bool:
-        return self.scheduler.abort(request_id)
+        dropped = self.inputs.abort(request_id)
+        return self.scheduler.abort(request_id) or dropped
 
     def has_work(self) -> bool:
-        return self._in_flight is not None or self.scheduler.has_work()
+        return self._in_flight is not None or self.scheduler.has_work() or self.inputs.has_work()
 
     def concept_top_tokens(self, concept_id: int, k: int) -> tuple[list[int], list[float]]:
         """Raise ValueError for an id or k the model cannot answer (the gateway checks the same)."""
@@ -131,7 +135,7 @@ class Engine:
         # the worker then fails, instead of being read (and failing) again at every later step.
         self._in_flight = None
         if current is None:
-            return []
+            return self.inputs.process([], decoding=False)
         picks = self.runner.picks(current)
         # From here to the next launch the GPU waits for the host: a garbage collection landing
         # here (a full one scans every attribution record still held) would stall it. The
@@ -146,7 +150,9 @@ class Engine:
             if collecting:
                 gc.enable()
         self.scheduler.attach(self.runner.records(current))
-        return results
+        # Input attribution yields to other requests' decoding (a share of the time), not to its own.
+        others = any(seq.id not in self.inputs.requests for seq in self.scheduler.running)
+        return self.inputs.process(results, decoding=others)
 
     def _launch(self) -> Pass | None:
         scheduled = self.scheduler.schedule()

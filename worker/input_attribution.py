@@ -35,7 +35,7 @@ from cde.worker.model import Attention, SteerlingModel, apply_rope, rope_tables
 from cde.worker.steering import SteeringState, alpha_now
 
 # Tokens (rows x snapshot length) forwarded and back-propagated at once by default.
-DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 8192}
+DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 4096}
 
 
 @dataclass

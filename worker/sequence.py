@@ -37,6 +37,7 @@ class Sequence:
         self.generated: list[int] = []  # tokens of completed blocks, in position order
         self.step = 0  # forward steps taken while decoding
         self.committed = 0  # generated tokens unmasked so far
+        self.commits: list[tuple[int, int, int]] = []  # (absolute position, token, step), in commit order
         self.finish_reason: str | None = None
         self.stop_str: str | None = None
         # FlashBlock state: is the cached external attention from this block, how many steps
@@ -89,6 +90,7 @@ class Sequence:
         for pos, tok in zip(positions, tokens):
             self.tokens[pos] = tok
             self.committed += 1
+            self.commits.append((self.block * PAGE + pos, tok, self.step))
             if self.eot_id is not None and tok == self.eot_id:
                 self.tokens[pos + 1 :] = [MASK_ID] * (PAGE - pos - 1)
                 return True

@@ -1,0 +1,127 @@
+"""Input attribution inside the engine: a completed block's result leaves with its
+`input_attribution` (per token the top inputs of the IG that tests/parity/test_input_attribution.py
+compares with the official attributor; per chunk the official `aggregate_chunk`, run here on the
+same attributions), sliced between decoding passes so that other requests keep decoding, dropped
+on abort, and nothing for requests that do not ask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cde.shared.config import MASK_ID
+from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, InputAttributionSpec
+from cde.worker.engine import Engine, EngineArgs
+from cde.worker.input_attribution import attribute, build_targets
+
+PROMPT = [(7919 * i) % 100000 for i in range(64)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir) -> Engine:
+    return Engine(EngineArgs(str(tiny_dir)))
+
+
+def asking(rid: str, max_tokens: int, steps: int = 1, top_k: int = 5, scope: str = "prompt") -> GenerateRequest:
+    spec = AttributionSpec(inputs=InputAttributionSpec(top_k=top_k, steps=steps, scope=scope))
+    return GenerateRequest(rid, PROMPT, max_tokens=max_tokens, attribution=spec)
+
+
+def drain(engine: Engine) -> list:
+    out = []
+    while engine.has_work():
+        out += engine.step()
+    return out
+
+
+def official_aggregate(commits, attrs: list[torch.Tensor], n_new: int, start: int, end: int, scope: str) -> list:
+    """The official FaithfulOutputToInputAttribution.aggregate_chunk over CDE's attributions."""
+    from steerling.attribution.input_attribution import FaithfulOutputToInputAttribution
+    from steerling.attribution.trace import CommitRecord, DiffusionTrace
+
+    steps = sorted({s for _, _, s in commits})
+    groups = []
+    for order, step in enumerate(steps):
+        pos = [p for p, _, s in commits if s == step]
+        tok = [t for _, t, s in commits if s == step]
+        groups.append(CommitRecord(order, step, torch.tensor(pos), torch.tensor(tok), torch.zeros(len(pos))))
+    seq_len = len(PROMPT) + n_new
+    trace = DiffusionTrace(torch.tensor(PROMPT), len(PROMPT), seq_len, MASK_ID, None, torch.device("cpu"), groups)
+    positions = torch.tensor([p for g in groups for p in g.positions.tolist()])
+    full = torch.stack([torch.nn.functional.pad(attrs[int(p)], (0, seq_len - len(attrs[int(p)]))) for p in positions])
+    res = FaithfulOutputToInputAttribution(
+        trace, torch.zeros_like(positions), positions, positions, torch.zeros(len(positions)), full
+    )
+    return res.aggregate_chunk(start, end, scope=scope)
+
+
+@pytest.mark.parametrize("scope", ["prompt", "all"])
+def test_block_results_carry_input_attribution(engine, scope):
+    n_new, top_k = 128, 5
+    engine.add_request(asking("a", n_new, top_k=top_k, scope=scope))
+    seq = engine.scheduler.waiting[-1]
+    engine.add_request(GenerateRequest("plain", PROMPT, max_tokens=64))
+    results = [r for r in drain(engine) if isinstance(r, BlockResult)]
+    assert all(r.input_attribution is None for r in results if r.request_id == "plain")
+    mine = [r for r in results if r.request_id == "a"]
+    assert [len(r.token_ids) for r in mine] == [64, 64]
+    targets = build_targets(PROMPT, seq.commits, [p for p, _, _ in seq.commits])
+    attrs = {t.position: a for t, a in zip(targets, attribute(engine.runner.model, targets, 1))}
+    for block, res in enumerate(mine, start=1):
+        ia = res.input_attribution
+        assert ia.positions == list(range(block * 64, block * 64 + 64))
+        assert ia.token_ids == res.token_ids
+        for p, tops, scores, ids in zip(ia.positions, ia.top_positions, ia.top_scores, ia.top_token_ids):
+            a = attrs[p]
+            snap = next(t.snapshot for t in targets if t.position == p)
+            allowed = [q for q in range(len(a)) if q < 64 or (scope == "all" and snap[q] != MASK_ID)]
+            expect = sorted(allowed, key=lambda q: -abs(float(a[q])))[:top_k]
+            assert tops == expect
+            assert scores == pytest.approx([float(a[q]) for q in expect], rel=1e-6)
+            assert ids == [snap[q] for q in expect]
+        # One chunk per block: the official aggregate over the same attributions.
+        (span,) = ia.chunk_spans
+        assert span == [block * 64, block * 64 + 64]
+        ref = official_aggregate(seq.commits, [attrs.get(p) for p in range(192)], n_new, *span, scope=scope)
+        assert ia.chunk_positions[0] == [d["input_position"] for d in ref[:top_k]]
+        assert ia.chunk_scores[0] == pytest.approx([d["score"] for d in ref[:top_k]], rel=1e-5)
+        assert ia.chunk_token_ids[0] == [d["input_token_id"] for d in ref[:top_k]]
+    assert not engine.inputs.requests  # released with the request
+
+
+def test_other_requests_decode_while_attribution_runs(engine):
+    engine.add_request(asking("a", 64, steps=8))  # 512 rows of IG after its only block
+    engine.add_request(GenerateRequest("plain", PROMPT, max_tokens=192))
+    order = []
+    while engine.has_work():
+        pending = engine.inputs.has_work()
+        for r in engine.step():
+            if isinstance(r, BlockResult):
+                order.append((r.request_id, pending))
+    # The plain request's blocks came out while the attribution was pending, the attributed
+    # request's block after (held back until its attribution was done).
+    assert ("plain", True) in order
+    assert order[-1][0] == "plain" or order.index(("a", True)) > order.index(("plain", True))
+    assert [r for r, _ in order].count("a") == 1
+
+
+def test_abort_drops_the_attribution(engine):
+    engine.add_request(asking("a", 64, steps=8))
+    while not engine.inputs.has_work():
+        engine.step()
+    assert engine.abort("a")
+    assert not engine.inputs.requests
+    assert all(r.request_id != "a" for r in drain(engine))
+
+
+def test_requests_that_do_not_ask_are_not_tracked(engine):
+    engine.add_request(GenerateRequest("p", PROMPT, max_tokens=64, attribution=AttributionSpec()))
+    assert not engine.inputs.requests
+    results = drain(engine)
+    assert results and all(getattr(r, "input_attribution", None) is None for r in results)
+
+
+def test_bad_specs_are_refused(engine):
+    for spec, word in ((InputAttributionSpec(steps=0), "steps"), (InputAttributionSpec(scope="x"), "scope")):
+        with pytest.raises(ValueError, match=word):
+            engine.add_request(GenerateRequest("b", PROMPT, attribution=AttributionSpec(inputs=spec)))
+    assert not engine.has_work()
