@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from cde.gateway.denoise import DenoiseView, StepDelta
 from cde.gateway.detokenizer import ChoiceText
 from cde.gateway.errors import ApiError, GenerationError
+from cde.gateway.input_attribution import attach, render_block
 from cde.gateway.metrics import Metrics
 from cde.gateway.router import Router
 from cde.gateway.worker_link import RequestHandle
@@ -75,6 +76,7 @@ class Generation:
     ) -> None:
         self.metrics = metrics
         self._render = render_attribution
+        self._decode = tokenizer.decode
         self._views = denoise_views
         self.started = time.monotonic()
         self.completion_tokens = 0
@@ -96,6 +98,7 @@ class Generation:
         handle, text, m, view = self._handles[index], self._texts[index], self.metrics, self._views[index]
         last = None
         blocks: list[PackedAttribution] = []  # the attribution of each block, when asked
+        inputs: list[dict] = []  # the input attribution of each block, when asked
         try:
             async for res in handle.results():
                 if isinstance(res, StepResult):  # only sent for requests with a view
@@ -111,11 +114,16 @@ class Generation:
                 if res.attribution is not None:
                     blocks.append(res.attribution)
                 piece = text.add(res.token_ids, final=res.finished)
-                yield Delta(index, piece, res.token_ids)
+                block_inputs = None
+                if res.input_attribution is not None:  # in the block's own event
+                    inputs.append(render_block(res.input_attribution, res.prompt_tokens, self._decode))
+                    block_inputs = {"inputs": inputs[-1]}
+                yield Delta(index, piece, res.token_ids, attribution=block_inputs)
                 reason = "stop" if text.stopped else res.finish_reason if res.finished else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
-                    yield Delta(index, "", [], reason, self._render(index, blocks))
+                    attribution = self._render(index, blocks)
+                    yield Delta(index, "", [], reason, attach(attribution, inputs) if inputs else attribution)
                     m.e2e.observe(now - self.started)
                     m.finished.labels(reason).inc()
                     return

@@ -12,7 +12,14 @@ from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.schemas import SamplingParams, SteeringParams
 from cde.shared.limits import LimitError, check_context, check_token_ids
-from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, Heartbeat, SteeringSpec
+from cde.shared.protocol import (
+    AttributionSpec,
+    FlashBlockSpec,
+    GenerateRequest,
+    Heartbeat,
+    InputAttributionSpec,
+    SteeringSpec,
+)
 
 
 def stop_list(body: SamplingParams) -> list[str]:
@@ -91,7 +98,10 @@ def _attribution(value: Any) -> AttributionSpec | None:
         return None
     if value is True:
         return AttributionSpec()
-    return AttributionSpec(top_k=value.top_k, per_token=value.per_token, chunking=value.chunking)
+    inputs = value.inputs and InputAttributionSpec(
+        top_k=value.inputs.top_k, steps=value.inputs.steps, scope=value.inputs.scope
+    )
+    return AttributionSpec(top_k=value.top_k, per_token=value.per_token, chunking=value.chunking, inputs=inputs)
 
 
 def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dict:

@@ -131,10 +131,19 @@ class SteeringParams(_Body):
     )
 
 
+class InputAttributionParams(_Body):
+    """Input attribution: integrated gradients over the snapshot each token was committed from."""
+
+    top_k: int = Field(10, ge=1, le=256, description="input positions listed per token and per chunk")
+    steps: int = Field(8, ge=1, le=64, description="interpolation steps (right Riemann; 1: input x gradient)")
+    scope: Literal["prompt", "all"] = Field("prompt", description="all: the generated tokens seen count too")
+
+
 class AttributionParams(_Body):
     top_k: int = Field(10, ge=1, le=128)
     per_token: bool = False
     chunking: Literal["block", "endofchunk"] = "block"
+    inputs: InputAttributionParams | None = None
 
 
 class FlashBlockParams(_Body):
