@@ -124,3 +124,31 @@ def test_bad_values_are_a_400_naming_the_param(client, inputs, param):
             model="tiny", prompt=PROMPT, max_tokens=8, extra_body={"attribution": {"inputs": inputs}}
         )
     assert err.value.body["param"] == param
+
+
+def test_chat_carries_input_attribution(tiny_instruct_dir):
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "chat", workers=1)
+    try:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=300)
+        r = client.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=16,
+            temperature=0,
+            extra_body={"attribution": {"inputs": {"top_k": 3, "steps": 2}}},
+        )
+        choice = r.choices[0]
+        tokens = choice.model_extra["attribution"]["inputs"]["tokens"]
+        assert tokens and [t["offset"] for t in tokens] == list(range(len(tokens)))
+        n_prompt = r.usage.prompt_tokens
+        for t in tokens:
+            assert len(t["inputs"]) == 3 and all(0 <= i["position"] < n_prompt for i in t["inputs"])
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"attribution": {"inputs": {"steps": 100}}},
+            )
+        assert err.value.body["param"] == "attribution.inputs.steps"
+    finally:
+        srv.stop()
