@@ -85,6 +85,10 @@ function requestBody(steer) {
     return_token_ids: true,
   };
   if ($("attribution").checked) body.attribution = { top_k: number("top_k") };
+  if ($("input_attribution").checked) {
+    // Every prompt position (up to 256) for every token: the page shades the whole prompt.
+    body.attribution = { top_k: number("top_k"), inputs: { top_k: 256, steps: number("input_steps"), scope: "prompt" } };
+  }
   if (steer) body.steering = steer;
   return body;
 }

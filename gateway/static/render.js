@@ -17,6 +17,65 @@ export class RunView {
     root.querySelector("h2").textContent = title;
     this.blocksEl = root.querySelector(".blocks");
     this.textEl = root.querySelector(".final-text");
+    // Input attribution: completion offset -> the token's inputs; prompt position -> its text.
+    this.inputs = new Map();
+    this.promptTokens = new Map();
+    this.promptView = root.querySelector(".prompt-view");
+    this.promptEl = root.querySelector(".prompt-tokens");
+    this.selected = null;
+    this.blocksEl.addEventListener("click", (e) => {
+      const cell = e.target.closest(".cell.tok");
+      if (cell) this.select(Number(cell.dataset.offset));
+    });
+  }
+
+  addInputs(inputs) {
+    let grew = false;
+    for (const t of inputs?.tokens || []) {
+      this.inputs.set(t.offset, t);
+      for (const i of t.inputs) {
+        if (!this.promptTokens.has(i.position)) {
+          this.promptTokens.set(i.position, i.text);
+          grew = true;
+        }
+      }
+    }
+    if (grew) this.renderPrompt();
+  }
+
+  renderPrompt() {
+    const spans = [...this.promptTokens].sort((a, b) => a[0] - b[0]).map(([position, text]) => {
+      const span = document.createElement("span");
+      span.className = "ptok";
+      span.dataset.position = position;
+      span.textContent = text;
+      span.title = `position ${position}`;
+      return span;
+    });
+    this.promptEl.replaceChildren(...spans);
+    this.promptView.hidden = false;
+    if (this.selected !== null) this.select(this.selected);
+  }
+
+  // Shade the prompt by the input attribution of the generated token at `offset`.
+  select(offset) {
+    const token = this.inputs.get(offset);
+    if (!token) return;
+    this.selected = offset;
+    for (const cell of this.blocksEl.querySelectorAll(".cell.selected")) cell.classList.remove("selected");
+    this.blocksEl.querySelector(`.cell[data-offset="${offset}"]`)?.classList.add("selected");
+    const by = new Map(token.inputs.map((i) => [i.position, i.contribution]));
+    const top = Math.max(...token.inputs.map((i) => Math.abs(i.contribution)), 1e-12);
+    for (const span of this.promptEl.children) {
+      const c = by.get(Number(span.dataset.position)) ?? 0;
+      const shade = Math.abs(c) / top;
+      span.dataset.contribution = c;
+      span.dataset.shade = shade.toFixed(3);
+      span.style.backgroundColor = c < 0 ? `rgba(209, 73, 63, ${shade})` : `rgba(47, 111, 223, ${shade})`;
+      span.title = `position ${span.dataset.position} · contribution ${c.toExponential(2)}`;
+    }
+    this.promptView.querySelector("h3 .muted").textContent =
+      `shaded by the input attribution of ${JSON.stringify(token.text)} (offset ${offset}): blue raises its logit, red lowers it`;
   }
 
   push(kind, choice) {
@@ -56,6 +115,7 @@ export class RunView {
   blockDone(c) {
     const block = this.blocks.get(this.completed++);
     this.textEl.textContent += c.text;
+    this.addInputs(c.attribution?.inputs);
     if (!block) return; // a block without step events: stream_denoise was off
     block.complete(c.token_ids.length);
     this.dirty.add(block);
@@ -63,6 +123,7 @@ export class RunView {
 
   finish(c) {
     this.textEl.textContent += c.text;
+    this.addInputs(c.attribution?.inputs);
     for (const chunk of c.attribution?.chunks || []) {
       const block = [...this.blocks.values()].find((b) => b.offset <= chunk.start && chunk.start < b.offset + BLOCK);
       if (block) {
@@ -110,6 +171,7 @@ class Block {
     cell.textContent = visible(text);
     cell.title = `${JSON.stringify(text)} · token ${tokenId} · step ${step}`;
     cell.className = "cell tok fresh";
+    cell.dataset.offset = offset;
     this.landed.push(offset);
   }
 

@@ -171,3 +171,63 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     print("compare runs:", page.text_content("#perf"))
     assert not blocked, blocked
     print("screenshots:", shots)
+
+
+def test_clicking_a_token_shades_the_prompt_by_its_input_attribution(server, browser):
+    """Input attribution on: clicking a generated token shades every prompt token by that token's
+    integrated-gradients contribution, the API's numbers for the same request."""
+    prompt, offset = "Tell me about the ocean and its tides.", 5
+    body = {
+        "model": "cde-reference",
+        "prompt": prompt,
+        "max_tokens": 64,
+        "temperature": 0,
+        "top_p": 1,
+        "seed": 42,
+        "tokens_per_step": 4,
+        "attribution": {"top_k": 5, "inputs": {"top_k": 256, "steps": 2, "scope": "prompt"}},
+    }
+    r = httpx.post(server.base_url + "/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    expected = r.json()["choices"][0]["attribution"]["inputs"]["tokens"][offset]
+
+    page = browser.new_page(viewport={"width": 1500, "height": 1150})
+    errors: list[str] = []
+    page.on(
+        "console",
+        lambda m: errors.append(m.text) if m.type == "error" and "favicon" not in m.location.get("url", "") else None,
+    )
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:has-text('model: cde-reference')")
+    page.fill("#prompt", prompt)
+    page.fill("#max_tokens", "64")
+    page.fill("#tokens_per_step", "4")
+    page.check("#input_attribution")
+    page.fill("#input_steps", "2")
+    page.focus("#prompt")
+    page.keyboard.press("Control+Enter")
+    deadline = time.monotonic() + 180
+    while not page.query_selector("#run-unsteered.done"):
+        assert time.monotonic() < deadline and not errors, (errors, page.text_content("#status"))
+        time.sleep(0.1)
+    page.wait_for_selector("#status:has-text('done')")
+    assert page.is_visible("#run-unsteered .prompt-view")
+    page.click(f"#run-unsteered .cell.tok[data-offset='{offset}']")
+    spans = page.eval_on_selector_all(
+        "#run-unsteered .ptok",
+        "s => s.map(e => [Number(e.dataset.position), Number(e.dataset.shade), Number(e.dataset.contribution),"
+        " e.textContent, getComputedStyle(e).backgroundColor])",
+    )
+    want = {i["position"]: i for i in expected["inputs"]}
+    assert [s[0] for s in spans] == sorted(want)  # the whole prompt, in order
+    assert "".join(s[3] for s in spans) == prompt
+    top = max(abs(i["contribution"]) for i in expected["inputs"])
+    for position, shade, contribution, _, color in spans:
+        assert contribution == pytest.approx(want[position]["contribution"], rel=1e-6)
+        assert shade == pytest.approx(abs(contribution) / top, abs=1e-3)
+        assert ("209, 73, 63" if contribution < 0 else "47, 111, 223") in color  # red lowers, blue raises
+    strongest = max(spans, key=lambda s: s[1])
+    assert strongest[0] == expected["inputs"][0]["position"] and strongest[1] == 1.0
+    assert page.is_visible(f"#run-unsteered .cell.selected[data-offset='{offset}']")
+    page.close()
