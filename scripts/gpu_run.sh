@@ -3,7 +3,8 @@
 # FlashBlock tables, then the official generator on the same GPU. Logs and JSON go to $OUT.
 # Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
-# `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19)
+# `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
+# `inputattr`: input attribution per block and its cost to 16 other requests, issue 17)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
-  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*)
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*)
     [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
 esac
 for STAGE in $STAGES; do
@@ -109,6 +110,10 @@ for STAGE in $STAGES; do
     python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k "8b_logits or fp8" 2>&1 \
       | tee "$OUT/fp8_dev.log"
     grep -E "8b (bf16|fp8)|logits|passed|failed" "$OUT/fp8_dev.log" | tee "$OUT/fp8_dev_summary.txt" ;;
+  inputattr)  # issue 17: seconds of input attribution per 64-token block (steps 1 and 32), and the decode
+    # throughput of 16 other requests while one request's input attribution runs (~5 min)
+    python3 scripts/bench_input_attribution.py --model /tmp/m8b --steps "${IA_STEPS:-1,32}" --others 16 \
+      --max-tokens 256 --json "$OUT/input_attribution.json" 2>&1 | tee "$OUT/input_attribution.log" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac
