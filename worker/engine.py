@@ -16,7 +16,7 @@ from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, St
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8
 from cde.worker.checkpoint import DTYPES, load_checkpoint
-from cde.worker.input_attribution_runner import InputAttributionRunner, check_input_attribution
+from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.scheduler import Scheduler
 from cde.worker.steering import concept_top_tokens
@@ -96,7 +96,7 @@ class Engine:
                 raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
         if isinstance(req.flashblock, FlashBlockSpec):
             check_flashblock(req.flashblock)
-        check_input_attribution(req)
+        self.inputs.check(req)
 
     def add_request(self, req: GenerateRequest) -> None:
         if req.flashblock is None:

@@ -90,7 +90,11 @@ def _attention(
     if cfg.use_qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    # Grouped heads expanded (the same pairing as enable_gqa): SDPA's memory-efficient kernel
+    # takes a mask and has a backward, but not enable_gqa.
+    group = cfg.n_head // cfg.n_kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return attn.c_proj(y.transpose(1, 2).reshape(r, t, cfg.n_embd))
 
 

@@ -86,6 +86,14 @@ class InputAttributionRunner:
         self._wait = 0.0  # decoding time still owed before the next chunk
         self._last = time.perf_counter()
         self.seconds = 0.0  # spent on input attribution (benchmarks)
+        # FP8 linear layers (--quantization fp8) have no backward on their scaled-GEMM path.
+        self.unsupported = any(type(m).__name__ == "Fp8Linear" for m in model.modules())
+
+    def check(self, req: GenerateRequest) -> None:
+        """Raise ValueError for input attribution this engine cannot run."""
+        check_input_attribution(req)
+        if self.unsupported and req.attribution is not None and req.attribution.inputs is not None:
+            raise ValueError("input attribution needs the unquantized model (this worker serves --quantization fp8)")
 
     # ---- requests ---------------------------------------------------------------------------
     def track(self, seq: Sequence) -> None:

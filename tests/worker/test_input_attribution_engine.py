@@ -12,6 +12,7 @@ from cde.shared.config import MASK_ID
 from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, InputAttributionSpec
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.input_attribution import attribute, build_targets
+from cde.worker.input_attribution_runner import InputAttributionRunner
 
 PROMPT = [(7919 * i) % 100000 for i in range(64)]
 
@@ -125,3 +126,13 @@ def test_bad_specs_are_refused(engine):
         with pytest.raises(ValueError, match=word):
             engine.add_request(GenerateRequest("b", PROMPT, attribution=AttributionSpec(inputs=spec)))
     assert not engine.has_work()
+
+
+def test_quantized_models_refuse_input_attribution(engine):
+    class Fp8Linear(torch.nn.Module):  # stands for worker/fp8.py's: no backward on its scaled GEMM
+        pass
+
+    runner = InputAttributionRunner(torch.nn.Sequential(torch.nn.Linear(2, 2), Fp8Linear()), engine.cfg)
+    with pytest.raises(ValueError, match="unquantized"):
+        runner.check(asking("q", 8))
+    runner.check(GenerateRequest("p", PROMPT, max_tokens=8))
