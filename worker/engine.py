@@ -151,7 +151,9 @@ class Engine:
                 gc.enable()
         self.scheduler.attach(self.runner.records(current))
         # Input attribution yields to other requests' decoding (a share of the time), not to its own.
-        others = any(seq.id not in self.inputs.requests for seq in self.scheduler.running)
+        others = bool(self.inputs.requests) and any(
+            seq.id not in self.inputs.requests for seq in self.scheduler.running
+        )
         return self.inputs.process(results, decoding=others)
 
     def _launch(self) -> Pass | None:

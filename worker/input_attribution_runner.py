@@ -117,6 +117,8 @@ class InputAttributionRunner:
     def process(self, results: list[BlockResult | StepResult], decoding: bool) -> list[BlockResult | StepResult]:
         """Queue the results of tracked requests (starting the job of each completed block), run
         at most one chunk, and return what may leave now, in order per request."""
+        if not self.requests:  # nobody asked: nothing to do
+            return results
         out: list[BlockResult | StepResult] = []
         for res in results:
             req = self.requests.get(res.request_id)
