@@ -161,14 +161,15 @@ class InputAttributionJob:
             self.step()
         return self.attributions
 
-    def step(self) -> bool:
+    def step(self, token_budget: int | None = None) -> bool:
         """Run the next chunk: consecutive rows of targets that share a snapshot length (rows x
-        length within the token budget, at least one row). Returns whether the job is done."""
+        length within the token budget, this call's if given, at least one row). Returns whether
+        the job is done."""
         if self.done:
             return True
         first = self._next // self.n_steps
         length = len(self.targets[first].snapshot)
-        per_chunk = max(1, self.token_budget // length)
+        per_chunk = max(1, (token_budget or self.token_budget) // length)
         rows: list = []
         r = self._next
         while r < self.total_rows and len(rows) < per_chunk and len(self.targets[r // self.n_steps].snapshot) == length:

@@ -152,7 +152,8 @@ class InputAttributionRunner:
         )
         if job is None or self._wait > 0.0:
             return
-        job.step()
+        # While others decode, quarter-size chunks: the same share of the time in shorter stalls.
+        job.step(max(1, (job.token_budget or 0) // 4) if decoding else None)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         spent = time.perf_counter() - now
