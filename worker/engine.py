@@ -34,7 +34,7 @@ class EngineArgs:
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
     kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
     quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
-    fp8_weight_only_rows: int = 64  # fp8: passes of at most this many rows run weight-only
+    fp8_weight_only_rows: int = fp8.DEFAULT_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
 
 
 @dataclass

@@ -6,8 +6,8 @@ channel (row), scale = amax(|row|) / 448, so every row uses the whole e4m3 range
 LM head and the concept heads stay bfloat16 (attribution and steering read them).
 
 Each call picks one of two paths by its row count (64 rows per item, so per batch bucket):
-- weight-only (rows <= `weight_only_rows`, default 64: a single item): the weight is
-  dequantized to bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
+- weight-only (rows <= `weight_only_rows`, default 0: never): the weight is dequantized to
+  bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
 - scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
   scale = amax(|row|) / 448, and multiplied by `torch._scaled_mm` with row-wise scales
   (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
@@ -23,12 +23,13 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
 QUANTIZATIONS = ("none", "fp8")
-DEFAULT_WEIGHT_ONLY_ROWS = 64  # buckets of one item (64 rows) run weight-only, larger ones scaled
+DEFAULT_WEIGHT_ONLY_ROWS = FP8_WEIGHT_ONLY_ROWS  # measured: cde/shared/config.py
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
 

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 from cde.shared.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -82,10 +83,10 @@ def add_quantization_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fp8-weight-only-rows",
         type=int,
-        default=64,
+        default=FP8_WEIGHT_ONLY_ROWS,
         metavar="N",
         help="fp8: passes of at most N rows (64 per item) dequantize the weights to bfloat16 in the graph; "
-        "larger ones quantize the activations per token for FP8 GEMMs (0: always FP8 GEMMs; default: 64)",
+        "larger ones quantize the activations per token for FP8 GEMMs (default: %(default)s, FP8 GEMMs at every size)",
     )
 
 
