@@ -12,6 +12,7 @@ from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
 
 if TYPE_CHECKING:
+    from cde.shared.packed_attribution import PackedAttribution
     from cde.worker.engine import Engine
 
 
@@ -95,13 +96,14 @@ def run(args: argparse.Namespace) -> int:
     if args.steering is not None or args.attribution is not None:
         req.steering, req.attribution, render = _api_fields(args, engine, prompt_ids)
     engine.add_request(req)
-    records: list
-    ids, records = [], []
+    ids: list[int] = []
+    blocks: list[PackedAttribution] = []  # one per block, joined by the renderer
     while engine.has_work():
         for res in engine.step():
             if isinstance(res, BlockResult):
                 ids += res.token_ids
-                records += res.attribution or []
+                if res.attribution is not None:
+                    blocks.append(res.attribution)
     text = tok.decode(ids)
     if args.stop:
         from cde.shared.stops import find_stop
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         found = find_stop(text, args.stop)
         if found is not None:
             text = text[: found[0]]
-    attribution = render(records) if render else None
+    attribution = render(blocks) if render else None
     if args.json:
         print(json.dumps({"token_ids": ids, "text": text, **({"attribution": attribution} if attribution else {})}))
     else:
