@@ -11,7 +11,10 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cde.shared.packed_attribution import PackedAttribution
 
 
 @dataclass
@@ -71,7 +74,7 @@ class EngineBackend:
         reqs = [self._request(b) for b in bodies]
         index = {r.request_id: i for i, (r, _) in enumerate(reqs)}
         ids: list[list[int]] = [[] for _ in bodies]
-        records: list[list[dict]] = [[] for _ in bodies]
+        blocks: list[list[PackedAttribution]] = [[] for _ in bodies]  # per request, joined by the renderer
         steps, tokens = [0] * len(bodies), [0] * len(bodies)
         start = time.perf_counter()
         for r, _ in reqs:
@@ -84,11 +87,12 @@ class EngineBackend:
                     tokens[i] += len(res.token_ids)
                 elif isinstance(res, BlockResult):
                     ids[i] += res.token_ids
-                    records[i] += res.attribution or []
+                    if res.attribution is not None:
+                        blocks[i].append(res.attribution)
         seconds = time.perf_counter() - start
         out = []
         for i, (req, render) in enumerate(reqs):
-            attribution = render(0, records[i]) if req.attribution is not None else None
+            attribution = render(0, blocks[i]) if req.attribution is not None else None
             out.append(
                 Completion(
                     self.engine.tokenizer.decode(ids[i]),
