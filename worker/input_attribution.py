@@ -29,9 +29,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from cde.shared.config import MASK_ID, PAGE
-from cde.worker.model import Attention, SteerlingModel, apply_rope, rope_tables
+from cde.worker.model import SteerlingModel, rope_tables
 from cde.worker.steering import SteeringState, alpha_now
 
 # Tokens (rows x snapshot length) forwarded and back-propagated at once by default.
@@ -72,32 +71,6 @@ def build_targets(
     return out
 
 
-def _attention(
-    attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """The engine's attention (same modules and numerics as `model.Attention`) over the whole
-    prefix with a block-causal mask instead of the paged cache. x: [R, T, D]."""
-    cfg = attn.cfg
-    r, t, _ = x.shape
-    qkv = attn.c_attn(x)
-    if cfg.clip_qkv is not None:
-        qkv = qkv.clamp(min=-cfg.clip_qkv, max=cfg.clip_qkv)
-    kv = cfg.n_kv_heads * cfg.head_dim
-    q, k, v = qkv.split([cfg.n_embd, kv, kv], dim=-1)
-    q = q.reshape(r, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
-    k = k.reshape(r, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    v = v.reshape(r, t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    if cfg.use_qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    # Grouped heads expanded (the same pairing as enable_gqa): SDPA's memory-efficient kernel
-    # takes a mask and has a backward, but not enable_gqa.
-    group = cfg.n_head // cfg.n_kv_heads
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return attn.c_proj(y.transpose(1, 2).reshape(r, t, cfg.n_embd))
-
-
 def prefix_hidden(
     model: SteerlingModel,
     embeds: torch.Tensor,
@@ -115,12 +88,7 @@ def prefix_hidden(
     mask = blocks[:, None] >= blocks[None, :]
     x = embeds
     for i, block in enumerate(model.transformer.blocks):
-        if block.post_norm:
-            x = x + block.ln_1(_attention(block.attn, x, cos, sin, mask))
-            x = x + block.ln_2(block.mlp(x))
-        else:
-            x = x + _attention(block.attn, block.ln_1(x), cos, sin, mask)
-            x = x + block.mlp(block.ln_2(x))
+        x = block.dense(x, cos, sin, mask)
         if inject is not None and inject_from is not None and i + 1 >= inject_from:
             x = x + inject
     return model.transformer.ln_f(x)

@@ -91,6 +91,18 @@ class Attention(nn.Module):
         y = paged_attention(q, k, v.contiguous(), cache, meta)
         return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
 
+    def dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention over the whole sequence with a boolean mask instead of the paged cache (the
+        training forward, input attribution's replay). KV heads are repeated by hand rather than
+        enable_gqa: CUDA's memory-efficient SDPA kernel, the one that takes a mask and has a
+        backward, does not group queries itself."""
+        n, t, _ = x.shape
+        q, k, v = self.qkv(x, cos, sin)
+        group = self.cfg.n_head // self.cfg.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -131,6 +143,14 @@ class Block(nn.Module):
             x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
             x = x + self.mlp(self.ln_2(x))
         return x + gate[:, None, None] * inject
+
+    def dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The block over the whole sequence with `Attention.dense` (no cache, no steering)."""
+        if self.post_norm:
+            x = x + self.ln_1(self.attn.dense(x, cos, sin, mask))
+            return x + self.ln_2(self.mlp(x))
+        x = x + self.attn.dense(self.ln_1(x), cos, sin, mask)
+        return x + self.mlp(self.ln_2(x))
 
 
 class Transformer(nn.Module):

@@ -18,17 +18,12 @@ what the engine computes when it denoises block b over the cached earlier blocks
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from cde.shared.config import PAGE, ModelConfig
 from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, rope_tables
-
-if TYPE_CHECKING:
-    from cde.worker.model import Attention
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
@@ -59,20 +54,6 @@ class Trunk(nn.Module):
         self.tok_emb = nn.Embedding(n_used, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = RMSNorm(cfg.n_embd, cfg.norm_eps)
-
-
-def _attention(
-    attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    cfg = attn.cfg
-    b, t, _ = x.shape
-    q, k, v = attn.qkv(x, cos, sin)
-    # KV heads repeated by hand rather than enable_gqa: CUDA's memory-efficient kernel, the one
-    # that takes an arbitrary mask, does not group queries itself.
-    group = cfg.n_head // cfg.n_kv_heads
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return attn.c_proj(y.transpose(1, 2).reshape(b, t, cfg.n_embd))
 
 
 class TrainModel(nn.Module):
@@ -118,12 +99,7 @@ class TrainModel(nn.Module):
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
         x = self.embed(ids)
         for i, block in enumerate(self.transformer.blocks):
-            if block.post_norm:
-                x = x + block.ln_1(_attention(block.attn, x, cos, sin, mask))
-                x = x + block.ln_2(block.mlp(x))
-            else:
-                x = x + _attention(block.attn, block.ln_1(x), cos, sin, mask)
-                x = x + block.mlp(block.ln_2(x))
+            x = block.dense(x, cos, sin, mask)
             if inject is not None:
                 x = x + gates[i][:, None, None].to(x.dtype) * inject.to(x.dtype)
         return self.transformer.ln_f(x)
