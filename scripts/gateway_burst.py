@@ -11,10 +11,14 @@ worker more than the gateway), and the gateway process's CPU time per request un
 Also when each POST reached the gateway's first middleware, and the client's CPU time per request:
 with `--client httpx` (an AsyncClient like `cde bench serve`'s) the client paces the burst, with
 `--client raw` (every request written at once on connections opened beforehand) only the gateway
-does. A warm-up burst (the tokenizer loads on the first request) comes first, unreported in the
-rounds. `--profile` also records the gateway with py-spy during the rounds and prints its top
-functions. The streams are closed once every request reached the worker (the rounds measure
-admission only).
+does; with `--client bench` the burst is sent by `cde bench serve`'s own functions
+(`--client-processes N`; run the script from outside the repository with PYTHONPATH at another
+checkout to time that checkout's client), timed from the client's release (when it starts
+sending, after spawning its processes and opening its connections). A warm-up burst (the
+tokenizer loads on the first request) comes first, unreported in the rounds. `--profile` also
+records the gateway with py-spy during the rounds and prints its top functions. The streams are
+closed once every request reached the worker (the rounds measure admission only; `--client bench`
+completes them, with `--bench-max-tokens`).
 
     python -m cde make-model --preset tiny /tmp/tiny
     python scripts/gateway_burst.py --model /tmp/tiny --profile
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import os
 import random
 import signal
@@ -76,8 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--client",
         default="httpx",
-        choices=["httpx", "raw"],
-        help="httpx: an AsyncClient like `cde bench serve`'s; raw: every request written at once on open sockets",
+        choices=["httpx", "raw", "bench"],
+        help="httpx: an AsyncClient like `cde bench serve`'s; raw: every request written at once on open sockets; "
+        "bench: `cde bench serve` itself",
+    )
+    p.add_argument("--client-processes", type=int, default=1, help="of `cde bench serve` (--client bench)")
+    p.add_argument(
+        "--bench-max-tokens", type=int, default=8, help="max_tokens of `--client bench` (it waits for every completion)"
     )
     p.add_argument("--profile", action="store_true", help="py-spy the gateway during the bursts")
     p.add_argument("--out", default=None, help="folder for logs and the profile (default: a temporary one)")
@@ -126,11 +136,51 @@ def admissions(path: Path, since: float) -> dict[str, float]:
     return out
 
 
+def bench_burst(url: str, args: argparse.Namespace, attribution: bool, gw_pid: int, sent_log: Path) -> dict:
+    """The burst as `cde bench serve` sends it, all at once: its own functions (this checkout's, or
+    those of the checkout on PYTHONPATH), timed from its release, the moment it starts sending."""
+    from cde.commands import bench_serve
+
+    base, n, rng = url + "/v1", args.requests, random.Random(0)
+    extra = {"temperature": 0, "attribution": attribution, "tokens_per_step": args.bench_max_tokens}
+    opts = argparse.Namespace(
+        prompt_ids=True, prompt_len=args.prompt_len, num_prompts=n, max_tokens=args.bench_max_tokens, extra_body=extra
+    )
+    bodies = bench_serve.make_bodies(opts, args.served_name, rng)
+    clock = time.time() - time.perf_counter()  # perf_counter is CLOCK_MONOTONIC, the same in every process
+    if hasattr(bench_serve, "run_load"):  # before --client-processes: one client, connections opened in the burst
+
+        async def old() -> tuple[list, float]:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=n)
+            async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+                await bench_serve.first_model(client, base, {})  # as `bench` did: one connection open
+                release = time.perf_counter()
+                outcomes, _ = await bench_serve.run_load(client, base + "/completions", bodies, math.inf, n, rng, {})
+                return outcomes, release
+
+        outcomes, release = asyncio.run(old())
+    else:
+        from cde.commands import load_processes as lp
+
+        shares = lp.split(bodies, math.inf, n, rng, args.client_processes)
+        if len(shares) == 1:
+            runs = [asyncio.run(lp.client_run(base, shares[0], {}, 600, lambda: None))]
+        else:
+            runs = lp.run_processes(base, shares, {}, 600)
+        outcomes, release = [o for r in runs for o in r.outcomes], min(r.released for r in runs)
+    failed = [o for o in outcomes if o.status != "ok"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0].kind}: {failed[0].message}")
+    t0 = release + clock
+    sent, arrived = sends(sent_log, t0 - 0.001)
+    return timings(sent, arrived, t0, args, attribution, None)
+
+
 async def burst(url: str, args: argparse.Namespace, attribution: bool, gw_pid: int, sent_log: Path) -> dict:
     rng = random.Random(0)
     bodies = [
         {
-            "model": "tiny",
+            "model": args.served_name,
             "prompt": [rng.randrange(100, 1000) for _ in range(args.prompt_len)],
             "max_tokens": args.max_tokens,
             "temperature": 0,
@@ -177,6 +227,18 @@ async def burst(url: str, args: argparse.Namespace, attribution: bool, gw_pid: i
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+    return timings(sent, arrived, t0, args, attribution, (cpu1 - cpu0, me1 - me0))
+
+
+def timings(
+    sent: dict[str, float],
+    arrived: list[float],
+    t0: float,
+    args: argparse.Namespace,
+    attribution: bool,
+    cpu: tuple[float, float] | None,
+) -> dict:
+    """The burst's times relative to `t0`; `cpu`: the gateway's and the client's CPU seconds."""
     rel = sorted(v - t0 for v in sent.values())
     arr = [a - t0 for a in arrived]
     # The gateway's wall time from a POST's arrival to its send, pairing the k-th arrival with the
@@ -190,13 +252,19 @@ async def burst(url: str, args: argparse.Namespace, attribution: bool, gw_pid: i
         "first_send_s": rel[0] if rel else None,
         "median_send_s": rel[len(rel) // 2] if rel else None,
         "last_send_s": rel[-1] if rel else None,
-        "gateway_cpu_ms_per_request": (cpu1 - cpu0) * 1000 / max(len(rel), 1),
+        "gateway_cpu_ms_per_request": cpu[0] * 1000 / max(len(rel), 1) if cpu else None,
         "first_arrival_s": arr[0] if arr else None,
         "last_arrival_s": arr[-1] if arr else None,
         "mean_arrival_to_send_ms": 1000 * sum(lag) / len(lag) if lag else None,
         # the client's CPU until the last send (polling the send log included)
-        "client_cpu_ms_per_request": (me1 - me0) * 1000 / max(len(rel), 1),
+        "client_cpu_ms_per_request": cpu[1] * 1000 / max(len(rel), 1) if cpu else None,
     }
+
+
+def one_burst(url: str, args: argparse.Namespace, attribution: bool, gw_pid: int, sent_log: Path) -> dict:
+    if args.client == "bench":
+        return bench_burst(url, args, attribution, gw_pid, sent_log)
+    return asyncio.run(burst(url, args, attribution, gw_pid, sent_log))
 
 
 async def wait_sent(
@@ -255,13 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             if time.time() > deadline or gateway.poll() is not None or worker.poll() is not None:
                 raise RuntimeError(f"not ready; see {out}")
             time.sleep(0.2)
+        args.served_name = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]  # the folder's name
         # The first burst after startup also loads the tokenizer (on the event loop): a warm-up.
-        warm = asyncio.run(burst(url, args, False, gateway.pid, sent_log))
-        print(
-            f"warm-up burst: last send {warm['last_send_s']:.3f} s, "
-            f"gateway CPU {warm['gateway_cpu_ms_per_request']:.2f} ms/request",
-            flush=True,
-        )
+        warm = one_burst(url, args, False, gateway.pid, sent_log)
+        print(f"warm-up burst: last send {warm['last_send_s']:.3f} s", flush=True)
         time.sleep(2.0)
         if args.profile:
             spy = subprocess.Popen(
@@ -274,21 +339,25 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for attribution in (False, True):
             for r in range(args.rounds):
-                res = asyncio.run(burst(url, args, attribution, gateway.pid, sent_log))
+                res = one_burst(url, args, attribution, gateway.pid, sent_log)
                 time.sleep(1.0)  # the worker logs its admissions between steps
                 adm = sorted(v - res["t0"] for v in admissions(worker_log, res["t0"]).values())
                 res["admitted"] = len(adm)
                 res["last_admitted_s"] = adm[-1] if adm else None
                 res["round"] = r
                 results.append(res)
+                cpu = (
+                    f"client CPU {res['client_cpu_ms_per_request']:.2f} ms/request, "
+                    f"gateway CPU {res['gateway_cpu_ms_per_request']:.2f} ms/request (until the last send), "
+                    if res["client_cpu_ms_per_request"] is not None
+                    else ""
+                )
                 print(
                     f"attribution={'on ' if attribution else 'off'} round {r}: sent {res['sent']}/{args.requests}, "
                     f"gateway send first/median/last {res['first_send_s']:.3f}/{res['median_send_s']:.3f}/"
                     f"{res['last_send_s']:.3f} s, arrived at the gateway first/last {res['first_arrival_s']:.3f}/"
                     f"{res['last_arrival_s']:.3f} s, arrival to send {res['mean_arrival_to_send_ms']:.1f} ms, "
-                    f"client CPU {res['client_cpu_ms_per_request']:.2f} ms/request, "
-                    f"gateway CPU {res['gateway_cpu_ms_per_request']:.2f} ms/request "
-                    f"(until the last send), worker admitted {res['admitted']}, last at "
+                    f"{cpu}worker admitted {res['admitted']}, last at "
                     f"{res['last_admitted_s'] if adm else float('nan'):.3f} s",
                     flush=True,
                 )
