@@ -6,7 +6,7 @@
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
-# steering), PROFILE=1 (bench also writes per-level op tables), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
+# steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8.
 # Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at batch 1 on FP8 GEMMs instead of
@@ -37,8 +37,10 @@ for STAGE in $STAGES; do
   kernels)  # one layer's attention: kernel options and split-KV ways, batch x pages
     python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
-    python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 --max-tokens 256 \
-      --attribution --json "$OUT/bench_8b.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT"} 2>&1 | tee "$OUT/bench_8b.log" ;;
+    Q=${QUANT:-none}
+    python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
+      --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
+      2>&1 | tee "$OUT/bench_8b_$Q.log" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;
@@ -114,6 +116,8 @@ for STAGE in $STAGES; do
     # throughput of 16 other requests while one request's input attribution runs (~5 min)
     python3 scripts/bench_input_attribution.py --model /tmp/m8b --steps "${IA_STEPS:-1,32}" --others 16 \
       --max-tokens 256 --json "$OUT/input_attribution.json" 2>&1 | tee "$OUT/input_attribution.log" ;;
+  fp8kernels)  # issue 16: the Triton FP8 GEMM, activation quantization and confidence kernels vs before (~3 min)
+    python3 scripts/bench_fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.log" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

@@ -130,6 +130,10 @@ class Engine:
         scheduled and launched, and only then is this pass's attribution read (it ran on a side
         stream), turned into records and returned. The GPU starts the next step while the host
         finishes this one, instead of idling through attribution and the host's bookkeeping."""
+        with self.runner.on_stream():
+            return self._step()
+
+    def _step(self) -> list[BlockResult | StepResult]:
         current = self._in_flight or self._launch()
         # Taken off before it is read: a pass whose reading raises is dropped with the requests
         # the worker then fails, instead of being read (and failing) again at every later step.

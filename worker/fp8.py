@@ -5,15 +5,17 @@ At load, every block's attention `c_attn`/`c_proj` and MLP `c_fc`/`c_proj` is re
 channel (row), scale = amax(|row|) / 448, so every row uses the whole e4m3 range. Embeddings, the
 LM head and the concept heads stay bfloat16 (attribution and steering read them).
 
-Each call picks one of two paths by its row count (64 rows per item, so per batch bucket):
+Each call picks its path by its row count (64 rows per item, so per batch bucket):
 - weight-only (rows <= `weight_only_rows`, default 0: never): the weight is dequantized to
   bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
 - scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
-  scale = amax(|row|) / 448, and multiplied by `torch._scaled_mm` with row-wise scales
-  (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
-On the CPU the scaled path is emulated: the same e4m3 rounding (float8_e4m3fn casts) and the same
-scales, multiplied in float32. So the CPU tests cover the quantizer, the path choice and the
-accuracy of both paths; the GPU tests measure the real kernels.
+  scale = amax(|row|) / 448, and multiplied with row-wise scales: at most TRITON_MAX_ROWS rows by
+  the Triton GEMM of kernels/fp8_triton.py (cuBLAS reads the weights at half the bandwidth there),
+  more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
+The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`).
+On the CPU the ops of kernels/fp8_ops.py emulate the GPU's: the same e4m3 rounding
+(float8_e4m3fn casts) and the same scales, multiplied in float32. So the CPU tests cover the
+quantizer, the path choice and the accuracy of every path; the GPU tests measure the real kernels.
 """
 
 from __future__ import annotations
@@ -23,30 +25,19 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 
-E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
-MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
 QUANTIZATIONS = ("none", "fp8")
 DEFAULT_WEIGHT_ONLY_ROWS = FP8_WEIGHT_ONLY_ROWS  # measured: cde/shared/config.py
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
+# At most this many rows (4 requests) go through the Triton GEMM (kernels/fp8_triton.py), more
+# through cuBLAS (`torch._scaled_mm`): measured on an H200, docs/benchmarks.md.
+TRITON_MAX_ROWS = 256
+TRITON_K_MULTIPLE = 256  # the Triton GEMM's largest K tile
 
 log = logging.getLogger("cde.fp8")
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row e4m3 quantization of a [..., K] tensor: (q in float8_e4m3fn, float32 scales [..., 1])
-    with x ~= q * scale; computed in float32, saturating at +-448."""
-    xf = x.float()
-    scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
-    return quantize_with_scale(xf, scale), scale
-
-
-def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x / scale rounded to e4m3, saturating at +-448 (a plain cast would overflow to NaN)."""
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -88,23 +79,47 @@ class Fp8Linear(nn.Module):
         if rows <= self.weight_only_rows:
             # Weight-only: dequantized in the graph (one fused pointwise kernel), then a bf16 GEMM.
             return F.linear(x, self.dequantized(x.dtype))
-        x2 = x.reshape(rows, self.in_features)
-        xq, x_scale = quantize_rows(x2)  # per token, fused into the compiled graph
-        if self.emulate:
-            out = (xq.float() @ self.weight.float().t()) * x_scale * self.scale[None, :]
-        else:
-            out = torch._scaled_mm(
-                xq,
-                self.weight.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
-                scale_a=x_scale,
-                scale_b=self.scale[None, :],
-                out_dtype=x.dtype,
-            )
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        xq, x_scale = quantize_rows(x.reshape(rows, self.in_features))  # per token, fused into the compiled graph
+        return self.matmul(xq, x_scale[:, 0], x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def matmul(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """e4m3 rows [M, K] with their float32 scales [M] -> [M, N] in dtype."""
+        if self.emulate or path_for_rows(xq.shape[0], 0, self.in_features) == "triton":
+            return fp8_matmul(xq, x_scale, self.weight, self.scale, dtype)
+        return torch._scaled_mm(
+            xq,
+            self.weight.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
+            scale_a=x_scale[:, None],
+            scale_b=self.scale[None, :],
+            out_dtype=dtype,
+        )
 
 
-def path_for_rows(rows: int, weight_only_rows: int) -> str:
-    return "weight-only" if rows <= weight_only_rows else "scaled"
+class Fp8MLP(nn.Module):
+    """The MLP on Fp8Linear layers: `silu(gate) * up` goes to c_proj quantized by one fused op
+    (`cde::silu_mul_quantize`) instead of being written in bfloat16 and quantized again."""
+
+    def __init__(self, c_fc: Fp8Linear, c_proj: Fp8Linear):
+        super().__init__()
+        self.c_fc, self.c_proj = c_fc, c_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        rows = h.numel() // h.shape[-1]
+        if rows <= self.c_proj.weight_only_rows:
+            up, gate = h.chunk(2, dim=-1)
+            return self.c_proj(F.silu(gate) * up)
+        q, scale = silu_mul_quantize(h.reshape(rows, h.shape[-1]))
+        return self.c_proj.matmul(q, scale, x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
+
+
+def path_for_rows(rows: int, weight_only_rows: int, in_features: int = TRITON_K_MULTIPLE) -> str:
+    """The path of a call with `rows` rows on CUDA: "weight-only", "triton" or "cublas"."""
+    if rows <= weight_only_rows:
+        return "weight-only"
+    if rows <= TRITON_MAX_ROWS and in_features % TRITON_K_MULTIPLE == 0:
+        return "triton"
+    return "cublas"
 
 
 def path_table(weight_only_rows: int, buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> dict[int, str]:
@@ -128,6 +143,7 @@ def quantize_model(model: nn.Module, weight_only_rows: int = DEFAULT_WEIGHT_ONLY
             before += linear.weight.numel() * linear.weight.element_size()
             after += q.weight.numel() + q.scale.numel() * 4
             setattr(owner, name, q)
+        block.mlp = Fp8MLP(block.mlp.c_fc, block.mlp.c_proj)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     log.info(

@@ -6,6 +6,7 @@ device-to-host copies that the engine reads when it needs them."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,10 @@ class ModelRunner:
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
         self.inputs = StepInputBuilder(self.device, self.banned, self.seen)
         self.attr_inputs = Staging(self.device, torch.int64)
+        # The engine's steps run on a stream of the highest priority, so the attribution graphs on
+        # their side stream (default priority) fill the SMs a forward pass leaves idle instead of
+        # delaying its kernels (a CUDA graph's kernels take the priority of the launching stream).
+        self.stream = torch.cuda.Stream(self.device, priority=-100) if self.device.type == "cuda" else None
         self.graphed = None
         self.attribution = AttributionRunner(model, cfg, max_rows=max_running * PAGE)
         if self.device.type == "cuda" and cuda_graphs:
@@ -182,6 +187,13 @@ class ModelRunner:
             Picks([q for q, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
+
+    def on_stream(self) -> contextlib.AbstractContextManager:
+        """Where the engine runs a step's GPU work: the runner's high-priority stream on CUDA."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # whatever ran outside a step
+        return torch.cuda.stream(self.stream)
 
     @torch.inference_mode()
     def step_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from cde.kernels.row_confidence import row_confidence
 
 _M32 = 0xFFFFFFFF
 NEG_INF = float("-inf")
@@ -64,7 +65,7 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first.
     Confidence is the reference's max softmax probability."""
-    row_conf = torch.softmax(adjusted, -1, dtype=torch.float32).amax(-1)
+    row_conf = row_confidence(adjusted)
     eligible = sb.grid >= 0
     conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
     k = min(sb.max_select, conf.shape[1])

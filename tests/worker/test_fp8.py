@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from cde.kernels import fp8_ops
 from cde.shared.protocol import GenerateRequest
 from cde.worker import fp8
 from cde.worker.checkpoint import make_model
@@ -29,7 +30,7 @@ def test_weight_scales_are_per_output_channel_and_use_the_whole_range() -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 96, generator=g) * torch.logspace(-3, 2, 48)[:, None]  # rows 5 decades apart
     w[7] = 0.0  # an all-zero row quantizes to zeros, not NaN
-    q, scale = fp8.quantize_rows(w)
+    q, scale = fp8_ops.quantize_rows(w)
     assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (48, 1)
     assert scale.dtype == torch.float32
     nonzero = torch.arange(48) != 7
@@ -41,7 +42,7 @@ def test_weight_scales_are_per_output_channel_and_use_the_whole_range() -> None:
 
 def test_quantization_saturates_at_448_instead_of_overflowing() -> None:
     x = torch.tensor([[1.0, -1.0, 1000.0, -1e6, 448.0, 449.0, 0.5]])
-    q = fp8.quantize_with_scale(x, torch.ones(1, 1))
+    q = fp8_ops.quantize_with_scale(x, torch.ones(1, 1))
     assert not q.float().isnan().any()
     assert q.float().tolist() == [[1.0, -1.0, 448.0, -448.0, 448.0, 448.0, 0.5]]
 
@@ -49,7 +50,7 @@ def test_quantization_saturates_at_448_instead_of_overflowing() -> None:
 def test_round_trip_error_is_within_e4m3_rounding() -> None:
     g = torch.Generator().manual_seed(1)
     w = torch.randn(256, 512, generator=g) * 0.02
-    q, scale = fp8.quantize_rows(w)
+    q, scale = fp8_ops.quantize_rows(w)
     back = fp8.dequantize(q, scale)
     bound = w.abs() * E4M3_REL + scale * E4M3_SUBNORMAL_HALF_STEP
     assert ((back - w).abs() <= bound * (1 + 1e-6)).all()
@@ -76,7 +77,7 @@ def test_fp8_linear_paths_and_their_choice_by_rows() -> None:
     weight_only = lambda x: F.linear(x, layer.dequantized(torch.bfloat16))
 
     def scaled(x: torch.Tensor) -> torch.Tensor:
-        xq, xs = fp8.quantize_rows(x.reshape(-1, 64))
+        xq, xs = fp8_ops.quantize_rows(x.reshape(-1, 64))
         out = fp8.dequantize(xq, xs) @ fp8.dequantize(layer.weight, layer.scale[:, None]).t()
         return out.to(torch.bfloat16).reshape(*x.shape[:-1], 96)
 
@@ -89,14 +90,44 @@ def test_fp8_linear_paths_and_their_choice_by_rows() -> None:
         assert rel < 6e-2, rel
     assert fp8.path_table(64) == {
         1: "weight-only",
-        2: "scaled",
-        4: "scaled",
-        8: "scaled",
-        16: "scaled",
-        32: "scaled",
-        64: "scaled",
+        2: "triton",
+        4: "triton",
+        8: "cublas",
+        16: "cublas",
+        32: "cublas",
+        64: "cublas",
     }
-    assert set(fp8.path_table(0).values()) == {"scaled"} and set(fp8.path_table(1 << 30).values()) == {"weight-only"}
+    assert set(fp8.path_table(0).values()) == {"triton", "cublas"}
+    assert set(fp8.path_table(1 << 30).values()) == {"weight-only"}
+    # the Triton GEMM's K tiles are 256 wide: other widths go to cuBLAS at any row count
+    assert fp8.path_for_rows(64, 0, in_features=512) == "triton"
+    assert fp8.path_for_rows(64, 0, in_features=320) == "cublas"
+
+
+def test_fp8_matmul_op_is_the_row_and_channel_scaled_product() -> None:
+    """cde::fp8_matmul against the definition: dequantize both sides, multiply in float64."""
+    g = torch.Generator().manual_seed(4)
+    xq, xs = fp8_ops.quantize_rows(torch.randn(5, 256, generator=g))
+    wq, ws = fp8_ops.quantize_rows(torch.randn(7, 256, generator=g) * 0.1)
+    out = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], torch.bfloat16)
+    assert out.shape == (5, 7) and out.dtype == torch.bfloat16
+    ref = (xq.double() * xs.double()) @ (wq.double() * ws.double()).t()
+    assert torch.allclose(out.double(), ref, rtol=2**-8, atol=1e-6)
+
+
+def test_silu_mul_quantize_op_quantizes_the_float32_product_per_row() -> None:
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, 2 * 512, generator=g) * 3).to(torch.bfloat16)
+    x[2] = 0.0  # an all-zero row: zeros and the minimum scale, no NaN
+    q, scale = fp8_ops.silu_mul_quantize(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (6, 512) and scale.shape == (6,)
+    up, gate = x.double()[:, :512], x.double()[:, 512:]
+    h = gate * torch.sigmoid(gate) * up  # independent of the op's float32 arithmetic
+    assert torch.allclose(scale.double(), (h.abs().amax(-1) / 448.0).clamp(min=1e-12), rtol=1e-6)
+    assert torch.equal(q[2].float(), torch.zeros(512))
+    back = q.double() * scale.double()[:, None]
+    assert ((back - h).abs() <= h.abs() * 2**-4 + scale.double()[:, None] * 2**-10 + 1e-9).all()
+    assert torch.equal(q.float().abs().amax(-1)[[0, 1, 3, 4, 5]], torch.full((5,), 448.0))
 
 
 def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) -> None:
@@ -109,6 +140,24 @@ def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) ->
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.transformer.lm_head.weight is model.transformer.tok_emb.weight
     assert not any(isinstance(m, nn.Linear) for m in model.transformer.blocks.modules())
+    assert all(isinstance(b.mlp, fp8.Fp8MLP) for b in model.transformer.blocks)
+    # the published weight names stay: a quantized model's state dict names what the checkpoint does
+    assert "transformer.blocks.0.mlp.c_fc.weight" in model.state_dict()
+
+
+def test_fp8_mlp_equals_its_unfused_definition() -> None:
+    """Fp8MLP's fused activation quantization against c_proj applied to silu(gate) * up computed
+    in float32 and quantized by the same layer (so only the fusion differs): equal."""
+    torch.manual_seed(6)
+    fc, proj = nn.Linear(256, 2 * 512, bias=False), nn.Linear(512, 256, bias=False)
+    mlp = fp8.Fp8MLP(
+        fp8.Fp8Linear.from_linear(fc.to(torch.bfloat16)), fp8.Fp8Linear.from_linear(proj.to(torch.bfloat16))
+    )
+    x = torch.randn(2, 64, 256).to(torch.bfloat16)
+    h = mlp.c_fc(x).float()
+    up, gate = h.chunk(2, dim=-1)
+    ref = mlp.c_proj(F.silu(gate) * up)  # Fp8Linear quantizes the float32 product per row
+    assert torch.equal(mlp(x), ref.to(torch.bfloat16))
 
 
 def active_block_logits(

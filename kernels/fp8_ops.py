@@ -1,0 +1,71 @@
+"""The FP8 path's two operations as torch custom ops, one name on every device:
+
+- `cde::fp8_matmul(xq, x_scale, wq, w_scale, out_dtype)`: (xq @ wq.T) * x_scale[:, None] * w_scale[None, :]
+  for e4m3 activations [M, K] and weights [N, K] with float32 scales;
+- `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
+  quantized per row to e4m3 -> (q [M, F], scales [M]).
+
+On CUDA they run the Triton kernels of kernels/fp8_triton.py; elsewhere the same arithmetic in
+float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
+call them as they are, and the Triton autotuner runs during the engine's warm-up passes, never
+inside a graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+MIN_SCALE = 1e-12  # an all-zero row quantizes to zeros instead of dividing by zero
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3 quantization of a [..., K] tensor: (q in float8_e4m3fn, float32 scales [..., 1])
+    with x ~= q * scale; computed in float32, saturating at +-448."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
+    return quantize_with_scale(xf, scale), scale
+
+
+def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3, saturating at +-448 (a plain cast would overflow to NaN)."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+@torch.library.custom_op("cde::fp8_matmul", mutates_args=())
+def fp8_matmul(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    return ((xq.float() @ wq.float().t()) * x_scale[:, None] * w_scale[None, :]).to(out_dtype)
+
+
+@fp8_matmul.register_fake
+def _(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    return xq.new_empty(xq.shape[0], wq.shape[0], dtype=out_dtype)
+
+
+@torch.library.custom_op("cde::silu_mul_quantize", mutates_args=())
+def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    up, gate = x.float().chunk(2, dim=-1)
+    q, scale = quantize_rows(F.silu(gate) * up)
+    return q, scale[:, 0]
+
+
+@silu_mul_quantize.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, width = x.shape
+    return x.new_empty(rows, width // 2, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
+
+
+try:
+    from cde.kernels import fp8_triton
+except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
+    fp8_triton = None  # type: ignore[assignment]
+
+if fp8_triton is not None:
+    fp8_matmul.register_kernel("cuda")(fp8_triton.fp8_gemm)
+    silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)
