@@ -5,7 +5,8 @@
   pass is bound by that read; this one streams each weight slab once with a deep pipeline over
   narrow output tiles, so that enough tiles keep every SM busy.
 - `silu_mul_quantize`: the MLP's `silu(gate) * up` quantized per row to e4m3, in one kernel that
-  reads the up/gate row (compiled, it was two kernels that each recomputed the product).
+  reads the up/gate row once (compiled, it was two kernels that each read it and recomputed the
+  product: 145 us per layer at 2048 rows on the H200).
 
 Imported only on CUDA (Triton is not installed in CPU environments).
 """
@@ -92,25 +93,17 @@ def fp8_gemm(
 
 @triton.jit
 def _silu_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, BLOCK: tl.constexpr):
+    # One row per program, held in registers (BLOCK >= F): the up/gate row is read once.
     row = tl.program_id(0).to(tl.int64)
-    up_row = x_ptr + row * stride_x
-    gate_row = up_row + F
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, F, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        ok = cols < F
-        up = tl.load(up_row + cols, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(gate_row + cols, mask=ok, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(gate * tl.sigmoid(gate) * up))
-    scale = tl.maximum(tl.max(amax, axis=0) / E4M3_MAX, MIN_SCALE)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < F
+    up = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(x_ptr + row * stride_x + F + cols, mask=ok, other=0.0).to(tl.float32)
+    h = gate * tl.sigmoid(gate) * up
+    scale = tl.maximum(tl.max(tl.abs(h), axis=0) / E4M3_MAX, MIN_SCALE)
     tl.store(s_ptr + row, scale)
-    for start in range(0, F, BLOCK):  # the second read of the row comes from L2
-        cols = start + tl.arange(0, BLOCK)
-        ok = cols < F
-        up = tl.load(up_row + cols, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(gate_row + cols, mask=ok, other=0.0).to(tl.float32)
-        q = tl.clamp(tl.div_rn(gate * tl.sigmoid(gate) * up, scale), -E4M3_MAX, E4M3_MAX)
-        tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    q = tl.clamp(tl.div_rn(h, scale), -E4M3_MAX, E4M3_MAX)
+    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
 
 
 def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,5 +113,7 @@ def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     f = two_f // 2
     q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    _silu_mul_quantize_kernel[(m,)](x, q, scale, f, x.stride(0), q.stride(0), BLOCK=2048, num_warps=8)
+    block = triton.next_power_of_2(f)
+    warps = max(4, min(32, block // 512))  # 16 values of each half per thread at most
+    _silu_mul_quantize_kernel[(m,)](x, q, scale, f, x.stride(0), q.stride(0), BLOCK=block, num_warps=warps)
     return q, scale

@@ -109,7 +109,7 @@ for STAGE in $STAGES; do
       --tokens-per-step 1,2,4 --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_tps.json" 2>&1 \
       | tee "$OUT/bench_8b_tps.log" || echo "!! tps stage failed (exit ${PIPESTATUS[0]})" ;;
   fp8dev)  # issue 16: bf16 vs fp32 vs official, fp8 vs bf16 (relative error, mean KL, greedy agreement), 0 recompiles
-    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k "8b_logits or fp8" 2>&1 \
+    python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k "8b_logits or fp8 or kernel" 2>&1 \
       | tee "$OUT/fp8_dev.log"
     grep -E "8b (bf16|fp8)|logits|passed|failed" "$OUT/fp8_dev.log" | tee "$OUT/fp8_dev_summary.txt" ;;
   inputattr)  # issue 17: seconds of input attribution per 64-token block (steps 1 and 32), and the decode

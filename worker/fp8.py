@@ -32,9 +32,10 @@ QUANTIZATIONS = ("none", "fp8")
 DEFAULT_WEIGHT_ONLY_ROWS = FP8_WEIGHT_ONLY_ROWS  # measured: cde/shared/config.py
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
-# At most this many rows (4 requests) go through the Triton GEMM (kernels/fp8_triton.py), more
-# through cuBLAS (`torch._scaled_mm`): measured on an H200, docs/benchmarks.md.
-TRITON_MAX_ROWS = 256
+# At most this many rows (one request) go through the Triton GEMM (kernels/fp8_triton.py), more
+# through cuBLAS (`torch._scaled_mm`). H200, the 8b's 32-layer linear stack (docs/benchmarks.md):
+# 64 rows 2.42 ms vs 3.64 ms; 128 rows 3.90 vs 3.66; 256 rows 6.93 vs 4.81.
+TRITON_MAX_ROWS = 64
 TRITON_K_MULTIPLE = 256  # the Triton GEMM's largest K tile
 
 log = logging.getLogger("cde.fp8")

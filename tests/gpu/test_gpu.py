@@ -255,20 +255,21 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
 
 @pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384)])  # the 8b's c_attn and MLP c_proj
 def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
-    """torch._scaled_mm (row-wise scales) and the weight-only path, eager and compiled, against the
-    float32 emulation the CPU tests check, on the same quantized weight and inputs."""
-    from cde.worker.fp8 import Fp8Linear
+    """The Triton GEMM (one item: 64 rows) and torch._scaled_mm (more), eager and compiled, against
+    the float32 emulation the CPU tests check (run on the CPU), on the same quantized weight and inputs."""
+    from cde.worker.fp8 import Fp8Linear, path_for_rows
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(lin.weight, std=0.02)
     layer = Fp8Linear.from_linear(lin)
-    emulated = Fp8Linear(layer.weight, layer.scale)
-    emulated.emulate = True
+    emulated = Fp8Linear(layer.weight.cpu(), layer.scale.cpu())
+    assert emulated.emulate and not layer.emulate
+    assert [path_for_rows(64 * items, 0, k) for items in (1, 2, 32)] == ["triton", "cublas", "cublas"]
     compiled = torch.compile(layer)
     for items in (1, 2, 32):
         x = torch.randn(items, 64, k, device="cuda", dtype=torch.bfloat16)
-        ref = emulated(x).float()
+        ref = emulated(x.cpu()).float().cuda()
         for name, fn in (("eager", layer), ("compiled", compiled)):
             got = fn(x)
             assert got.dtype == torch.bfloat16 and got.shape == (items, 64, n)
@@ -276,6 +277,37 @@ def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
             assert err < 1e-2, (items, name, err)
         exact = lin(x).float()
         assert ((ref - exact).norm() / exact.norm()).item() < 6e-2
+
+
+@pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_fp8_silu_mul_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
+    """The fused Triton kernel against cde::silu_mul_quantize's float32 definition on the CPU:
+    the same scales, and e4m3 values that differ at most by a rounding tie (one e4m3 step)."""
+    from cde.kernels.fp8_ops import silu_mul_quantize
+
+    torch.manual_seed(1)
+    x = (torch.randn(rows, 2 * 16384, device="cuda") * 2).to(torch.bfloat16)
+    q, scale = silu_mul_quantize(x)
+    ref_q, ref_scale = silu_mul_quantize(x.cpu())
+    assert torch.allclose(scale.cpu(), ref_scale, rtol=1e-6, atol=0)
+    differ = q.cpu().float() != ref_q.float()
+    assert differ.float().mean().item() < 1e-4
+    step = ref_q.float().abs().clamp(min=2**-6) * 2**-3
+    assert ((q.cpu().float() - ref_q.float()).abs() <= step + 2**-9).all()
+
+
+def test_row_confidence_kernel_matches_softmax_max() -> None:
+    from cde.kernels.row_confidence import row_confidence
+
+    torch.manual_seed(2)
+    x = (torch.randn(300, 100352, device="cuda") * 4).to(torch.bfloat16)
+    x[:, 100281:] = float("-inf")  # the padding columns and banned ids
+    x[:7, :50000] = float("-inf")  # a first half all -inf: the kernel's lanes that see only -inf
+    x[7, 5] = 80.0  # one dominant logit: confidence ~1
+    got = row_confidence(x)
+    ref = torch.softmax(x.double(), -1).amax(-1).float()
+    assert torch.allclose(got, ref, rtol=1e-5, atol=0)
+    assert got[7].item() > 0.999
 
 
 def test_attribution_overlapped_on_gpu_equals_the_uncaptured_path(tiny_dir):
