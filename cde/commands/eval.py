@@ -52,8 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
     from cde.train.backends import EngineBackend, HttpBackend
 
-    if args.url:
+    if args.url is not None:
+        if not args.url.strip():
+            raise SystemExit("cde eval: --url is empty (give a server's base URL, e.g. http://127.0.0.1:8000)")
         return HttpBackend(args.url, args.served_model, args.api_key)
+    if not args.model:
+        raise SystemExit("cde eval: --model is empty (give a checkpoint directory)")
     return EngineBackend(args.model, device=_device(args), max_running=args.max_running, cuda_graphs=args.cuda_graphs)
 
 

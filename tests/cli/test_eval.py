@@ -122,3 +122,11 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     unsteered, steered = (r["on_topic"] for r in report["amplify"])
     assert steered >= 0.5 and steered > unsteered, report["amplify"]
     assert report["suppress"]["suppressed"] < report["suppress"]["baseline"], report["suppress"]
+
+
+@pytest.mark.parametrize("flag", ["--url", "--model"])
+def test_an_empty_target_is_refused_with_a_message(flag, capsys):
+    """An empty --url (a shell variable that came back empty) is neither taken for an in-process
+    run nor allowed to reach a traceback."""
+    with pytest.raises(SystemExit, match=rf"cde eval: {flag} is empty"):
+        main(["eval", flag, "", "--limit", "1"])

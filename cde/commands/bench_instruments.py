@@ -1,0 +1,123 @@
+"""What `cde bench engine` measures around a run: the device time of every forward pass and the
+time the device waited for the host (`StepClock`), Python's garbage collections (`GcClock`), and
+op tables of profiled steps (`profile_steps`, `--profile`)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from cde.shared.protocol import GenerateRequest
+    from cde.worker.engine import Engine
+    from cde.worker.model_runner import Pass
+    from cde.worker.scheduler import Batch, Picks
+
+
+class StepClock:
+    """Times every forward pass: on CUDA from its launch to the next one's on the device's own
+    clock (the engine launches a pass while the last one's attribution runs), on the host
+    otherwise. The device idles between the end of a pass's queued work and the start of the
+    next pass's: a mark there reads the time the stream reached it, so an idle gap is the
+    host's lateness in launching."""
+
+    def __init__(self, engine: Engine):
+        self.cuda = engine.runner.device.type == "cuda"
+        self.runner = runner = engine.runner
+        self.starts: list = []  # per launched pass: an event (CUDA) or a host time
+        self.queued: list = []  # per launched pass: after the last of its work on the main stream
+        self.finished = 0
+        self.end = None  # marked when a pass's picks reach the host
+        self.last_decode = False  # the last finished pass held no prefill item
+        self.inner = runner.launch, runner.picks
+
+        def launch(batch: Batch) -> Pass:
+            self.starts.append(self._mark())
+            p = self.inner[0](batch)
+            self.queued.append(self._mark())
+            return p
+
+        def picks(p: Pass) -> list[Picks]:
+            out = self.inner[1](p)
+            self.end = self._mark()
+            self.finished += 1
+            self.last_decode = all(it.is_step or it.block >= it.seq.n_prompt_blocks for it in p.batch.items)
+            return out
+
+        runner.launch, runner.picks = launch, picks
+
+    def _mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def restore(self) -> None:
+        self.runner.launch, self.runner.picks = self.inner
+
+    def _ms(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def device_ms(self) -> tuple[list[float], float]:
+        """ms per pass, and the ms the device sat idle waiting for the next launch."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        marks = self.starts + [self.end]
+        per_pass = [self._ms(a, b) for a, b in zip(marks, marks[1:])]
+        idle = sum(max(0.0, self._ms(q, s)) for q, s in zip(self.queued, self.starts[1:]))
+        return per_pass, idle
+
+
+class GcClock:
+    """Python garbage collections during a run and the time they took (they stall the step they
+    interrupt)."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self._t0 = 0, 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on)
+
+
+def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
+    """Op tables of 32 steps in the first generated block and 32 in the second, side by side
+    in one file: a step that costs more once the context grows shows which op grew."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for r in reqs:
+        engine.add_request(r)
+    tables = []
+    for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", 64 - 40 + 8)):
+        for _ in range(skip):
+            engine.step()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(32):
+                engine.step()
+        wall_ms = (time.perf_counter() - t0) * 1e3 / 32
+        ops = prof.key_averages()
+        # Kernel time against wall time per step: what is left is the GPU waiting for the host.
+        kernel_ms = sum(e.self_device_time_total for e in ops) / 1e3 / 32
+        tables.append(
+            f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
+            + ops.table(sort_by="cuda_time_total", row_limit=40)
+            + "\n-- host side\n"
+            + ops.table(sort_by="self_cpu_time_total", row_limit=25)
+        )
+    while engine.has_work():
+        engine.step()
+    with open(path, "w") as f:
+        f.write("\n".join(tables))
+    print("\n".join(tables))
