@@ -5,14 +5,25 @@ so that no request costs more to encode, send or check than the model could ever
 
 from __future__ import annotations
 
-import math
-
-from cde.shared.protocol import FlashBlockSpec, GenerateRequest
+from cde.shared.protocol import FlashBlockSpec
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000  # a stop string longer than this is not a stop, it is a payload
 MAX_STOP_TOKEN_IDS = 64
 MAX_REQUEST_ID_CHARS = 256
+MAX_CLIENT_CHARS = 128  # GenerateRequest.client: a digest of an API key or a client address
+# Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
+INT_MAX = (1 << 31) - 1
+MAX_TEMPERATURE = 2.0
+MAX_TOKENS_PER_STEP = 64  # a block's positions
+MAX_ATTRIBUTION_TOP_K = 128
+MAX_INPUT_ATTRIBUTION_STEPS = 64
+MAX_INPUT_ATTRIBUTION_TOP_K = 256
+# Input attribution's total work: IG steps x generated tokens x (prompt + generated tokens), the
+# positions forwarded and back-propagated (an upper bound: a token's prefix is the prompt and the
+# tokens before it). 2^21 is ~2.7 minutes of an H200 at 8B (20.9 s for 32 steps over one 64-token
+# block after a 64-token prompt); steps 64 over 448 tokens (14.7M) would be 20 minutes.
+MAX_INPUT_ATTRIBUTION_WORK = 1 << 21
 # Steering strengths (in logit units when normalized) and ReLU-mask strengths: a 100-logit shift
 # already saturates the softmax (e^-100 underflows float32); far larger values overflow the
 # residual stream to inf/NaN and only produce degenerate text.
@@ -49,6 +60,17 @@ def check_context(
         )
 
 
+def check_input_attribution_work(steps: int, prompt_len: int, max_tokens: int, param: str) -> None:
+    work = steps * max_tokens * (prompt_len + max_tokens)
+    if work > MAX_INPUT_ATTRIBUTION_WORK:
+        raise LimitError(
+            f"input attribution of {max_tokens} tokens after a {prompt_len}-token prompt at {steps} steps is "
+            f"{work:,} units of work (steps x tokens x (prompt + tokens)); the limit is "
+            f"{MAX_INPUT_ATTRIBUTION_WORK:,}: lower steps or max_tokens, or shorten the prompt",
+            param,
+        )
+
+
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     """Every id must be in the model's vocabulary. Walks the whole list: check the context first."""
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
@@ -71,25 +93,3 @@ def check_flashblock(spec: FlashBlockSpec) -> None:
 def clip(text: str, limit: int) -> str:
     """Text that may quote a peer or a client, cut for an error message or a log line."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
-
-
-def check_request(req: GenerateRequest, n_concepts: int) -> None:
-    """Raise ValueError for a request outside these bounds (its lists checked by length first,
-    so a huge one is refused without being walked)."""
-    if len(req.request_id) > MAX_REQUEST_ID_CHARS:
-        raise ValueError(f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters")
-    if len(req.stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in req.stop):
-        raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
-    if len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-        raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids")
-    s = req.steering
-    if s is None:
-        return
-    if len(s.concepts) > n_concepts or len(s.relu_logit_mask) > n_concepts:
-        raise ValueError(f"steering names more concepts than the model's {n_concepts}")
-    if not all(_strength_ok(v) for v in [s.strength, *s.relu_logit_mask.values()]):
-        raise ValueError(f"steering strengths must be finite and within +-{MAX_STEERING_STRENGTH:g}")
-
-
-def _strength_ok(value: float) -> bool:
-    return math.isfinite(value) and abs(value) <= MAX_STEERING_STRENGTH

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from cde.shared.packed_attribution import PackedAttribution
 
-# 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len
-PROTOCOL_VERSION = 4
+# 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len;
+# 5: GenerateRequest.client
+PROTOCOL_VERSION = 5
 
 
 @dataclass
@@ -74,6 +75,8 @@ class GenerateRequest:
     stream_denoise: bool = False  # also send a StepResult for every denoising step
     # None: the worker's default; False: exact attention; a spec: FlashBlock reuse.
     flashblock: FlashBlockSpec | bool | None = None
+    # Who asked (a digest of the API key, or the client's address): the worker's fair share.
+    client: str = ""
 
 
 @dataclass

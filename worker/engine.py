@@ -6,20 +6,25 @@ Used directly by `cde generate`, the benchmarks and the tests, and wrapped by th
 from __future__ import annotations
 
 import gc
+import logging
 import random
+import traceback
 from dataclasses import dataclass
 
 import torch
-from cde.shared.config import PAGE
-from cde.shared.limits import check_context, check_flashblock, check_token_ids
 from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
+from cde.shared.request_bounds import check_generate_request
 from cde.shared.tokenizer import get_tokenizer
-from cde.worker import fp8
+from cde.worker import fp8, isolation
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.scheduler import Scheduler
+from cde.worker.sequence import Sequence
 from cde.worker.steering import concept_top_tokens
+
+log = logging.getLogger("cde.worker")
+REQUEST_FAILED = "engine error on this request (the others in flight go on)"
 
 
 @dataclass
@@ -77,31 +82,18 @@ class Engine:
         gc.freeze()
         self.forward_passes = 0
         self._in_flight: Pass | None = None  # launched by the last step(), finished by the next
+        self._failed: list[BlockResult] = []  # requests failed alone since the last step() returned
 
     # ---- requests ---------------------------------------------------------------------------
     def validate(self, req: GenerateRequest) -> None:
         """Raise ValueError for a request the engine cannot run (the gateway checks the same)."""
-        cfg = self.cfg
-        if req.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        check_context(len(req.prompt_ids), req.max_tokens, cfg.context_len)
-        check_token_ids(req.prompt_ids, cfg.vocab_size, "prompt")
-        if not 1 <= req.tokens_per_step <= PAGE:
-            raise ValueError("tokens_per_step must be in [1, 64]")
-        if req.steering is not None:
-            for c in list(req.steering.concepts) + list(req.steering.relu_logit_mask):
-                if not 0 <= c < cfg.n_concepts:
-                    raise ValueError(f"unknown concept id {c}")
-            if not 0 <= req.steering.inject_layer <= cfg.n_layers:
-                raise ValueError(f"inject_layer must be in [0, {cfg.n_layers}]")
-        if isinstance(req.flashblock, FlashBlockSpec):
-            check_flashblock(req.flashblock)
+        check_generate_request(req, self.cfg)
         self.inputs.check(req)
 
     def add_request(self, req: GenerateRequest) -> None:
+        self.validate(req)  # before the server's default fills in: the flags have their own check
         if req.flashblock is None:
             req.flashblock = self.args.flashblock
-        self.validate(req)
         if req.seed is None:
             req.seed = random.getrandbits(32)
         self.inputs.track(self.scheduler.add(req))
@@ -131,7 +123,9 @@ class Engine:
         stream), turned into records and returned. The GPU starts the next step while the host
         finishes this one, instead of idling through attribution and the host's bookkeeping."""
         with self.runner.on_stream():
-            return self._step()
+            results = self._step()
+        failed, self._failed = self._failed, []
+        return [*results, *failed]  # a failed request's last block, if it sent one, before its end
 
     def _step(self) -> list[BlockResult | StepResult]:
         current = self._in_flight or self._launch()
@@ -154,17 +148,46 @@ class Engine:
             if collecting:
                 gc.enable()
         self.scheduler.attach(self.runner.records(current))
-        # Input attribution yields to other requests' decoding (a share of the time), not to its own.
-        others = bool(self.inputs.requests) and any(
-            seq.id not in self.inputs.requests for seq in self.scheduler.running
+        # Input attribution yields to other requests (a share of the time), not to its own: to those
+        # decoding, and to those waiting for a slot (which a full chunk per step would starve).
+        others = bool(self.inputs.requests) and (
+            bool(self.scheduler.waiting) or any(seq.id not in self.inputs.requests for seq in self.scheduler.running)
         )
         return self.inputs.process(results, decoding=others)
 
     def _launch(self) -> Pass | None:
+        """The next pass, launched. A request whose own setup or values make it fail is dropped
+        from it and failed alone (worker/isolation.py); a failure no single request explains
+        propagates, and the worker fails every request in flight."""
         scheduled = self.scheduler.schedule()
+        failed = []
         for seq in scheduled.admitted:
-            self.runner.start(seq)
-        return self.runner.launch(scheduled.batch) if scheduled.batch.items else None
+            try:
+                self.runner.start(seq)
+            except Exception:
+                log.error("request %s fails its setup:\n%s", seq.id[:100], traceback.format_exc())
+                failed.append(seq)
+        batch = isolation.without(scheduled.batch, failed)
+        while True:
+            for seq in failed:
+                self._fail(seq)
+            if not batch.items:
+                return None
+            try:
+                return self.runner.launch(batch)
+            except Exception:
+                failed = isolation.culprits(self.runner, batch)
+                if not failed:
+                    raise
+                batch = isolation.without(batch, failed)
+
+    def _fail(self, seq: Sequence) -> None:
+        """End one request with an error, at once, leaving the others to run."""
+        self.inputs.abort(seq.id)
+        if self.scheduler.fail(seq):
+            self._failed.append(
+                BlockResult(seq.id, [], True, "error", error=REQUEST_FAILED, prompt_tokens=seq.prompt_len)
+            )
 
     def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
         """Run requests to completion; returns the generated token ids of each."""

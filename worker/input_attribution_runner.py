@@ -29,21 +29,6 @@ from cde.worker.sequence import Sequence
 from cde.worker.steering import SteeringState, prepare_steering
 
 DEFAULT_SHARE = 0.1  # of the wall time while other requests decode
-MAX_STEPS = 64
-MAX_TOP_K = 256
-
-
-def check_input_attribution(req: GenerateRequest) -> None:
-    """Raise ValueError for input attribution the engine cannot run (the gateway checks the same)."""
-    spec = req.attribution.inputs if req.attribution is not None else None
-    if spec is None:
-        return
-    if not 1 <= spec.steps <= MAX_STEPS:
-        raise ValueError(f"input attribution steps must be in [1, {MAX_STEPS}]")
-    if not 1 <= spec.top_k <= MAX_TOP_K:
-        raise ValueError(f"input attribution top_k must be in [1, {MAX_TOP_K}]")
-    if spec.scope not in ("prompt", "all"):
-        raise ValueError("input attribution scope must be 'prompt' or 'all'")
 
 
 @dataclass
@@ -90,8 +75,7 @@ class InputAttributionRunner:
         self.unsupported = any(type(m).__name__ == "Fp8Linear" for m in model.modules())
 
     def check(self, req: GenerateRequest) -> None:
-        """Raise ValueError for input attribution this engine cannot run."""
-        check_input_attribution(req)
+        """Raise ValueError for input attribution this engine cannot run (its bounds: shared/request_bounds.py)."""
         if self.unsupported and req.attribution is not None and req.attribution.inputs is not None:
             raise ValueError("input attribution needs the unquantized model (this worker serves --quantization fp8)")
 

@@ -107,6 +107,14 @@ class Scheduler:
                 return True
         return False
 
+    def fail(self, seq: Sequence) -> bool:
+        """End a running request with an error (its pass could not be built); False when it had
+        already finished."""
+        if seq.status is not Status.RUNNING:
+            return False
+        self._finish(seq, "error")
+        return True
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

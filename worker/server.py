@@ -36,7 +36,7 @@ from pathlib import Path
 
 import zmq
 from cde.shared.curve import CurveServer
-from cde.shared.limits import check_request, clip
+from cde.shared.limits import clip
 from cde.shared.protocol import (
     AbortRequest,
     BlockResult,
@@ -174,8 +174,7 @@ class WorkerServer:
             # alone, before the engine (whose step would fail for every request it runs).
             if req.request_id in self.owner:
                 raise ValueError(f"request id {rid!r} is already in flight")
-            check_request(req, self.engine.cfg.n_concepts)
-            self.engine.add_request(req)
+            self.engine.add_request(req)  # checks every field first (shared/request_bounds.py)
         except ValueError as exc:
             error = clip(str(exc), LOG_CHARS)
             log.warning("request refused", extra={"request_id": rid, "error": error})

@@ -75,6 +75,18 @@ def finished(sock, rid: str) -> tuple[BlockResult, int]:
                 return msg, n
 
 
+def finished_all(sock, rids: set[str]) -> dict[str, tuple[BlockResult, int]]:
+    """`finished` for several requests whose results interleave on one socket."""
+    counts, ends = dict.fromkeys(rids, 0), {}
+    while len(ends) < len(rids):
+        msg = recv(sock)
+        if isinstance(msg, BlockResult) and msg.request_id in rids:
+            counts[msg.request_id] += len(msg.token_ids)
+            if msg.finished:
+                ends[msg.request_id] = (msg, counts[msg.request_id])
+    return ends
+
+
 POISON = [
     msgpack.packb({"type": {"a": 1}}),  # killed the I/O thread: unhashable type
     msgpack.packb({"type": "x" * 5_000_000}),  # went whole into one log line
@@ -144,3 +156,27 @@ def test_a_duplicate_request_id_is_refused_alone(worker, peers):
         last, n = finished(sock, rid)
         assert (last.finish_reason, n) == ("length", 120), last.error
     assert heartbeat(intruder).running == 0
+
+
+def test_a_field_past_its_bound_fails_that_request_alone(worker, peers):
+    """Finding 3 of issue 32: `top_k: 2**63` overflowed the staging buffer, the engine step raised
+    and every request in flight failed. Now the frame's request is refused naming the field, and
+    the requests in flight finish."""
+    honest, attacker = peers(), peers()
+    long = {"prompt_ids": [1, 2, 3], "max_tokens": 120, "tokens_per_step": 1}
+    for rid in ("a", "b"):
+        honest.send(encode(GenerateRequest(rid, **long)))
+    deadline = time.monotonic() + 30
+    while heartbeat(honest).running < 2:
+        assert time.monotonic() < deadline
+    bad = {"prompt_ids": [1], "max_tokens": 4}
+    for i, field in enumerate(({"top_k": 2**63}, {"seed": 2**64 - 1, "top_k": 2**63 - 1}, {"temperature": 1e308})):
+        attacker.send(msgpack.packb({"type": "GenerateRequest", "request_id": f"bad{i}", **bad, **field}))
+        refused, _ = finished(attacker, f"bad{i}")
+        assert refused.finish_reason == "error", refused
+        assert ("top_k" if "top_k" in field else "temperature") in refused.error
+    ends = finished_all(honest, {"a", "b"})
+    assert {rid: (last.finish_reason, n) for rid, (last, n) in ends.items()} == {
+        "a": ("length", 120),
+        "b": ("length", 120),
+    }

@@ -1,8 +1,11 @@
 """The worker's engine-failure path with real processes: a `cde gateway` and a worker process
-over ZeroMQ, the worker with a planted fault (tests/faulty_worker.py). When an engine step
-raises, every request in flight on that worker fails (a stream gets an error event, a plain
-request a 500), its pages are freed, and the same worker process keeps serving: a request sent
-afterwards decodes exactly as the official generator does."""
+over ZeroMQ, the worker with a planted fault (tests/faulty_worker.py). When one request makes
+the launch of a pass fail (its values, its staging, its sampling), that request fails alone and
+the others in flight finish with the official output. When the failure is not one request's
+(reading a pass's picks: where a CUDA device error surfaces), every request in flight on that
+worker fails (a stream gets an error event, a plain request a 500), its pages are freed, and the
+same worker process keeps serving: a request sent afterwards decodes exactly as the official
+generator does."""
 
 import asyncio
 import json
@@ -48,21 +51,30 @@ def cluster(tiny_dir):
                 p.stop()
 
 
-@pytest.fixture(scope="module")
-def official_tokens(tiny_dir) -> list[int]:
+def _official(tiny_dir, per_step: int) -> list[int]:
     from steerling.configs.generation import GenerationConfig
 
     from tests.oracle import official_generator
 
     cfg = GenerationConfig(
         max_new_tokens=N_NEW,
-        steps=N_NEW // PER_STEP,
+        steps=N_NEW // per_step,
         temperature=0,
         use_entropy_sampling=False,
         top_p=0,
         repetition_penalty=1,
     )
     return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def official_tokens(tiny_dir) -> list[int]:
+    return _official(tiny_dir, PER_STEP)
+
+
+@pytest.fixture(scope="module")
+def official_tokens_one_per_step(tiny_dir) -> list[int]:
+    return _official(tiny_dir, 1)
 
 
 def body(prompt: list[int], max_tokens: int, **extra) -> dict:
@@ -83,8 +95,44 @@ async def stream_until_error(http: httpx.AsyncClient, url: str, started: asyncio
     raise AssertionError("the stream ended without an error")
 
 
-@pytest.mark.parametrize("fault", [LAUNCH_FAULT, SYNC_FAULT], ids=["launch", "sync"])
-async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_serving(cluster, official_tokens, fault):
+async def stream_tokens(http: httpx.AsyncClient, url: str, started: asyncio.Event) -> list[int]:
+    """The official prompt, streamed one token per step: its token ids (set `started` at the first)."""
+    ids: list[int] = []
+    payload = body(PROMPT, N_NEW, stream=True, return_token_ids=True)
+    async with http.stream("POST", url, json=payload) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            ids += event["choices"][0].get("token_ids") or []
+            started.set()
+    return ids
+
+
+async def test_a_request_that_fails_its_pass_fails_alone(cluster, official_tokens_one_per_step):
+    """Issue 32: one request whose pass cannot be built (a planted fault in the launch of any pass
+    that holds its step) fails alone; the two requests decoding beside it finish with the
+    official output, and the worker never fails its whole batch."""
+    worker, gateway = cluster
+    url = gateway.url + "/v1/completions"
+    failures = worker.output.count("engine step failed")
+    async with httpx.AsyncClient(timeout=120) as http:
+        started = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(stream_tokens(http, url, e)) for e in started]
+        for e in started:
+            await asyncio.wait_for(e.wait(), 60)
+        faulty = await http.post(url, json=body([LAUNCH_FAULT, 1, 2], 16))
+        tokens = await asyncio.wait_for(asyncio.gather(*streams), 120)
+    assert faulty.status_code == 500 and "engine error on this request" in faulty.json()["error"]["message"]
+    assert tokens == [official_tokens_one_per_step] * 2
+    worker.wait_for("fails its pass alone", 10)
+    assert worker.output.count("engine step failed") == failures
+
+
+async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_serving(cluster, official_tokens):
+    fault = SYNC_FAULT
     worker, gateway = cluster
     url = gateway.url + "/v1/completions"
     failures = worker.output.count("engine step failed")
