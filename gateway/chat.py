@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import (
     include_usage,
     open_request,
@@ -52,7 +53,7 @@ async def create_chat_completion(request: Request) -> Response:
     chat_id = response_id(request, "chatcmpl")
     content = ContentLog(state.log_requests, chat_id)
     content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
-    reqs, gen = await start_generation(state, body, [prompt], max_tokens, info, tok, chat_id)
+    reqs, gen = await start_generation(state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request))
     created = int(time.time())
 
     def extras(c: dict, token_ids: list[int], attribution: dict | None, first: bool) -> dict:

@@ -58,9 +58,11 @@ async def start_generation(
     info: Heartbeat,
     tokenizer: Tokenizer,
     response_id: str,
+    client: str,
 ) -> tuple[list[GenerateRequest], Generation]:
-    """The engine requests of every (prompt, choice), submitted to the workers."""
-    reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id)
+    """The engine requests of every (prompt, choice) of `client` (gateway/client_identity.py),
+    submitted to the workers."""
+    reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id, client)
     frames = await encode_requests(reqs)
     gen = Generation(
         state.router,

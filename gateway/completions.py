@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import (
     include_usage,
     open_request,
@@ -50,7 +51,9 @@ async def create_completion(request: Request) -> Response:
     cmpl_id = response_id(request, "cmpl")
     content = ContentLog(state.log_requests, cmpl_id)
     content.asked(prompt=body.prompt)
-    reqs, gen = await start_generation(state, body, prompts, body.max_tokens, info, tok, cmpl_id)
+    reqs, gen = await start_generation(
+        state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request)
+    )
     n_prompt = sum(len(p) for p in prompts)
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
     head = {"id": cmpl_id, "object": "text_completion", "created": int(time.time()), "model": body.model}

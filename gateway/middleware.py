@@ -172,5 +172,7 @@ class ApiKey:
         if not authorized and not is_public(scope["path"]):
             err = ApiError(401, "Incorrect API key provided.", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
             return await err.response()(scope, receive, send)
-        scope.setdefault("state", {})["authorized"] = authorized  # public routes show more to a key holder
+        state = scope.setdefault("state", {})
+        state["authorized"] = authorized  # public routes show more to a key holder
+        state["keyed"] = self.digest is not None  # the key is part of the client's identity
         await self.app(scope, receive, send)

@@ -11,7 +11,7 @@ from typing import Any
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.schemas import SamplingParams, SteeringParams
-from cde.shared.limits import LimitError, check_context, check_token_ids
+from cde.shared.limits import LimitError, check_context, check_input_attribution_work, check_token_ids
 from cde.shared.protocol import (
     AttributionSpec,
     FlashBlockSpec,
@@ -48,7 +48,13 @@ def as_invalid() -> Iterator[None]:
 
 
 def generate_requests(
-    body: SamplingParams, prompts: list[list[int]], max_tokens: int, info: Heartbeat, labels: ConceptLabels, prefix: str
+    body: SamplingParams,
+    prompts: list[list[int]],
+    max_tokens: int,
+    info: Heartbeat,
+    labels: ConceptLabels,
+    prefix: str,
+    client: str = "",
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
     with as_invalid():
@@ -59,6 +65,9 @@ def generate_requests(
     attribution = _attribution(body.attribution)
     out = []
     for p, ids in enumerate(prompts):
+        if attribution is not None and attribution.inputs is not None:
+            with as_invalid():
+                check_input_attribution_work(attribution.inputs.steps, len(ids), max_tokens, "attribution.inputs.steps")
         for i in range(body.n):
             out.append(
                 GenerateRequest(
@@ -80,6 +89,7 @@ def generate_requests(
                     attribution=attribution,
                     flashblock=_flashblock(body.flashblock),
                     stream_denoise=body.stream_denoise,
+                    client=client,
                 )
             )
     return out

@@ -32,6 +32,7 @@ class Router:
         heartbeat_interval: float = 0.5,
         heartbeat_timeout: float = 5.0,
         max_queue: int = 256,
+        max_queued_per_client: int = 128,
         curve: CurveClient | None = None,
         discovery: DnsDiscovery | None = None,
     ) -> None:
@@ -40,6 +41,7 @@ class Router:
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
         self.max_queue = max_queue  # requests a worker may hold beyond max_running before we shed load
+        self.max_queued_per_client = max_queued_per_client  # in flight, over all workers: no client fills the queue
         self.curve = curve
         self.discovery = discovery  # e.g. gateway.discovery.DnsDiscovery: adds workers while serving
         self.links: list[WorkerLink] = []
@@ -138,6 +140,14 @@ class Router:
     def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
         """`frame`: `req` encoded (`shared.wire.encode_all`)."""
         link = self._least_loaded()
+        if self._in_flight_of(req.client) >= self.max_queued_per_client:
+            raise ApiError(
+                429,
+                f"too many requests in flight from this client (at most {self.max_queued_per_client} "
+                "choices): wait for some to finish",
+                code="client_overloaded",
+                headers={"Retry-After": "1"},
+            )
         if len(link.inflight) >= link.info.max_running + self.max_queue:
             raise ApiError(
                 429,
@@ -146,6 +156,9 @@ class Router:
                 headers={"Retry-After": "1"},
             )
         return link.submit(req, frame)
+
+    def _in_flight_of(self, client: str) -> int:
+        return sum(h.client == client for link in self.links for h in link.inflight.values())
 
     async def concept_top_tokens(self, concept_id: int, k: int) -> ConceptInfo:
         """Only a worker holds the weights, so it computes what a concept promotes."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from cde.shared.limits import (
+    INT_MAX,
     MAX_CONCEPT_LIST,
     MAX_FLASHBLOCK_KNOB,
     MAX_STEERING_STRENGTH,
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
 MAX_CHOICES = 64
-# Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
-INT_MAX = (1 << 31) - 1
 
 
 class _Body(BaseModel):

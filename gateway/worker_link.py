@@ -42,8 +42,9 @@ class RequestHandle:
     """One generation in flight: its BlockResults arrive in order, the last one `finished`
     (with `stream_denoise`, each preceded by the StepResults of its block)."""
 
-    def __init__(self, request_id: str, link: WorkerLink):
+    def __init__(self, request_id: str, link: WorkerLink, client: str = ""):
         self.request_id = request_id
+        self.client = client  # GenerateRequest.client: the router's per-client cap counts these
         self.link = link
         self.done = False
         self._queue: asyncio.Queue[BlockResult | StepResult] = asyncio.Queue()
@@ -122,7 +123,7 @@ class WorkerLink:
 
     def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
         """`frame`: `req` encoded (by `shared.wire.encode_all`, with the other choices of its API request)."""
-        handle = RequestHandle(req.request_id, self)
+        handle = RequestHandle(req.request_id, self, req.client)
         self.inflight[req.request_id] = handle
         self._outbox.put_nowait(frame)
         return handle

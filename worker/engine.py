@@ -33,6 +33,7 @@ class EngineArgs:
     device: str = "cpu"
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     max_running: int = 16
+    max_running_per_client: int | None = None  # slots one client may hold (worker/fair_share.py); None: all
     num_pages: int | None = None  # default: every running request at full context
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
@@ -70,7 +71,14 @@ class Engine:
             fp8.quantize_model(model, args.fp8_weight_only_rows)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
-        self.scheduler = Scheduler(num_pages, args.max_running, args.max_items, self.cfg.eot_id, self.tokenizer.decode)
+        self.scheduler = Scheduler(
+            num_pages,
+            args.max_running,
+            args.max_items,
+            self.cfg.eot_id,
+            self.tokenizer.decode,
+            args.max_running_per_client,
+        )
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
         self.inputs = InputAttributionRunner(model, self.cfg)  # input attribution, for requests that ask
         # CUDA: every graph bucket is captured now, not when the first request of its size stalls the others.

@@ -17,6 +17,7 @@ from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
 from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import BlockResult, GenerateRequest, StepResult
 from cde.shared.stops import find_stop
+from cde.worker.fair_share import FairShare
 from cde.worker.kv_pages import PageAllocator
 from cde.worker.sequence import Sequence, Status
 
@@ -74,9 +75,16 @@ class _Awaiting:
 
 class Scheduler:
     def __init__(
-        self, num_pages: int, max_running: int, max_items: int, eot_id: int | None, decode: Callable[[list[int]], str]
+        self,
+        num_pages: int,
+        max_running: int,
+        max_items: int,
+        eot_id: int | None,
+        decode: Callable[[list[int]], str],
+        max_running_per_client: int | None = None,
     ) -> None:
         self.pages = PageAllocator(num_pages)
+        self.fair = FairShare(max_running_per_client)
         self.max_running = max_running
         self.max_items = max_items
         self.eot_id = eot_id
@@ -121,8 +129,13 @@ class Scheduler:
     # ---- schedule -------------------------------------------------------------------------
     def _admit(self) -> list[Sequence]:
         admitted = []
-        while self.waiting and self._free_slots and self.pages.can_allocate(self.waiting[0].n_blocks):
-            seq = self.waiting.popleft()
+        while self.waiting and self._free_slots:
+            seq = self.fair.pick(self.waiting)
+            # The chosen one waits for pages rather than be passed by smaller ones: no starvation.
+            if seq is None or not self.pages.can_allocate(seq.n_blocks):
+                break
+            self.waiting.remove(seq)
+            self.fair.admitted(seq)
             seq.pages = self.pages.allocate(seq.id, seq.n_blocks)
             seq.slot = self._free_slots.pop()
             seq.status = Status.RUNNING
@@ -257,6 +270,7 @@ class Scheduler:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.running.remove(seq)
+        self.fair.finished(seq)
         self.pages.free(seq.id)
         self._free_slots.append(seq.slot)
 

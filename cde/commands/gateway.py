@@ -36,6 +36,12 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429"
     )
     p.add_argument(
+        "--max-queued-per-client",
+        type=int,
+        default=128,
+        help="requests (choices) one client (API key or address) may have in flight before 429",
+    )
+    p.add_argument(
         "--heartbeat-timeout",
         type=float,
         default=5.0,
@@ -128,7 +134,12 @@ def build_state(
     from cde.gateway.state import ServerState
 
     router = Router(
-        endpoints, processes, heartbeat_timeout=args.heartbeat_timeout, max_queue=args.max_queue, **router_options
+        endpoints,
+        processes,
+        heartbeat_timeout=args.heartbeat_timeout,
+        max_queue=args.max_queue,
+        max_queued_per_client=args.max_queued_per_client,
+        **router_options,
     )
     return ServerState(
         router,

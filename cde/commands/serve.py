@@ -19,10 +19,12 @@ from cde.commands.worker import (
     DEVICE_HELP,
     DTYPE_HELP,
     add_attention_arguments,
+    add_fair_share_arguments,
     add_quantization_arguments,
     attention_flags,
     flashblock_default,
     kv_splits,
+    max_running_per_client,
     quantization,
     quantization_flags,
 )
@@ -37,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=DTYPE_HELP)
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
+    add_fair_share_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
     add_attention_arguments(p)
     add_quantization_arguments(p)
@@ -71,6 +74,7 @@ def _spawn(
     for i in range(n):
         endpoint = f"ipc://{sockdir}/worker-{i}"
         env = dict(os.environ)
+        env.pop("CDE_API_KEY", None)  # a worker needs no gateway secret
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         elif "OMP_NUM_THREADS" not in env:
@@ -91,6 +95,8 @@ def _spawn(
             args.dtype,
             "--max-running",
             str(args.max_running),
+            "--max-running-per-client",
+            str(max_running_per_client(args)),
             "--parent-pid",
             str(os.getpid()),
             *attention_flags(args),
@@ -177,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     # Bad flags fail here, before any model work, not in every worker.
     flashblock_default(args)
     kv_splits(args)
+    max_running_per_client(args)
     quantization(args)
     # Resolved once here (one download, one progress bar); the workers get the local directory.
     name = args.model

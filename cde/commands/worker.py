@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
     p.add_argument("--max-running", type=int, default=16, help="requests decoded concurrently")
+    add_fair_share_arguments(p)
     p.add_argument(
         "--served-model-name",
         help="model name reported to the gateway (default: the Hub id as given, or the directory's name)",
@@ -48,6 +49,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_attention_arguments(p)
     add_quantization_arguments(p)
+
+
+def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-running-per-client",
+        type=int,
+        metavar="N",
+        help="slots one client (API key or address) may hold, so that others find one free "
+        "(default: 3/4 of --max-running); admission is round-robin over clients",
+    )
+
+
+def max_running_per_client(args: argparse.Namespace) -> int:
+    from cde.worker.fair_share import default_per_client
+
+    n = args.max_running_per_client
+    if n is None:
+        return default_per_client(args.max_running)
+    if not 1 <= n <= args.max_running:
+        raise SystemExit(f"--max-running-per-client must be in [1, --max-running ({args.max_running})]")
+    return n
 
 
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
@@ -174,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
     splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
+    per_client = max_running_per_client(args)
     quantization(args)
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     served = resolve_model_args(args, "worker")
@@ -186,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             max_running=args.max_running,
+            max_running_per_client=per_client,
             flashblock=flashblock,
             kv_splits=splits,
             quantization=args.quantization,

@@ -1,0 +1,50 @@
+"""Fair share in the scheduler (worker/fair_share.py): one client cannot hold more than its cap of
+running slots, so another client's request is admitted at the next pass; admission alternates
+between waiting clients; a client's slots come back as its requests finish or abort."""
+
+from cde.shared.protocol import GenerateRequest
+from cde.worker.fair_share import default_per_client
+from cde.worker.scheduler import Scheduler
+
+
+def _scheduler(max_running: int, per_client: int | None) -> Scheduler:
+    return Scheduler(1000, max_running, 256, eot_id=None, decode=lambda ids: "", max_running_per_client=per_client)
+
+
+def _add(s: Scheduler, client: str, n: int, max_tokens: int = 192) -> list[str]:
+    ids = [f"{client}{i}" for i in range(n)]
+    for rid in ids:
+        s.add(GenerateRequest(rid, [1] * 64, max_tokens=max_tokens, client=client))
+    return ids
+
+
+def test_the_default_cap_leaves_a_quarter_of_the_slots():
+    assert [default_per_client(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 3, 12, 48]
+
+
+def test_one_client_with_n_16_leaves_room_for_another():
+    s = _scheduler(16, default_per_client(16))
+    _add(s, "a", 16)
+    first = s.schedule().admitted
+    assert [q.id for q in first] == [f"a{i}" for i in range(12)] and len(s.waiting) == 4
+    _add(s, "b", 1, max_tokens=16)
+    assert [q.id for q in s.schedule().admitted] == ["b0"]  # at the next pass
+    assert {q.req.client for q in s.waiting} == {"a"}
+
+
+def test_admission_alternates_between_clients():
+    s = _scheduler(6, None)
+    _add(s, "a", 6)
+    _add(s, "b", 3)
+    _add(s, "c", 1)
+    order = [q.id for q in s.schedule().admitted]
+    assert order == ["a0", "b0", "c0", "a1", "b1", "a2"]
+
+
+def test_a_clients_slots_come_back_when_its_requests_end():
+    s = _scheduler(4, 2)
+    _add(s, "a", 4)
+    assert [q.id for q in s.schedule().admitted] == ["a0", "a1"]
+    assert s.schedule().admitted == []  # two slots free, but a is at its cap
+    assert s.abort("a0")
+    assert [q.id for q in s.schedule().admitted] == ["a2"]
