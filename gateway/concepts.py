@@ -11,6 +11,7 @@ from pathlib import Path
 from cde.gateway.errors import invalid
 from cde.shared.catalog import Catalog, Concept, find_catalog, matches_head
 from cde.shared.chunk_attribution import ConceptLabels as AttributionLabels
+from cde.shared.limits import MAX_CONCEPT_LABEL_CHARS, LimitError
 
 _BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d{1,18})$")  # more digits: a label, not an id
 _PREFIX = "Known: "  # how attribution output labels a known concept
@@ -40,6 +41,8 @@ class ConceptLabels:
         """An id, `#id`, `Known: #id`, or a known concept's catalog name (also as `Known: name`,
         the attribution label; case-insensitive when no name matches exactly)."""
         if isinstance(concept, str):
+            if len(concept) > MAX_CONCEPT_LABEL_CHARS:
+                raise invalid(f"a concept label is at most {MAX_CONCEPT_LABEL_CHARS} characters", param)
             m = _BY_ID.match(concept.strip())
             concept = int(m.group(1)) if m else self._by_name(concept, param)
         if not 0 <= concept < n_concepts:
@@ -56,7 +59,7 @@ class ConceptLabels:
         if found:
             ids = ", ".join(str(c.concept_id) for c in found[:8])
             raise invalid(f"concept label {label!r} names several known concepts ({ids}): give the id", param)
-        near = [f"{c.name!r} (#{c.concept_id})" for c in self.catalog.search(name, limit=3)]
+        near = [f"{c.name!r} (#{c.concept_id})" for c in self.catalog.suggest(name)]
         hint = f"; search finds {', '.join(near)}" if near else "; find names with GET /v1/concepts?search="
         raise invalid(f"unknown concept label {label!r}{hint}", param)
 
@@ -135,7 +138,10 @@ class ConceptLabels:
         """The official ranking over the catalog. Without one there are no names: a query that
         reads as an id finds that known concept."""
         if len(self.catalog):
-            hits = self.catalog.search(query, limit=limit, steerable_only=steerable_only, head=head)
+            try:
+                hits = self.catalog.search(query, limit=limit, steerable_only=steerable_only, head=head)
+            except LimitError as exc:  # a query past the index's work bound
+                raise invalid(str(exc), exc.param) from None
             return [self.entry(c.concept_id, n_concepts) for c in hits]
         m = _BY_ID.match(query.strip())
         found = m is not None and int(m.group(1)) < n_concepts and head in (None, "known")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import csv
 import logging
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cde.shared.catalog_index import SearchIndex
 
 log = logging.getLogger("cde.catalog")
 
@@ -124,7 +124,10 @@ class Catalog:
             self.by_id[c.concept_id] = c
             if c.group_id is not None:
                 self._groups.setdefault(c.group_id, []).append(c.concept_id)
-        self._lower = [(c.name.lower(), (c.description or "").lower()) for c in self.concepts]
+        self._index = SearchIndex([(c.name.lower(), (c.description or "").lower()) for c in self.concepts])
+        self._heads = np.array([c.head for c in self.concepts], dtype=object)
+        self._headless = np.array([c.head is None for c in self.concepts], dtype=bool)
+        self._steerable = np.array([c.is_steerable for c in self.concepts], dtype=bool)
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping]) -> Catalog:
@@ -162,24 +165,23 @@ class Catalog:
     def search(
         self, query: str, *, limit: int = 10, steerable_only: bool = True, head: str | None = "known"
     ) -> list[Concept]:
-        """`ConceptCatalog.search`: `head=None` searches both heads."""
-        patterns = [(t, re.compile(rf"\b{re.escape(t)}\b")) for t in query.lower().split()]
-        hits, scores = [], []
-        for i, c in enumerate(self.concepts):
-            if not matches_head(c, head) or (steerable_only and not c.is_steerable):
-                continue
-            name, desc = self._lower[i]
-            score = 0
-            for term, pattern in patterns:
-                # A whole-word match is a substring first: the cheap test skips most rows.
-                if term in name:
-                    score += 3 * len(pattern.findall(name))
-                if term in desc:
-                    score += len(pattern.findall(desc))
-            if score > 0:
-                hits.append(c)
-                scores.append(score)
-        return [hits[i] for i in _ties_as_pandas(scores)[:limit]]
+        """`ConceptCatalog.search`: `head=None` searches both heads. The scores come from the index
+        built at load (shared/catalog_index.py); LimitError for a query past its work bound."""
+        return self._ranked(self._index.scores(query), limit, steerable_only, head)
+
+    def suggest(self, text: str, limit: int = 3) -> list[Concept]:
+        """Steerable known concepts that share whole words with `text`, ranked as search ranks
+        them: a "did you mean" hint, bounded by the index alone (no regex)."""
+        return self._ranked(self._index.scores(text, words_only=True), limit, True, "known")
+
+    def _ranked(self, score: np.ndarray, limit: int, steerable_only: bool, head: str | None) -> list[Concept]:
+        hit = score > 0
+        if head is not None:
+            hit &= (self._heads == head) | self._headless  # matches_head, elementwise
+        if steerable_only:
+            hit &= self._steerable
+        rows = np.flatnonzero(hit)
+        return [self.concepts[rows[i]] for i in _ties_as_pandas(score[rows].tolist())[:limit]]
 
     def group(self, concept_id: int) -> list[int]:
         """`ConceptCatalog.group`: the ids sharing this concept's group, the focal id first (just

@@ -31,6 +31,11 @@ MAX_STEERING_STRENGTH = 100.0
 # Before the model is known (schema validation), concept lists are capped at a size above any
 # Steerling's known head (33,732 at 8B); the model's own n_concepts then bounds them exactly.
 MAX_CONCEPT_LIST = 1 << 16
+# A steering label (a concept's catalog name; names at 8B are 1-4 words) and a catalog search:
+# longer text is refused before it is looked up, so the "did you mean" hint and the search index
+# work on at most this many characters.
+MAX_CONCEPT_LABEL_CHARS = 256
+MAX_SEARCH_CHARS = 1000
 
 
 class LimitError(ValueError):

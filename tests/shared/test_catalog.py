@@ -257,3 +257,21 @@ def test_a_model_from_the_hub_fetches_its_catalog_from_the_hub(tmp_path, sources
         assert gone.stdout.strip() == "None" and "not fetched" in gone.stderr
     finally:
         server.server_close()
+
+
+def test_random_queries_equal_the_official(parquet, official):
+    """The index (shared/catalog_index.py) against the official scan on queries mixing the
+    catalog's words, repeats, case, punctuation inside and around words, and terms without a
+    word character."""
+    import random
+
+    from tests.catalog_fixture import WORDS
+
+    rng = random.Random(7)
+    pieces = [*WORDS, "+", "++", "c+", "-", "sea-", "-sea", "OCEAN", "a.", "x", "_", "é"]
+    ours = Catalog.read(parquet)
+    for _ in range(150):
+        query = " ".join(rng.choices(pieces, k=rng.randint(1, 6)))
+        filters = rng.choice(FILTERS)
+        got = [c.concept_id for c in ours.search(query, limit=1000, **filters)]
+        assert got == [c.concept_id for c in official.search(query, limit=1000, **filters)], (query, filters)
