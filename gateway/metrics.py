@@ -36,6 +36,9 @@ class Metrics:
         self.waiting = Gauge("cde_worker_waiting_requests", "Requests queued in the worker", w, registry=r)
         self.running = Gauge("cde_worker_running_requests", "Requests the worker is decoding", w, registry=r)
         self.pages_used = Gauge("cde_worker_kv_pages_used", "KV cache pages (64 tokens) in use", w, registry=r)
+        self.refused_frames = Gauge(
+            "cde_worker_refused_frames", "Frames the worker dropped unread past its inbox budget", w, registry=r
+        )
         self.pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages (64 tokens) in all", w, registry=r)
         self.ttfb = Histogram(
             "cde_time_to_first_block_seconds", "Request arrival to its first block", buckets=LATENCY_BUCKETS, registry=r
@@ -68,5 +71,6 @@ class Metrics:
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
             self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
+            self.refused_frames.labels(link.name).set(hb.refused_frames if hb else 0)
             self.pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)
         return generate_latest(self.registry)

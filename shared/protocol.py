@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from cde.shared.packed_attribution import PackedAttribution
 
 # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len;
-# 5: GenerateRequest.client
+# 5: GenerateRequest.client, Heartbeat.refused_frames
 PROTOCOL_VERSION = 5
 
 
@@ -157,6 +157,7 @@ class Heartbeat:
     steps_per_s: float = 0.0
     forward_passes: int = 0
     rss_bytes: int = 0  # resident memory of the worker process (0 where /proc is missing)
+    refused_frames: int = 0  # dropped unread past the worker's inbox budget (worker/inbox_budget.py)
     protocol_version: int = PROTOCOL_VERSION
 
 

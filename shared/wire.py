@@ -43,6 +43,20 @@ _NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution, Inp
 # ~0.6 MB: this only bounds what a hostile peer can make the other side buffer and parse
 # (msgpack holds the GIL for ~0.1 s on 4 MB).
 MAX_FRAME_BYTES = 4 << 20
+# What msgpack may build from one frame, from the protocol's own bounds: the longest list is a
+# prompt at the longest context served (128k = 2^17 positions; 2^18 leaves room) or a catalog of
+# both heads at 8B (134,928 rows); concept lists and ReLU masks are at most 2^16
+# (limits.MAX_CONCEPT_LIST); the longest text is a stop string (1,000 characters), an error or a
+# catalog name or description (a few hundred); binaries are packed attribution buffers, at most
+# a frame. A longer array, map or string is refused from its header, before it is built.
+MAX_WIRE_ITEMS = 1 << 18
+MAX_WIRE_STR = 1 << 20
+_LIMITS = {
+    "max_array_len": MAX_WIRE_ITEMS,
+    "max_map_len": MAX_WIRE_ITEMS,  # a ReLU mask (<= 2^16 keys), or a catalog keyed by id
+    "max_str_len": MAX_WIRE_STR,
+    "max_bin_len": MAX_FRAME_BYTES,
+}
 _MAX_ERROR_CHARS = 200
 
 
@@ -102,7 +116,7 @@ def _no_extensions(code: int, data: bytes) -> None:
 def decode(frame: bytes) -> Any:
     try:
         # Steering's relu_logit_mask is keyed by concept id, so map keys may be ints.
-        data = msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_no_extensions)
+        data = msgpack.unpackb(frame, raw=False, strict_map_key=False, ext_hook=_no_extensions, **_LIMITS)
     except WireError:
         raise
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:

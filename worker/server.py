@@ -48,6 +48,7 @@ from cde.shared.protocol import (
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 from cde.worker.engine import Engine
+from cde.worker.inbox_budget import DECODE_BYTES_PER_STEP, InboxBudget
 
 log = logging.getLogger("cde.worker")
 
@@ -94,8 +95,9 @@ class WorkerServer:
         self._out_pull.bind(outbox)
         self._out_push = self.ctx.socket(zmq.PUSH)
         self._out_push.connect(outbox)
-        # [peer, message], or [peer, frame] still to decode (a large one)
+        # [peer, message], or [peer, frame] still to decode (a large one, within `inbox_budget`)
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
+        self.inbox_budget = InboxBudget()
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
         self.stopping = False
         self._io_done = False
@@ -138,15 +140,22 @@ class WorkerServer:
         self.ctx.term()
 
     def _receive(self, block: bool) -> None:
+        """Handle what arrived; while there are requests to run, decode at most
+        DECODE_BYTES_PER_STEP of large frames before the next step (the rest waits its turn)."""
+        decoded = 0
         try:
             item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
             while True:
-                self._handle(*item)
+                decoded += self._handle(*item)
+                if decoded >= DECODE_BYTES_PER_STEP and self.engine.has_work():
+                    return
                 item = self.inbox.get_nowait()
         except queue.Empty:
             pass
 
-    def _handle(self, peer: bytes, msg: object) -> None:
+    def _handle(self, peer: bytes, msg: object) -> int:
+        """Decode (a large frame) and dispatch one message: the bytes decoded."""
+        size = len(msg) if isinstance(msg, bytes) else 0
         try:
             if isinstance(msg, bytes):
                 msg = decode(msg)
@@ -155,7 +164,11 @@ class WorkerServer:
             log.warning("dropped bad frame: %s", exc)
         except Exception as exc:  # a bug on one message must not stop the engine thread
             log.error("message failed: %s", clip(repr(exc), LOG_CHARS))
+        finally:
+            if size:
+                self.inbox_budget.give_back(peer, size)
         self._refresh_heartbeat(force=True)  # admitted or aborted: the load changed
+        return size
 
     def _dispatch(self, peer: bytes, msg: object) -> None:
         if isinstance(msg, GenerateRequest):
@@ -268,7 +281,10 @@ class WorkerServer:
 
     def _route(self, peer: bytes, frame: bytes) -> None:
         if len(frame) > SMALL_FRAME_BYTES:
-            self.inbox.put((peer, frame))
+            if self.inbox_budget.take(peer, len(frame)):
+                self.inbox.put((peer, frame))
+            elif self.inbox_budget.refused in (1, 10, 100, 1000) or self.inbox_budget.refused % 10_000 == 0:
+                log.warning("refused frames past the inbox budget: %d so far", self.inbox_budget.refused)
             return
         msg = decode(frame)
         if isinstance(msg, Ping):
@@ -311,6 +327,7 @@ class WorkerServer:
             steps_per_s=round(self._steps_per_s, 2),
             forward_passes=stats.forward_passes,
             rss_bytes=resident_bytes(),
+            refused_frames=self.inbox_budget.refused,
         )
 
 

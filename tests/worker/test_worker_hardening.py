@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 from cde.shared.protocol import BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec
-from cde.shared.wire import MAX_FRAME_BYTES, decode, encode
+from cde.shared.wire import MAX_FRAME_BYTES, MAX_WIRE_ITEMS, decode, encode
 
 from tests.cde_procs import CdeProcess, free_port
 
@@ -112,15 +112,21 @@ def test_no_frame_stops_the_worker(worker, peers):
     assert max(len(line) for line in worker.lines) < 4000, "a peer's frame went whole into the log"
 
 
+def heavy_frame(rid: str) -> bytes:
+    """Just under the frame limit, every list at the wire's length limit: decoding it builds
+    ~800,000 Python ints (~0.14 s), and the request is refused only after that."""
+    ids = list(range(1 << 17, (1 << 17) + MAX_WIRE_ITEMS))
+    frame = encode(GenerateRequest(rid, ids, stop_token_ids=ids, steering=SteeringSpec(ids)))
+    assert MAX_FRAME_BYTES - (1 << 20) < len(frame) < MAX_FRAME_BYTES
+    return frame
+
+
 def test_heavy_frames_do_not_delay_a_ping(worker, peers):
     heavy, prober = peers(), peers()
     heartbeat(prober)
-    # Just under the frame limit: 0.8 million concept ids (the model has 96). Decoded on the I/O
-    # thread (item by item, as it was), five of them held every Ping for nine seconds; decoded
-    # there at all, a dozen still hold it for a second (handed to the engine thread: ~0.04 s).
-    ids = list(range(1 << 17, (1 << 17) + (MAX_FRAME_BYTES - 1000) // 5))
-    frame = encode(GenerateRequest("heavy", [1], steering=SteeringSpec(ids)))
-    assert MAX_FRAME_BYTES - 1000 < len(frame) < MAX_FRAME_BYTES
+    # Decoded on the I/O thread (item by item, as it was), five such frames held every Ping for
+    # nine seconds; decoded there at all, a dozen still hold it for a second.
+    frame = heavy_frame("heavy")
     for _ in range(12):
         heavy.send(frame)
     time.sleep(0.2)  # in the worker's hands by now
@@ -129,7 +135,45 @@ def test_heavy_frames_do_not_delay_a_ping(worker, peers):
     assert time.monotonic() - t0 < 0.5
     for _ in range(12):
         last, _ = finished(heavy, "heavy")
-        assert last.finish_reason == "error" and "concepts" in last.error
+        assert last.finish_reason == "error" and "stop token ids" in last.error
+
+
+def test_a_list_past_the_wire_limit_is_refused_from_its_header(worker, peers):
+    sender, prober = peers(), peers()
+    frame = msgpack.packb({"type": "GenerateRequest", "request_id": "long", "prompt_ids": [1] * (MAX_WIRE_ITEMS + 1)})
+    sender.send(frame)
+    worker.wait_for("exceeds max_array_len", 30)
+    assert heartbeat(prober).running == 0
+
+
+def test_frames_under_the_limit_are_bounded_on_arrival(worker, peers):
+    """Finding 4 of issue 32: 60 frames just under 4 MiB were all queued (RSS +450 MB) and all
+    decoded before the next step (a 16-token request took 38 s instead of 1.3 s). Now a peer
+    holds at most PEER_BYTES undecoded, the rest is refused unread and counted, and the honest
+    request waits for at most that much decoding."""
+    honest, flood = peers(), peers()
+    frame = heavy_frame("flood")
+    t0 = time.perf_counter()
+    decode(frame)
+    decode_s = time.perf_counter() - t0
+    before = heartbeat(honest)
+    t0 = time.monotonic()
+    honest.send(encode(GenerateRequest("alone", [1, 2, 3], max_tokens=16)))
+    finished(honest, "alone")
+    alone_s = time.monotonic() - t0
+    for _ in range(60):
+        flood.send(frame)
+    t0 = time.monotonic()
+    honest.send(encode(GenerateRequest("flooded", [1, 2, 3], max_tokens=16)))
+    last, n = finished(honest, "flooded")
+    flooded_s = time.monotonic() - t0
+    held = (64 << 20) // len(frame)  # the budget the docs state (worker/inbox_budget.py)
+    assert (last.finish_reason, n) == ("length", 16)
+    # At most `held` frames decoded first (2x for a loaded machine); all 60 were 3.5x that.
+    assert flooded_s < alone_s + 2 * held * decode_s + 2.0, (flooded_s, alone_s, decode_s)
+    after = heartbeat(honest)
+    assert after.refused_frames - before.refused_frames >= 60 - 2 * held
+    assert after.rss_bytes - before.rss_bytes < (228 << 20)
 
 
 def test_a_frame_over_the_limit_disconnects_its_sender(worker, peers):
