@@ -16,6 +16,14 @@ class HttpLimits:
     keep_alive_timeout: float = 5.0  # an idle connection between requests
     max_connections: int = 1024  # open at once; the next ones get 503
     allowed_hosts: frozenset[str] | None = None  # Host header names; None: any
+    max_connections_per_client: int | None = None  # from one address; None: 3/4 of max_connections
+
+    @property
+    def per_client_connections(self) -> int:
+        """One address may hold 3/4 of the connections by default: the rest stay for the others."""
+        if self.max_connections_per_client is not None:
+            return self.max_connections_per_client
+        return max(1, self.max_connections * 3 // 4)
 
     def host_allowed(self, host: str) -> bool:
         """`host`: the Host header without its port, lower case."""
@@ -58,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-connections", type=int, default=d.max_connections, help="open HTTP connections at once; more get 503"
     )
     p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        metavar="N",
+        help="open HTTP connections from one address; more get 503 (default: 3/4 of --max-connections)",
+    )
+    p.add_argument(
         "--allowed-hosts",
         metavar="NAMES",
         help="comma-separated Host header names to answer, `*` for any (default: loopback names "
@@ -74,4 +88,9 @@ def from_args(args: argparse.Namespace) -> HttpLimits:
     for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be positive")
-    return HttpLimits(args.header_timeout, args.body_timeout, args.keep_alive_timeout, args.max_connections, hosts)
+    per_client = args.max_connections_per_client
+    if per_client is not None and not 1 <= per_client <= args.max_connections:
+        raise SystemExit("--max-connections-per-client must be in [1, --max-connections]")
+    return HttpLimits(
+        args.header_timeout, args.body_timeout, args.keep_alive_timeout, args.max_connections, hosts, per_client
+    )

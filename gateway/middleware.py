@@ -70,18 +70,27 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if self.metrics is not None:
-                self.metrics.http_responses.labels(str(status[0])).inc()
-            log.info(
-                "request",
-                extra={
-                    "request_id": state["request_id"],
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status[0],
-                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                },
-            )
+            record_response(self.metrics, state["request_id"], scope["method"], scope["path"], status[0], started)
+
+
+def record_response(
+    metrics: Metrics | None, request_id: str, method: str, path: str, status: int, started: float
+) -> None:
+    """The access log line and `cde_http_responses_total` of one response: every response the
+    server sends comes through here, those written below the app (a 408 for headers that never
+    finished, a 503 for a connection past the cap) included."""
+    if metrics is not None:
+        metrics.http_responses.labels(str(status)).inc()
+    log.info(
+        "request",
+        extra={
+            "request_id": request_id,
+            "method": method,
+            "path": path,
+            "status": status,
+            "duration_ms": round((time.monotonic() - started) * 1000, 1),
+        },
+    )
 
 
 class HostCheck:

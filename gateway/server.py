@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ import h11
 import uvicorn
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
+from cde.gateway.metrics import Metrics
+from cde.gateway.middleware import RequestLog, record_response
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -40,8 +43,9 @@ STRAGGLER_GRACE_S = 2.0  # after the drain deadline: time for the error events t
 class DrainGate:
     """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
         self.active = 0
         self.draining = False
 
@@ -50,7 +54,8 @@ class DrainGate:
             return await self.app(scope, receive, send)
         if self.draining and scope["path"] != "/metrics":
             err = ApiError(503, "the server is shutting down", code="shutting_down")
-            return await JSONResponse(err.body(), 503, headers={"Connection": "close"})(scope, receive, send)
+            refusal = JSONResponse(err.body(), 503, headers={"Connection": "close"})
+            return await RequestLog(refusal, self.metrics)(scope, receive, send)
         self.active += 1
         try:
             await self.app(scope, receive, send)
@@ -61,18 +66,25 @@ class DrainGate:
 class GuardedH11Protocol(H11Protocol):
     """A connection must deliver each request's line and headers within `header_timeout` of its
     first byte (or of the connection's start): else a 408 if it sent something, and closed.
-    Beyond `max_connections` open at once, a connection's request gets a 503 and it is closed."""
+    Beyond `max_connections` open at once, or `max_connections_per_client` from its address, a
+    connection's request gets a 503 and it is closed. Both answers are logged and counted like
+    every other response."""
 
-    def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: HttpLimits, metrics: Metrics | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.limits = limits
+        self.limits, self.metrics = limits, metrics
+        self.peer_host = ""
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol's
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            self.app = _too_many_connections
+        peer = transport.get_extra_info("peername")
+        self.peer_host = peer[0] if isinstance(peer, tuple) else str(peer)
+        # A scan of the open connections (at most a few thousand) per new one, on connect only.
+        same = sum(getattr(c, "peer_host", None) == self.peer_host for c in self.connections)
+        if len(self.connections) > self.limits.max_connections or same > self.limits.per_client_connections:
+            self.app = RequestLog(_too_many_connections, self.metrics)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -112,6 +124,8 @@ class GuardedH11Protocol(H11Protocol):
                 b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
             )
+            started = time.monotonic() - self.limits.header_timeout
+            record_response(self.metrics, f"req-{uuid.uuid4().hex}", "-", "-", 408, started)
         self.transport.close()
 
 
@@ -169,7 +183,7 @@ def serve_http(
     afterwards. Returns 1 if startup failed or was interrupted. `warm_up(url)` runs once the port
     is bound, before the banner (requests through the real HTTP path: the first client's is not
     the first)."""
-    gate = DrainGate(app)
+    gate = DrainGate(app, app.state.cde.metrics)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
     limits: HttpLimits = app.state.limits
@@ -182,7 +196,7 @@ def serve_http(
         timeout_graceful_shutdown=STRAGGLER_GRACE_S,  # type: ignore[arg-type]  # uvicorn takes a float
         log_config=None,
         access_log=False,
-        http=functools.partial(GuardedH11Protocol, limits=limits),  # type: ignore[arg-type]  # a protocol factory
+        http=functools.partial(GuardedH11Protocol, limits=limits, metrics=app.state.cde.metrics),  # type: ignore[arg-type]  # a protocol factory
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
     )
     server = DrainingServer(config, gate)

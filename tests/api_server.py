@@ -20,15 +20,24 @@ _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v
 
 
 class ServerProcess:
-    def __init__(self, model_dir, *args: str, workers: int = 2, timeout: float = 180.0, command: str = "serve"):
+    def __init__(
+        self,
+        model_dir,
+        *args: str,
+        workers: int = 2,
+        timeout: float = 180.0,
+        command: str = "serve",
+        env: dict[str, str] | None = None,
+    ):
         """`command="gateway"`: only the gateway, with `--worker` endpoints among `args`; `model_dir`
-        None: no --model (serve: the built-in demo model)."""
+        None: no --model (serve: the built-in demo model); `env`: added to the environment (an
+        API key goes in CDE_API_KEY: the command line refuses it)."""
         model = [] if model_dir is None else ["--model", str(model_dir)]
         cmd = [sys.executable, "-m", "cde", command, *model, "--port", "0", *args]
         if command == "serve":
             cmd += ["--workers", str(workers), "--device", "cpu"]
         # One torch thread per worker: CI machines are small and often busy.
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

@@ -21,13 +21,40 @@ DEMO_NAME = "cde-reference"
 ARCHIVE = "reference.tar.xz"
 
 
+# What an archive may unpack to: 32x its own size plus 64 MiB. Weights compress little (the
+# reference model's 63 MB are 9.7 MB of xz, 6.5x); a crafted archive of zeros compresses ~7000x
+# (305 KB wrote 2 GiB). A member is refused from its header, before any of it is written.
+UNPACK_RATIO, UNPACK_SLACK = 32, 64 << 20
+MAX_MEMBERS = 1000
+
+
 class ArchiveError(ValueError):
     pass
 
 
+def unpack_limit(archive_path: str | Path) -> int:
+    return UNPACK_RATIO * Path(archive_path).stat().st_size + UNPACK_SLACK
+
+
+def _extract_bounded(archive_path: str | Path, dest: Path) -> None:
+    """Member by member, refusing the first one that would take the total past the limit (or a
+    sparse one, whose header does not state what it writes)."""
+    limit, total = unpack_limit(archive_path), 0
+    with tarfile.open(archive_path, "r:*") as tar:
+        for n, member in enumerate(tar):
+            total += member.size
+            if total > limit or n >= MAX_MEMBERS or member.issparse():
+                raise ArchiveError(
+                    f"{archive_path}: refused to unpack past {limit:,} bytes or {MAX_MEMBERS} files "
+                    f"(at {member.name[:100]!r})"
+                )
+            tar.extract(member, dest, filter="data")
+
+
 def install(archive_path: str | Path, home: str | Path, name: str) -> Path:
     """home/name holding the archive's files, unpacked once. Safe: tarfile's "data" filter refuses
-    absolute paths, `..`, links that leave the directory and device files. Atomic: unpacked into a
+    absolute paths, `..`, links that leave the directory and device files, and no archive unpacks
+    past `unpack_limit` (what was written is removed). Atomic: unpacked into a
     temporary sibling, then renamed, so a reader never sees half a checkpoint and two processes
     racing both end with the same complete directory."""
     dest = Path(home) / name
@@ -37,8 +64,7 @@ def install(archive_path: str | Path, home: str | Path, name: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        with tarfile.open(archive_path, "r:*") as tar:
-            tar.extractall(tmp, filter="data")
+        _extract_bounded(archive_path, tmp)
         if not (tmp / "config.json").is_file():
             raise ArchiveError(f"{archive_path}: no config.json at the archive's top level")
         try:

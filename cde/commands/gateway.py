@@ -21,17 +21,14 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
-    key = p.add_mutually_exclusive_group()
-    key.add_argument(
-        "--api-key",
-        default=os.environ.get("CDE_API_KEY"),
-        help="require `Authorization: Bearer KEY` "
-        "(default: env CDE_API_KEY, never shown here); prefer the env or --api-key-file: "
-        "a command line is readable by every local user",
+    p.add_argument(
+        "--api-key-file",
+        dest="api_key",
+        type=_read_key,
+        metavar="FILE",
+        help="require `Authorization: Bearer KEY`, KEY read from FILE (default: env CDE_API_KEY, never shown here)",
     )
-    key.add_argument(
-        "--api-key-file", dest="api_key", type=_read_key, metavar="FILE", help="the API key, read from FILE"
-    )
+    p.add_argument("--api-key", action=_RefuseKeyOnCommandLine, help=argparse.SUPPRESS)
     p.add_argument(
         "--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429"
     )
@@ -67,6 +64,22 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)"
     )
     add_limit_arguments(p)
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key of --api-key-file, else $CDE_API_KEY (read here, not as the flag's default:
+    argparse would pass a default through the flag's file reader)."""
+    return args.api_key or os.environ.get("CDE_API_KEY") or None
+
+
+class _RefuseKeyOnCommandLine(argparse.Action):
+    """`--api-key KEY` would show the key to every local user in /proc/PID/cmdline."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(
+            "--api-key is not accepted on the command line (every local user can read it in "
+            "/proc/PID/cmdline): set CDE_API_KEY or give --api-key-file FILE"
+        )
 
 
 def _read_key(path: str) -> str:
@@ -144,7 +157,7 @@ def build_state(
     return ServerState(
         router,
         args.served_model_name,
-        args.api_key or None,
+        api_key(args),
         concept_labels(args, model_dir),
         max_model_len=args.max_model_len,
         log_requests=args.log_requests,

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from cde.commands.gateway import add_http_arguments, build_state
+from cde.commands.gateway import add_http_arguments, api_key, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import (
     DEVICE_HELP,
@@ -170,7 +170,8 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
     if args.warm_up == "off" or (args.warm_up == "auto" and not gpus):
         return None
     # On a GPU one whole block as a client sends it (~0.4 s at 8B); on a CPU one step of 16 tokens.
-    return warm_up(args.api_key, 64, 1) if gpus else warm_up(args.api_key, 16, 16)
+    key = api_key(args)
+    return warm_up(key, 64, 1) if gpus else warm_up(key, 16, 16)
 
 
 def run(args: argparse.Namespace) -> int:

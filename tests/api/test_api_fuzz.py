@@ -21,7 +21,13 @@ KEY = "fuzz-key"
 def server(tiny_instruct_dir):
     # A 32-token context keeps every generation the fuzzer asks for short.
     srv = ServerProcess(
-        tiny_instruct_dir, "--api-key", KEY, "--served-model-name", "tiny", "--max-model-len", "32", workers=1
+        tiny_instruct_dir,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "32",
+        workers=1,
+        env={"CDE_API_KEY": KEY},
     )
     yield srv
     srv.stop()

@@ -15,7 +15,7 @@ FAST = {"extra_body": {"tokens_per_step": 8}}  # 8 tokens per forward pass keeps
 
 @pytest.fixture(scope="module")
 def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--api-key", KEY, "--served-model-name", "tiny")
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", env={"CDE_API_KEY": KEY})
     yield srv
     srv.stop()
 

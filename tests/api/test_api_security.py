@@ -20,7 +20,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--api-key", KEY, "--served-model-name", MODEL, workers=1)
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", MODEL, workers=1, env={"CDE_API_KEY": KEY})
     yield srv
     srv.stop()
 

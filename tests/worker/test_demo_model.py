@@ -170,3 +170,35 @@ def test_the_demo_searches_and_steers_by_label(demo, client):
     by_label = text({"concepts": ["ocean"], "preset": "amplify", "strength": 32})
     assert on_topic_share(by_label, "Ocean") >= 0.5, by_label
     assert by_label == text({"concepts": [hits[0]["id"]], "preset": "amplify", "strength": 32})
+
+
+class _Zeros(io.RawIOBase):
+    """`size` zero bytes, read without holding them."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.left)
+        buf[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def test_an_archive_that_unpacks_past_its_limit_is_refused(tmp_path):
+    """Issue 32, finding 8: a 305 KB .tar.xz wrote 2 GiB. An archive unpacks to at most 32x its
+    size + 64 MiB: this one (~15 KB) says 96 MiB and is refused before that member is written,
+    and what it did write is removed."""
+    packed = tmp_path / "bomb.tar.xz"
+    with tarfile.open(packed, "w:xz", preset=0) as tar:
+        first = tarfile.TarInfo("config.json")
+        first.size = 2
+        tar.addfile(first, io.BytesIO(b"{}"))
+        bomb = tarfile.TarInfo("model.safetensors")
+        bomb.size = 96 << 20
+        tar.addfile(bomb, _Zeros(bomb.size))
+    assert packed.stat().st_size < 1 << 20
+    home = tmp_path / "home"
+    with pytest.raises(ArchiveError, match="refused to unpack past"):
+        install(packed, home, "m")
+    assert list(home.iterdir()) == []
