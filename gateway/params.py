@@ -20,6 +20,7 @@ from cde.shared.protocol import (
     InputAttributionSpec,
     SteeringSpec,
 )
+from cde.shared.request_bounds import check_logit_bias, check_min_tokens
 
 
 def stop_list(body: SamplingParams) -> list[str]:
@@ -63,6 +64,10 @@ def generate_requests(
         raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
     attribution = _attribution(body.attribution)
+    logit_bias = _logit_bias(body.logit_bias)
+    with as_invalid():  # the worker's rules (shared/request_bounds.py), as a 400 naming the entry
+        check_logit_bias(logit_bias, info)
+        check_min_tokens(body.min_tokens, max_tokens)
     out = []
     for p, ids in enumerate(prompts):
         if attribution is not None and attribution.inputs is not None:
@@ -90,8 +95,23 @@ def generate_requests(
                     flashblock=_flashblock(body.flashblock),
                     stream_denoise=body.stream_denoise,
                     client=client,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    logit_bias=logit_bias,
+                    min_tokens=body.min_tokens,
+                    ignore_eos=body.ignore_eos,
                 )
             )
+    return out
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's token-id strings as ids; a key that is not one names itself in the 400."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdecimal()):
+            raise invalid(f"a logit_bias key is a token id, not {key!r}", f"logit_bias.{key}")
+        out[int(key)] = value
     return out
 
 

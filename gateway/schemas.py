@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible API (the source of /openapi.json too).
 
 Unknown fields are rejected, and so are known OpenAI fields whose meaning CDE cannot honour
-(logprobs, penalties, logit_bias, suffix): silently ignoring them would change what the caller
-asked for.
+(`suffix`, `web_search_options`, ...): silently ignoring them would change what the caller asked
+for. Fields that change nothing about the output (`metadata`, `store`, `user`, ...) are accepted
+and ignored, as vLLM does. docs/api.md's compatibility table lists every field, and
+tests/api/test_api_compat.py holds this file to it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,23 @@ from cde.shared.limits import (
     INT_MAX,
     MAX_CONCEPT_LIST,
     MAX_FLASHBLOCK_KNOB,
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
     MAX_STEERING_STRENGTH,
     MAX_STOP_CHARS,
     MAX_STOP_TOKEN_IDS,
     MAX_STOPS,
 )
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from pydantic import ValidationInfo
@@ -71,6 +84,9 @@ _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 
 
 _NonEmpty = Annotated[list[T], Field(min_length=1)]
+# OpenAI's bounds on metadata: 16 pairs, keys of 64 and values of 512 characters.
+_MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+_MetadataValue = Annotated[str, StringConstraints(max_length=512)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
@@ -101,6 +117,7 @@ _Prompt = Annotated[
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # accepted, ignored: CDE pads no stream event
 
 
 _Strength = Annotated[float, Field(ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_STRENGTH)]
@@ -167,12 +184,19 @@ class SamplingParams(_Body):
         **documented_as({"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}, {"type": "null"}]}),
     )
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
-    user: str | None = None
-    presence_penalty: float | None = Field(0.0, **only(0, None))
-    frequency_penalty: float | None = Field(0.0, **only(0, None))
+    presence_penalty: float | None = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float | None = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = Field(
-        None, **documented_as({"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]})
+        None, max_length=MAX_LOGIT_BIAS, description="token id (a decimal string) -> bias in [-100, 100]"
     )
+    # Accepted and ignored: they change nothing about the output (OpenAI's bookkeeping, caching
+    # and abuse-monitoring hints).
+    user: str | None = None
+    metadata: dict[_MetadataKey, _MetadataValue] | None = Field(None, max_length=16)
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # CDE / vLLM extensions
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
@@ -188,9 +212,8 @@ class SamplingParams(_Body):
         description="false: exact attention; true or {tau, max_reuse}: FlashBlock reuse; absent: the server's default",
     )
     stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
-
-    _no_penalties = _reject("presence_penalty", "frequency_penalty", hint=" (use repetition_penalty)")
-    _no_logit_bias = _reject("logit_bias")
+    ignore_eos: bool = Field(False, description="EOT does not end the sequence (vLLM)")
+    min_tokens: int = Field(0, ge=0, le=INT_MAX, description="EOT and stop_token_ids banned before this many (vLLM)")
 
     @field_validator("stop")
     @classmethod
@@ -220,10 +243,33 @@ class TextPart(_Body):
     text: str
 
 
+# What the openai SDK's `message.model_dump()` carries back into a history as null: nothing to render.
+_DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls"})
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
-    name: str | None = None
+    name: str | None = None  # accepted, not rendered: the template has no place for it
+    # An assistant reply's refusal text and url citations, as a dumped reply carries them: they
+    # change nothing about the prompt (vLLM ignores them too).
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_dumped_nulls(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: x for k, x in v.items() if not (x is None and k in _DUMPED_NULLS)}
+        return v
+
+    @model_validator(mode="after")
+    def _reply_fields(self) -> ChatMessage:
+        if self.role != "assistant":
+            for name in ("refusal", "annotations"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} belongs to assistant messages only")
+        return self
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -247,9 +293,22 @@ class ResponseFormat(_Body):
 class ChatCompletionRequest(SamplingParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)
+    modalities: list[Literal["text"]] | None = Field(None, description='only ["text"]: the model writes text')
+    prediction: dict[str, Any] | None = Field(None, description="accepted, ignored: it never changes the output")
+    # Refused: each would change the output and CDE cannot honour it.
+    functions: list[Any] | None = Field(None, **only(None))
+    function_call: Any = Field(None, **only(None))
+    audio: dict[str, Any] | None = Field(None, **only(None))
+    web_search_options: dict[str, Any] | None = Field(None, **only(None))
+    reasoning_effort: str | None = Field(None, **only(None))
+    verbosity: str | None = Field(None, **only(None))
     logprobs: bool | None = Field(False, **only(False, None))
     top_logprobs: int | None = Field(None, **only(None))
     response_format: ResponseFormat | None = None
 
     _no_logprobs = _reject("logprobs")
     _no_top_logprobs = _reject("top_logprobs", when=_given)
+    _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
+    _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
+    _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")
+    _no_reasoning = _reject("reasoning_effort", "verbosity", when=_given, hint=" (Steerling has no reasoning mode)")

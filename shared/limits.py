@@ -12,6 +12,9 @@ MAX_STOP_CHARS = 1000  # a stop string longer than this is not a stop, it is a p
 MAX_STOP_TOKEN_IDS = 64
 MAX_REQUEST_ID_CHARS = 256
 MAX_CLIENT_CHARS = 128  # GenerateRequest.client: a digest of an API key or a client address
+MAX_LOGIT_BIAS = 1024  # logit_bias entries per request
+MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
+MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range [-2, 2]
 # Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
 INT_MAX = (1 << 31) - 1
 MAX_TEMPERATURE = 2.0

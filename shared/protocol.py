@@ -77,6 +77,14 @@ class GenerateRequest:
     flashblock: FlashBlockSpec | bool | None = None
     # Who asked (a digest of the API key, or the client's address): the worker's fair share.
     client: str = ""
+    # OpenAI's penalties over the tokens this request has unmasked so far, and logit_bias
+    # (token id -> added logit); min_tokens bans EOT and stop_token_ids until that many tokens
+    # precede the position; ignore_eos: EOT is a plain token (worker/logit_rules.py).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass

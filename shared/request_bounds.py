@@ -22,6 +22,9 @@ from cde.shared.limits import (
     MAX_FLASHBLOCK_KNOB,
     MAX_INPUT_ATTRIBUTION_STEPS,
     MAX_INPUT_ATTRIBUTION_TOP_K,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_PENALTY,
     MAX_REQUEST_ID_CHARS,
     MAX_STEERING_STRENGTH,
     MAX_STOP_CHARS,
@@ -129,6 +132,22 @@ def _relu_mask(mask: dict[int, float], model: ModelBounds, param: str) -> None:
         strength(value, model, param)
 
 
+def check_logit_bias(bias: dict[int, float], model: ModelBounds, param: str = "logit_bias") -> None:
+    """Token ids in the vocabulary, biases in OpenAI's [-100, 100]; a bad entry names itself
+    (`logit_bias.<id>`), as the gateway's 400 does."""
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise LimitError(f"at most {MAX_LOGIT_BIAS} {param} entries", param)
+    for token, value in bias.items():
+        entry = f"{param}.{token}"
+        check_token_ids([token], model.vocab_size, entry)
+        _range(-MAX_LOGIT_BIAS_VALUE, MAX_LOGIT_BIAS_VALUE)(value, model, entry)
+
+
+def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    if min_tokens > max_tokens:
+        raise LimitError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
+
+
 def _short(value: object) -> str:
     return repr(value)[:40]
 
@@ -157,6 +176,11 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "stream_denoise": _any,
         "flashblock": _any,
         "client": _text(MAX_CLIENT_CHARS),
+        "frequency_penalty": _range(-MAX_PENALTY, MAX_PENALTY),
+        "presence_penalty": _range(-MAX_PENALTY, MAX_PENALTY),
+        "logit_bias": check_logit_bias,
+        "min_tokens": _range(0, INT_MAX),  # and at most max_tokens, below
+        "ignore_eos": _any,
     },
     SteeringSpec: {
         "concepts": _concept_ids,
@@ -201,6 +225,7 @@ def check_generate_request(req: GenerateRequest, model: ModelBounds) -> None:
     accepts. Cheap: lists are checked by length before they are walked, the prompt last."""
     check_fields(req, model)
     check_context(len(req.prompt_ids), req.max_tokens, model.context_len)
+    check_min_tokens(req.min_tokens, req.max_tokens)
     inputs = req.attribution.inputs if req.attribution is not None else None
     if inputs is not None:
         check_input_attribution_work(inputs.steps, len(req.prompt_ids), req.max_tokens, "attribution.inputs.steps")

@@ -20,6 +20,7 @@ from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_batch import AttributionRunner
 from cde.worker.concept_contributions import head_widths
 from cde.worker.cuda_graphs import GraphedForward
+from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.model import SteerlingModel, rope_tables
 from cde.worker.sampler import select_and_sample
 from cde.worker.scheduler import Batch, Item, Picks
@@ -80,7 +81,8 @@ class ModelRunner:
         self.seen = torch.zeros(max_running + 1, width, dtype=torch.bool, device=self.device)
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
-        self.inputs = StepInputBuilder(self.device, self.banned, self.seen)
+        self.rules = RequestLogitRules(self.device, width, max_running)
+        self.inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules)
         self.attr_inputs = Staging(self.device, torch.int64)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on
         # their side stream (default priority) fill the SMs a forward pass leaves idle instead of
@@ -106,6 +108,7 @@ class ModelRunner:
         self.seen[seq.slot] = False
         if seq.req.repetition_penalty != 1.0 and seq.req.prompt_ids:
             self.seen[seq.slot, torch.tensor(seq.req.prompt_ids, device=self.device)] = True
+        self.rules.start(seq)
         self.steering.pop(seq.slot, None)
         if seq.req.steering is not None:
             state = prepare_steering(self.model, self.cfg, seq.req.steering)
@@ -165,6 +168,7 @@ class ModelRunner:
         if sb.rep_penalty is not None:
             slots = torch.where(valid, inp.slots[:, None], self.max_running)
             self.seen[slots, chosen] = True
+        self.rules.record(sb.rules, inp.slots, chosen, valid)
         p = Pass(
             batch,
             steps,

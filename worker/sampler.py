@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.kernels.row_confidence import row_confidence
+from cde.worker.logit_rules import LogitRules
 
 _M32 = 0xFFFFFFFF
 NEG_INF = float("-inf")
@@ -45,13 +46,15 @@ class SamplingBatch:
     rep_penalty: torch.Tensor | None = None  # [S] float, None when every row has 1.0
     seen: torch.Tensor | None = None  # [S, V] bool: tokens already in the sequence
     relu_mask: torch.Tensor | None = None  # [S, V] float, None when no row has one
+    rules: LogitRules | None = None  # penalties, logit_bias, min_tokens: None when no row has any
 
 
 def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
-    """logits [R, V] -> logits after ReLU mask, repetition penalty and bans. Float32 when a mask
-    or a penalty applies; otherwise the logits themselves with the bans written in place (a fresh
-    tensor: no full-vocabulary float32 copy per step)."""
-    if sb.relu_mask is None and sb.rep_penalty is None:
+    """logits [R, V] -> logits after ReLU mask, repetition penalty, the request rules of
+    worker/logit_rules.py and bans. Float32 when any of these applies; otherwise the logits
+    themselves with the bans written in place (a fresh tensor: no full-vocabulary float32 copy
+    per step)."""
+    if sb.relu_mask is None and sb.rep_penalty is None and sb.rules is None:
         return logits.index_fill_(-1, sb.banned, NEG_INF)
     x = logits.float()
     if sb.relu_mask is not None:
@@ -59,6 +62,8 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     if sb.rep_penalty is not None and sb.seen is not None:
         p = sb.rep_penalty[sb.row_item][:, None]
         x = torch.where(sb.seen[sb.row_item], torch.where(x > 0, x / p, x * p), x)
+    if sb.rules is not None:
+        x = sb.rules.apply(x, sb.row_item)
     return x.index_fill_(-1, sb.banned, NEG_INF)
 
 

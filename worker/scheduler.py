@@ -97,7 +97,7 @@ class Scheduler:
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest) -> Sequence:
-        seq = Sequence(req, self.eot_id)
+        seq = Sequence(req, None if req.ignore_eos else self.eot_id)  # ignore_eos: EOT is a plain token
         if seq.n_blocks > self.pages.num_pages:
             raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
         self.waiting.append(seq)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.config import PAGE
+from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.sampler import SamplingBatch
 from cde.worker.sequence import Sequence
 from cde.worker.staging import Staging
@@ -36,10 +37,12 @@ def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[i
 
 
 class StepInputBuilder:
-    def __init__(self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor) -> None:
+    def __init__(
+        self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor, rules: RequestLogitRules
+    ) -> None:
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
-        self.banned, self.seen = banned, seen
+        self.banned, self.seen, self.rules = banned, seen, rules
 
     def build(self, step_indices: list[int], seqs: list[Sequence], relu_masks: list[torch.Tensor | None]) -> StepInputs:
         """relu_masks: per step item, its steering ReLU logit mask (a device tensor) or None."""
@@ -87,5 +90,6 @@ class StepInputBuilder:
                 if any_relu
                 else None
             ),
+            rules=self.rules.build(seqs, slots, grid),
         )
         return StepInputs(rows_t, slots, sampling)

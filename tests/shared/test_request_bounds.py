@@ -95,6 +95,13 @@ def test_every_field_has_a_rule():
         (_req(attribution=AttributionSpec(inputs=InputAttributionSpec(scope="x"))), "attribution.inputs.scope"),
         (_req(flashblock=FlashBlockSpec(tau=-1)), "flashblock.tau"),
         (_req(flashblock=FlashBlockSpec(max_reuse=2**63)), "flashblock.max_reuse"),
+        (_req(frequency_penalty=2.5), "frequency_penalty"),
+        (_req(presence_penalty=math.nan), "presence_penalty"),
+        (_req(logit_bias={1000: 1.0}), "logit_bias.1000"),
+        (_req(logit_bias={5: -101.0}), "logit_bias.5"),
+        (_req(logit_bias={i: 1.0 for i in range(1025)}), "logit_bias"),
+        (_req(min_tokens=-1), "min_tokens"),
+        (_req(max_tokens=4, min_tokens=5), "min_tokens"),
     ],
 )
 def test_a_value_past_its_bound_is_refused_naming_the_field(req, param):
@@ -118,6 +125,10 @@ def test_values_at_the_bounds_pass():
             confidence_threshold=1.0,
             stop=["s" * 1000] * 16,
             stop_token_ids=[999] * 64,
+            frequency_penalty=-2.0,
+            presence_penalty=2.0,
+            logit_bias={i: (-1) ** i * 100.0 for i in range(1000)},
+            min_tokens=128,
             steering=SteeringSpec(
                 [95] * 96,
                 strength=-MAX_STEERING_STRENGTH,

@@ -1,0 +1,124 @@
+"""Per-request logit rules that the reference does not have, from the OpenAI API and vLLM:
+frequency and presence penalties, logit_bias, and min_tokens' ban of the end tokens.
+
+Applied inside the batch, to each request's own rows, after the steering mask and the repetition
+penalty and before the bans of EOS/mask/pad:
+
+    logit[t] - count[t] * frequency_penalty - (count[t] > 0) * presence_penalty + logit_bias[t]
+
+where count[t] is how often the request has generated t so far. In block diffusion "so far" is
+the tokens it has unmasked: every earlier block and the positions of the active block unmasked
+in earlier steps (the prompt does not count, as in OpenAI's definition). min_tokens sets EOT and
+the request's stop_token_ids to -inf at a position while fewer than min_tokens generated tokens
+are unmasked before it, so an end token there still leaves min_tokens tokens in the output.
+
+A pass without any of these rules builds nothing; the counts table is allocated by the first
+request with a penalty and a request's row is cleared when it takes its slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from cde.shared.config import MASK_ID, PAGE
+from cde.worker.sequence import Sequence
+from cde.worker.staging import Staging
+
+
+@dataclass
+class LogitRules:
+    """One pass's rules, per step item S (rows of the logits map to items by `row_item`)."""
+
+    frequency: torch.Tensor | None  # [S] float, None when no item has a penalty
+    presence: torch.Tensor | None  # [S] float
+    counts: torch.Tensor | None  # [S, V] int32: generated tokens of each item's request
+    bias: torch.Tensor | None  # [S, V] float, None when no item has a logit_bias
+    ban_rows: torch.Tensor | None  # [M] logits rows where ban_tokens[m] is -inf (min_tokens)
+    ban_tokens: torch.Tensor | None  # [M]
+
+    def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> torch.Tensor:
+        """x [R, V] float32 logits -> with the rules applied (in place where possible)."""
+        if self.counts is not None and self.frequency is not None and self.presence is not None:
+            counts = self.counts[row_item].float()
+            x = x - counts * self.frequency[row_item][:, None] - (counts > 0) * self.presence[row_item][:, None]
+        if self.bias is not None:
+            x = x + self.bias[row_item]
+        if self.ban_rows is not None and self.ban_tokens is not None:
+            x = x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
+        return x
+
+
+def _penalized(seq: Sequence) -> bool:
+    return seq.req.frequency_penalty != 0.0 or seq.req.presence_penalty != 0.0
+
+
+def end_bans(seq: Sequence, rows: list[int]) -> list[tuple[int, int]]:
+    """(logits row, token) pairs min_tokens bans for one step item; rows[p] is the logits row of
+    block position p (-1: not eligible). A position is free once min_tokens generated tokens are
+    unmasked before it (counted at the start of the step, so a pick of the same step never
+    lifts a ban early)."""
+    req = seq.req
+    ends = ([] if seq.eot_id is None else [seq.eot_id]) + list(req.stop_token_ids)
+    before = len(seq.generated)
+    if not ends or before >= req.min_tokens:
+        return []
+    start = max(seq.prompt_len - seq.block * PAGE, 0)
+    out = []
+    for p in range(start, PAGE):
+        if rows[p] >= 0 and before < req.min_tokens:
+            out += [(rows[p], t) for t in ends]
+        before += seq.tokens[p] != MASK_ID
+    return out
+
+
+class RequestLogitRules:
+    """The device state of the rules (the per-slot counts) and the per-pass inputs."""
+
+    def __init__(self, device: torch.device, width: int, max_running: int) -> None:
+        self.device, self.width, self.max_running = device, width, max_running
+        self.counts: torch.Tensor | None = None  # [max_running + 1, width] int32, the first penalty allocates it
+        self.ints = Staging(device, torch.int64)
+        self.floats = Staging(device, torch.float32)
+
+    def start(self, seq: Sequence) -> None:
+        """A request takes its slot: a fresh count row when it has a penalty (only such requests read it)."""
+        if not _penalized(seq):
+            return
+        if self.counts is None:
+            self.counts = torch.zeros(self.max_running + 1, self.width, dtype=torch.int32, device=self.device)
+        self.counts[seq.slot] = 0
+
+    def build(self, seqs: list[Sequence], slots: torch.Tensor, grid: list[int]) -> LogitRules | None:
+        """The pass's rules for its step items `seqs` (their `slots` on the device, `grid` the
+        [S * 64] logits row of each block position), or None when no item has any."""
+        penalized = any(_penalized(s) for s in seqs)
+        biased = [(n, t, v) for n, s in enumerate(seqs) for t, v in s.req.logit_bias.items()]
+        bans = [b for n, s in enumerate(seqs) if s.req.min_tokens for b in end_bans(s, grid[n * PAGE : (n + 1) * PAGE])]
+        if not (penalized or biased or bans):
+            return None
+        bias_items, bias_tokens, ban_rows, ban_tokens = self.ints.stage(
+            [n for n, _, _ in biased], [t for _, t, _ in biased], [r for r, _ in bans], [t for _, t in bans]
+        )
+        frequency, presence, bias_values = self.floats.stage(
+            [s.req.frequency_penalty for s in seqs], [s.req.presence_penalty for s in seqs], [v for _, _, v in biased]
+        )
+        bias = None
+        if biased:
+            bias = torch.zeros(len(seqs), self.width, device=self.device)
+            bias.index_put_((bias_items, bias_tokens), bias_values, accumulate=True)
+        return LogitRules(
+            frequency=frequency if penalized else None,
+            presence=presence if penalized else None,
+            counts=self.counts[slots] if penalized and self.counts is not None else None,
+            bias=bias,
+            ban_rows=ban_rows if bans else None,
+            ban_tokens=ban_tokens if bans else None,
+        )
+
+    def record(self, rules: LogitRules | None, slots: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """Count the tokens a pass unmasked ([S, K] with their validity) for the requests with a penalty."""
+        if rules is None or rules.counts is None or self.counts is None:
+            return
+        rows = torch.where(valid, slots[:, None], self.max_running)  # the spare row takes the rest
+        self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
