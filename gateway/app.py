@@ -21,6 +21,7 @@ from cde.gateway.http_limits import HttpLimits
 from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
 from cde.gateway.openapi import openapi_schema
 from cde.gateway.state import ServerState
+from cde.gateway.tokenize_routes import detokenize, tokenize
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -38,6 +39,9 @@ def _model_card(state: ServerState) -> dict:
         "object": "model",
         "created": int(time.time()),
         "owned_by": "cde",
+        # As vLLM: the checkpoint served (its path or Hub id); parent is for adapters, which CDE has none of.
+        "root": state.model_root or state.live_info.model,
+        "parent": None,
         "max_model_len": state.live_info.context_len,
     }
 
@@ -125,6 +129,8 @@ def create_app(
             Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/v1/concepts", list_concepts, methods=["GET"]),
             Route("/v1/concepts/{concept_id}", get_concept, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

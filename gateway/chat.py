@@ -18,7 +18,7 @@ from cde.gateway.generation import Delta
 from cde.gateway.json_out import JsonResponse
 from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
-from cde.gateway.prompts import encode_chat
+from cde.gateway.prompts import encode_chat, template_messages
 from cde.gateway.schemas import ChatCompletionRequest
 from cde.shared.tokenizer import get_tokenizer
 from starlette.requests import Request
@@ -36,9 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise invalid("set max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     tok = get_tokenizer(True)
-    prompt = await encode_chat(
-        tok, [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages], info
-    )
+    prompt = await encode_chat(tok, template_messages(body.messages), info)
     if len(prompt) >= info.context_len:
         raise invalid(
             f"the messages take {len(prompt)} tokens; this model's context is {info.context_len}",
@@ -56,11 +54,12 @@ async def create_chat_completion(request: Request) -> Response:
     reqs, gen = await start_generation(state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request))
     created = int(time.time())
 
-    def extras(c: dict, token_ids: list[int], attribution: dict | None, first: bool) -> dict:
+    # As vLLM: the prompt's ids on the response (streamed: its first chunk), the choices' own on them.
+    prompt_ids = {"prompt_token_ids": prompt} if body.return_token_ids else {}
+
+    def extras(c: dict, token_ids: list[int], attribution: dict | None) -> dict:
         if body.return_token_ids:
             c["token_ids"] = token_ids
-            if first:
-                c["prompt_token_ids"] = prompt
         if attribution is not None:
             c["attribution"] = attribution
         return c
@@ -83,7 +82,7 @@ async def create_chat_completion(request: Request) -> Response:
                 "logprobs": None,
                 "finish_reason": d.finish_reason,
             }
-            return {**head, "choices": [extras(c, d.token_ids, d.attribution, first)]}
+            return {**head, "choices": [extras(c, d.token_ids, d.attribution)]}
 
         return stream_response(
             gen,
@@ -91,7 +90,11 @@ async def create_chat_completion(request: Request) -> Response:
             head,
             "chat.completion.step",
             (
-                {**head, "choices": [{"index": i, "delta": dict(role), "logprobs": None, "finish_reason": None}]}
+                {
+                    **head,
+                    "choices": [{"index": i, "delta": dict(role), "logprobs": None, "finish_reason": None}],
+                    **(prompt_ids if i == 0 else {}),
+                }
                 for i in range(len(reqs))
             ),
             chunk,
@@ -112,7 +115,6 @@ async def create_chat_completion(request: Request) -> Response:
                 },
                 c.token_ids,
                 c.attribution,
-                True,
             )
             for c in await gen.collect()
         ]
@@ -125,6 +127,7 @@ async def create_chat_completion(request: Request) -> Response:
                 "model": body.model,
                 "choices": choices,
                 "usage": usage(len(prompt), gen.completion_tokens),
+                **prompt_ids,
             }
         )
 

@@ -15,6 +15,7 @@ from cde.gateway.errors import invalid
 from cde.shared.protocol import Heartbeat
 
 if TYPE_CHECKING:
+    from cde.gateway.schemas import ChatMessage
     from cde.shared.tokenizer import Tokenizer
 
 MAX_TOKEN_BYTES = 128  # the longest token of cl100k_base (special tokens in text are encoded as text)
@@ -43,7 +44,14 @@ async def encode_prompts(tok: Tokenizer, texts: list[str], info: Heartbeat) -> l
     return await _run(lambda: [tok.encode(t) for t in texts], sum(map(len, texts)))
 
 
-async def encode_chat(tok: Tokenizer, messages: list[dict], info: Heartbeat) -> list[int]:
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """The API's messages as the chat template takes them (a developer message is a system one)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+
+
+async def encode_chat(
+    tok: Tokenizer, messages: list[dict], info: Heartbeat, add_generation_prompt: bool = True
+) -> list[int]:
     if len(messages) * MIN_MESSAGE_TOKENS >= info.context_len:
         raise invalid(
             f"{len(messages)} messages take more than this model's context of {info.context_len} tokens",
@@ -52,4 +60,4 @@ async def encode_chat(tok: Tokenizer, messages: list[dict], info: Heartbeat) -> 
         )
     contents = [m["content"] for m in messages]
     _check_fits(contents, info, "messages")
-    return await _run(lambda: tok.chat_prompt(messages), sum(map(len, contents)))
+    return await _run(lambda: tok.chat_prompt(messages, add_generation_prompt), sum(map(len, contents)))

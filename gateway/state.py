@@ -20,6 +20,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     max_model_len: int | None = None  # cap on prompt + generated tokens, below the model's own
     log_requests: bool = False  # prompts and generated text in the logs
+    model_root: str | None = None  # the checkpoint served (path or Hub id): model cards' `root`
 
     @property
     def model_name(self) -> str | None:

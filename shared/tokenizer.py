@@ -41,6 +41,7 @@ class Tokenizer:
         # The model's vocabulary has ids that are neither a BPE rank nor a special (e.g. 100256,
         # 100261-100275): a sampled one has no text, and must not crash the stream.
         self._text_ids = frozenset(base._mergeable_ranks.values()) | (frozenset(specials.values()) - self.special_ids)
+        self._named_ids = self._text_ids | self.special_ids  # /detokenize writes the specials' names too
         self.eos_id, self.mask_id, self.pad_id = EOS_ID, MASK_ID, PAD_ID
         self.eot_id = EOT_ID if instruct else None
         self.vocab_size = self.enc.n_vocab
@@ -55,15 +56,26 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """Llama-3-style template of the instruct checkpoints, ending with the assistant header."""
+    def decode_with_specials(self, ids: list[int]) -> str:
+        """Text with the special tokens as their names (`<|eot_id|>`), as vLLM's /detokenize;
+        ids that are neither a rank nor a special have no text."""
+        return self.enc.decode_bytes([t for t in ids if t in self._named_ids]).decode("utf-8", errors="replace")
+
+    def token_str(self, token: int) -> str:
+        """One token's text (a special's name); a piece of a multi-byte character as U+FFFD."""
+        return self.decode_with_specials([token])
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Llama-3-style template of the instruct checkpoints, ending with the assistant header
+        (unless `add_generation_prompt` is false)."""
         if not self.instruct:
             raise ValueError("chat needs an instruct checkpoint")
         ids: list[int] = []
         for m in messages:
             ids += [START_HEADER_ID, *self.encode(m["role"]), END_HEADER_ID, *self.encode("\n\n")]
             ids += [*self.encode(m["content"]), EOT_ID]
-        ids += [START_HEADER_ID, *self.encode("assistant"), END_HEADER_ID, *self.encode("\n\n")]
+        if add_generation_prompt:
+            ids += [START_HEADER_ID, *self.encode("assistant"), END_HEADER_ID, *self.encode("\n\n")]
         return ids
 
 

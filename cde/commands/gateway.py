@@ -141,6 +141,7 @@ def build_state(
     endpoints: list[str],
     processes: list[subprocess.Popen] | None = None,
     model_dir: str | None = None,
+    model_root: str | None = None,
     **router_options: Any,
 ) -> ServerState:
     from cde.gateway.router import Router
@@ -161,6 +162,7 @@ def build_state(
         concept_labels(args, model_dir),
         max_model_len=args.max_model_len,
         log_requests=args.log_requests,
+        model_root=model_root or model_dir,
     )
 
 

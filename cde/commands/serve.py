@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     sockdir = tempfile.mkdtemp(prefix="cde-")
     endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
     try:
-        state = build_state(args, endpoints, procs, model_dir=args.model)
+        state = build_state(args, endpoints, procs, model_dir=args.model, model_root=hub_id)
         app = create_app(
             state,
             wait_for_workers=args.startup_timeout,

@@ -121,7 +121,8 @@ def test_instruct_chat_served_by_hub_id(hub, monkeypatch):
         assert f"CDE serving {INSTRUCT_ID} (1 worker on CPU) at {server.url}/v1, playground {server.url}/" in banner
         assert " (ready in " in banner
         client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
-        assert [m.id for m in client.models.list()] == [INSTRUCT_ID]  # the id as given, as vLLM names it
+        # the id as given, as vLLM names it, and the model card's root: the checkpoint served
+        assert [(m.id, m.root, m.parent) for m in client.models.list()] == [(INSTRUCT_ID, INSTRUCT_ID, None)]
         r = client.chat.completions.create(
             model=INSTRUCT_ID,
             messages=[{"role": "user", "content": content}],
@@ -132,6 +133,6 @@ def test_instruct_chat_served_by_hub_id(hub, monkeypatch):
     finally:
         server.stop()
     choice = r.choices[0]
-    assert choice.prompt_token_ids == prompt
+    assert r.prompt_token_ids == prompt  # on the response, where vLLM puts it
     assert choice.token_ids == want
     assert choice.finish_reason == ("stop" if stopped else "length")

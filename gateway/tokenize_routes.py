@@ -1,0 +1,58 @@
+"""vLLM's POST /tokenize and POST /detokenize, with its request and response shapes: the token
+ids a prompt or a chat becomes on this server, and the text of token ids.
+
+Bounded like the generation routes: a text that cannot fit the context is refused untokenized
+and a long one is tokenized on a thread (gateway/prompts.py); at most the context's length of
+ids is decoded (cheap: inline)."""
+
+from __future__ import annotations
+
+from cde.gateway.errors import invalid
+from cde.gateway.http_utils import read_body
+from cde.gateway.params import as_invalid
+from cde.gateway.prompts import encode_chat, encode_prompts, template_messages
+from cde.gateway.schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
+from cde.gateway.state import ServerState
+from cde.shared.config import BOS_ID, EOS_ID
+from cde.shared.limits import check_token_ids
+from cde.shared.protocol import Heartbeat
+from cde.shared.tokenizer import Tokenizer, get_tokenizer
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+
+def _model(state: ServerState, requested: str | None) -> Heartbeat:
+    return state.model_info(requested if requested is not None else (state.model_name or ""))
+
+
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.cde
+    body = (await read_body(request, TokenizeRequest)).root
+    info = _model(state, body.model)
+    tok = get_tokenizer(info.instruct)
+    if isinstance(body, TokenizeChatRequest):
+        if not info.instruct:
+            raise invalid("a base checkpoint has no chat template; send a prompt", "messages", "chat_not_supported")
+        ids = await encode_chat(tok, template_messages(body.messages), info, body.add_generation_prompt)
+        if body.continue_final_message:
+            ids = ids[:-1]  # the last message stays open: no end of turn
+    else:
+        (ids,) = await encode_prompts(tok, [body.prompt], info)
+    if body.add_special_tokens:
+        ids = [BOS_ID, *ids, EOS_ID]
+    out: dict = {"count": len(ids), "max_model_len": info.context_len, "tokens": ids}
+    if body.return_token_strs:
+        out["token_strs"] = [tok.token_str(t) for t in ids]
+    return JSONResponse(out)
+
+
+async def detokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.cde
+    body = await read_body(request, DetokenizeRequest)
+    info = _model(state, body.model)
+    if len(body.tokens) > info.context_len:
+        raise invalid(f"at most {info.context_len} token ids (this model's context)", "tokens")
+    with as_invalid():
+        check_token_ids(body.tokens, info.vocab_size, "tokens")
+    tok: Tokenizer = get_tokenizer(info.instruct)
+    return JSONResponse({"prompt": tok.decode_with_specials(body.tokens)})
