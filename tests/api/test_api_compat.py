@@ -1,0 +1,298 @@
+"""Compatibility with OpenAI and vLLM clients, on a real `cde serve` of the demo instruct model
+(`cde-reference`, whose `<|eot_id|>` ends its replies): docs/api.md's compatibility table row by
+row, a history rebuilt with the openai SDK's `model_dump()`, vLLM's POST /tokenize and
+/detokenize against the official tokenizer, model cards' root/parent, chat prompt_token_ids on
+the response, and min_tokens, ignore_eos and logit_bias through the openai client."""
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from cde.shared.config import END_HEADER_ID, EOT_ID, START_HEADER_ID
+from openai.types.chat import ChatCompletionMessage
+
+from tests.api_server import REPO, ServerProcess
+from tests.oracle import offline_tiktoken_cache
+
+MODEL = "cde-reference"
+ASK = [{"role": "user", "content": "Reverse the order of these words: ice key map cloud"}]  # a short reply
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDE_HOME", str(tmp_path_factory.mktemp("cde-home")))
+        srv = ServerProcess(None, workers=1)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def official():
+    """The official package's tokenizer: the independent reference for /tokenize."""
+    offline_tiktoken_cache()
+    from steerling.data.tokenizer import SteerlingTokenizer
+
+    return SteerlingTokenizer(instruct=True)
+
+
+def post(server, path, body):
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def test_model_card_root_and_parent(client):
+    (card,) = client.models.list().data
+    assert card.id == MODEL and card.parent is None
+    assert (Path(card.root) / "config.json").is_file()  # the checkpoint served, as vLLM's root
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_tokenize_prompt_is_the_official_encoding(server, official, special):
+    text = "Tokenize me: naïve café 🌊, 12345."
+    r = post(server, "/tokenize", {"prompt": text, "add_special_tokens": special, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    want = official.encode(text, add_special_tokens=special)
+    assert out["tokens"] == want and out["count"] == len(want)
+    assert out["max_model_len"] == httpx.get(server.base_url + "/models").json()["data"][0]["max_model_len"]
+    assert len(out["token_strs"]) == len(want) and "".join(out["token_strs"][1 if special else 0 :]).startswith("Tok")
+    # the default is vLLM's: add_special_tokens true for a prompt
+    assert post(server, "/tokenize", {"prompt": text}).json()["tokens"] == official.encode(text)
+    assert "token_strs" not in post(server, "/tokenize", {"prompt": text}).json()
+
+
+def test_tokenize_messages_is_the_chat_template(server, client, official):
+    enc = lambda s: official.encode(s, add_special_tokens=False)
+    turn = [START_HEADER_ID, *enc("user"), END_HEADER_ID, *enc("\n\n"), *enc(ASK[0]["content"]), EOT_ID]
+    reply = [START_HEADER_ID, *enc("assistant"), END_HEADER_ID, *enc("\n\n")]
+    cases = [
+        ({}, turn + reply),
+        ({"add_generation_prompt": False}, turn),
+        ({"add_generation_prompt": False, "continue_final_message": True}, turn[:-1]),
+    ]
+    for extra, want in cases:
+        r = post(server, "/tokenize", {"model": MODEL, "messages": ASK, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == want and r.json()["count"] == len(want), extra
+    # what the chat route feeds the model, on the response where vLLM puts it
+    chat = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=2, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert chat.prompt_token_ids == turn + reply
+    assert not hasattr(chat.choices[0], "prompt_token_ids") or chat.choices[0].prompt_token_ids is None
+    stream = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=2, temperature=0, stream=True, extra_body={"return_token_ids": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].prompt_token_ids == turn + reply
+    assert all(getattr(c, "prompt_token_ids", None) is None for c in chunks[1:])
+
+
+def test_detokenize_is_the_official_decoding(server, official):
+    ids = official.encode("A round trip: 🌊 and <|eot_id|> as text.", add_special_tokens=False) + [EOT_ID]
+    r = post(server, "/detokenize", {"model": MODEL, "tokens": ids})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": official.decode(ids, skip_special_tokens=False)}
+    assert r.json()["prompt"].endswith("as text.<|eot_id|>")
+
+
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/detokenize", {"tokens": [5, 999_999_999]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [5] * 100_000}, 400, "tokens"),
+        ("/detokenize", {"tokens": "hello"}, 400, "tokens"),
+        ("/detokenize", {"model": "gpt-4", "tokens": [5]}, 404, "model"),
+        ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+        ("/tokenize", {"prompt": "x", "chat_template": "{{ x }}"}, 400, "chat_template"),
+        ("/tokenize", {"messages": ASK, "continue_final_message": True}, 400, None),
+        ("/tokenize", {"messages": []}, 400, "messages"),
+        ("/tokenize", {"prompt": "x" * 3_000_000}, 400, "prompt"),
+    ],
+)
+def test_tokenizer_routes_refuse_bad_input(server, path, body, status, param):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def reply_ids(client, **extra):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        temperature=0,
+        extra_body={"return_token_ids": True, **extra.pop("extra", {})},
+        **extra,
+    )
+    return r.choices[0], r.usage.completion_tokens
+
+
+def test_ignore_eos_and_min_tokens(client):
+    plain, n = reply_ids(client, max_tokens=40)
+    assert plain.finish_reason == "stop" and n == len(plain.token_ids) < 30  # EOT ended the reply
+    ignored, m = reply_ids(client, max_tokens=n + 10, extra={"ignore_eos": True})
+    assert ignored.finish_reason == "length" and m == len(ignored.token_ids) == n + 10
+    assert EOT_ID in ignored.token_ids  # EOT came and did not end it
+    longer, k = reply_ids(client, max_tokens=n + 20, extra={"min_tokens": n + 5})
+    assert k >= n + 5 and EOT_ID not in longer.token_ids
+
+
+def test_logit_bias_bans_and_names_a_bad_key(client):
+    plain, _ = reply_ids(client, max_tokens=40)
+    first = plain.token_ids[0]
+    banned, _ = reply_ids(client, max_tokens=40, logit_bias={str(first): -100})
+    assert first not in banned.token_ids
+    with pytest.raises(openai.BadRequestError) as e:
+        reply_ids(client, max_tokens=4, logit_bias={"99999999": 5})
+    assert e.value.body["param"] == "logit_bias.99999999"
+
+
+# ---- the compatibility table (docs/api.md) ----------------------------------------------------------
+def table_rows(heading: str) -> list[list[str]]:
+    """The rows of the first table after `heading` in docs/api.md, cells stripped of backticks."""
+    text = (REPO / "docs" / "api.md").read_text()
+    lines = text[text.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| field"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip().strip("`") for c in line.strip("|").split("|")])
+    return rows
+
+
+OPENAI_ROWS = table_rows("## Compatibility with the OpenAI API")
+EXTENSION_ROWS = table_rows("CDE and vLLM extensions")
+DROP = object()  # a sample value that removes the base body's field
+
+# A value each row's field is sent with (several fields where one needs another).
+SAMPLES = {
+    "model": {},
+    "messages": {},
+    "prompt": {},
+    "max_tokens": {"max_tokens": 3},
+    "max_completion_tokens": {"max_tokens": DROP, "max_completion_tokens": 3},
+    "temperature": {"temperature": 0.7, "seed": 1},
+    "top_p": {"top_p": 0.5},
+    "n": {"n": 2},
+    "stream": {"stream": True},
+    "stream_options": {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    "stop": {"stop": ["\n"]},
+    "seed": {"seed": 5},
+    "frequency_penalty": {"frequency_penalty": 0.5},
+    "presence_penalty": {"presence_penalty": -0.5},
+    "logit_bias": {"logit_bias": {"5": 1.5}},
+    "echo": {"echo": True},
+    "user": {"user": "user-1"},
+    "metadata": {"metadata": {"team": "search", "run": "7"}},
+    "store": {"store": True},
+    "service_tier": {"service_tier": "flex"},
+    "prompt_cache_key": {"prompt_cache_key": "k1"},
+    "safety_identifier": {"safety_identifier": "hashed-user"},
+    "prediction": {"prediction": {"type": "content", "content": "cloud map key ice"}},
+    "modalities": {"modalities": ["text"]},
+    "suffix": {"suffix": "the end"},
+    "best_of": {"n": 1, "best_of": 3},
+    "functions": {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
+    "function_call": {"function_call": "auto"},
+    "audio": {"audio": {"voice": "alloy", "format": "wav"}},
+    "web_search_options": {"web_search_options": {}},
+    "reasoning_effort": {"reasoning_effort": "low"},
+    "verbosity": {"verbosity": "low"},
+}
+# Rows other work of issue 26 implements (structured outputs, tool calls, logprobs): their own
+# test files exercise them; this file checks only that they have a row and a schema field.
+ELSEWHERE = {"logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls"}
+
+
+def body_for(endpoint: str, extra: dict) -> dict:
+    base = {"model": MODEL, "max_tokens": 2, "temperature": 0, "return_token_ids": True}
+    base |= {"messages": ASK} if endpoint == "chat/completions" else {"prompt": "Reverse: ice key"}
+    base |= extra
+    return {k: v for k, v in base.items() if v is not DROP}
+
+
+def cases():
+    for field, endpoints, status, _ in OPENAI_ROWS:
+        for endpoint in ("chat/completions", "completions"):
+            if endpoints in ("both", endpoint.split("/")[0]):
+                yield pytest.param(field, endpoint, status, id=f"{endpoint}:{field}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("field, endpoint, status", cases())
+def test_the_table_row_is_what_the_server_does(server, field, endpoint, status):
+    if field in ELSEWHERE:
+        assert status == "supported"
+        return
+    r = post(server, "/v1/" + endpoint, body_for(endpoint, SAMPLES[field]))
+    if status == "refused":
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        return
+    assert r.status_code == 200, r.text
+    if status == "accepted, ignored":  # the same tokens as without the field
+        without = post(server, "/v1/" + endpoint, body_for(endpoint, {})).json()
+        assert [c["token_ids"] for c in r.json()["choices"]] == [c["token_ids"] for c in without["choices"]]
+    else:
+        assert status == "supported", status
+
+
+def test_every_field_has_a_row_and_every_row_a_field():
+    documented = {row[0] for row in OPENAI_ROWS} | {row[0] for row in EXTENSION_ROWS}
+    fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+    assert fields - documented == set(), "schema fields without a row in docs/api.md"
+    assert documented - fields - ELSEWHERE == set(), "rows of docs/api.md the schema does not know"
+    assert {row[2] for row in OPENAI_ROWS} == {"supported", "accepted, ignored", "refused"}
+    assert set(SAMPLES) | ELSEWHERE == {row[0] for row in OPENAI_ROWS}
+
+
+def test_a_history_rebuilt_with_model_dump_changes_nothing(client):
+    first = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0)
+    message = first.choices[0].message
+    assert isinstance(message, ChatCompletionMessage)
+    follow = {"role": "user", "content": "And again."}
+    dumped = message.model_dump()  # refusal, annotations, audio, function_call, tool_calls: null
+    assert {"refusal", "annotations", "audio", "function_call", "tool_calls"} <= set(dumped)
+    cited = ChatCompletionMessage(
+        role="assistant",
+        content=message.content,
+        refusal="I can't help with that.",
+        annotations=[
+            {"type": "url_citation", "url_citation": {"start_index": 0, "end_index": 1, "title": "t", "url": "u"}}
+        ],
+    ).model_dump()
+    plain = {"role": "assistant", "content": message.content}
+
+    def ids(history):
+        r = client.chat.completions.create(
+            model=MODEL, messages=history, max_tokens=8, temperature=0, extra_body={"return_token_ids": True}
+        )
+        return r.prompt_token_ids, r.choices[0].token_ids
+
+    want = ids([*ASK, plain, follow])
+    assert ids([*ASK, dumped, follow]) == want
+    assert ids([*ASK, cited, follow]) == want
+    # the reply fields belong to assistant messages; a non-null audio is not a dumped reply
+    for bad, param in (
+        ({**ASK[0], "refusal": "no"}, "messages.0"),
+        ({**dumped, "audio": {"id": "a1"}}, "messages.1.audio"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=[*ASK[:1], bad] if param != "messages.0" else [bad])
+        assert e.value.body["param"] == param, e.value.body
+
+
+def test_unknown_fields_are_still_refused_by_name(server):
+    for endpoint in ("chat/completions", "completions"):
+        r = post(server, "/v1/" + endpoint, body_for(endpoint, {"frobnicate": 1}))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "frobnicate"
+        assert r.json()["error"]["code"] == "unsupported_parameter"
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"stream": True, "stream_options": {"x": 1}}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.x"
