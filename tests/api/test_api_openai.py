@@ -279,6 +279,7 @@ def test_wrong_api_key_is_401(server):
         bad.models.list()
     assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
     assert httpx.get(server.base_url + "/models").status_code == 401
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}).status_code == 401  # vLLM's extras too
 
 
 def test_malformed_json_and_content_type(server):
