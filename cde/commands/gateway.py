@@ -117,11 +117,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--curve-secret-key",
         metavar="FILE",
         help="this gateway's CURVE key pair (NAME.key_secret): "
-        "encrypt and authenticate the worker links; needs --curve-server-key",
+        "encrypt and authenticate the worker links; needs --curve-server-key (default: none, plain links)",
     )
-    p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key)")
-    add_model_arguments(p, MODEL_HELP + ", only read for its concept labels (optional)")
-    p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key; default: none)")
+    add_model_arguments(
+        p, MODEL_HELP + ", only read for its concept labels (default: none; the workers send their catalogs)"
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        help="wait up to this many seconds for every worker before serving (default: serve at once)",
+    )
     add_http_arguments(p)
 
 

@@ -37,15 +37,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--curve-secret-key",
         metavar="FILE",
-        help="this worker's CURVE key pair (NAME.key_secret): encrypt the link and admit only --curve-authorized-keys",
+        help="this worker's CURVE key pair (NAME.key_secret): encrypt the link and admit only "
+        "--curve-authorized-keys (default: none, a plain link)",
     )
     p.add_argument(
         "--curve-authorized-keys",
         metavar="FILE|DIR",
-        help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR",
+        help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR "
+        "(default: none)",
     )
     p.add_argument(
-        "--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)"
+        "--parent-pid",
+        type=int,
+        help="exit when this process is no longer our parent (used by `cde serve`; default: none)",
     )
     add_attention_arguments(p)
     add_quantization_arguments(p)
