@@ -152,19 +152,21 @@ def build_state(
     from cde.gateway.router import Router
     from cde.gateway.state import ServerState
 
+    labels = concept_labels(args, model_dir)
     router = Router(
         endpoints,
         processes,
         heartbeat_timeout=args.heartbeat_timeout,
         max_queue=args.max_queue,
         max_queued_per_client=args.max_queued_per_client,
+        fetch_catalogs=not len(labels.catalog),  # the workers' catalogs, for a gateway without one
         **router_options,
     )
     return ServerState(
         router,
         args.served_model_name,
         api_key(args),
-        concept_labels(args, model_dir),
+        labels,
         max_model_len=args.max_model_len,
         log_requests=args.log_requests,
     )

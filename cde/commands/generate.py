@@ -9,7 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, check_quantization_device
+from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, add_thread_arguments, check_quantization_device
 
 if TYPE_CHECKING:
     from cde.shared.packed_attribution import PackedAttribution
@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     add_quantization_arguments(p)
+    add_thread_arguments(p, workers=False)
     p.add_argument(
         "--json",
         action="store_true",
@@ -63,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from cde.shared.protocol import BlockResult, GenerateRequest
     from cde.worker.engine import Engine, EngineArgs, resolve_device
 
-    check_quantization_device(args, resolve_device(args.device))
+    device = resolve_device(args.device)
+    check_quantization_device(args, device)
     resolve_model_args(args, "generate")
+    if device == "cpu":
+        from cde.worker.cpu_threads import set_cpu_threads
+
+        set_cpu_threads(args.threads)
     engine = Engine(
         EngineArgs(
             args.model,

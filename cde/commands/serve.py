@@ -21,6 +21,7 @@ from cde.commands.worker import (
     add_attention_arguments,
     add_fair_share_arguments,
     add_quantization_arguments,
+    add_thread_arguments,
     attention_flags,
     flashblock_default,
     kv_splits,
@@ -41,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
     add_fair_share_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
+    add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
     add_http_arguments(p)
@@ -77,9 +79,6 @@ def _spawn(
         env.pop("CDE_API_KEY", None)  # a worker needs no gateway secret
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        elif "OMP_NUM_THREADS" not in env:
-            # CPU workers share the cores: oversubscribed torch threads slow every step ~10x.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
         cmd = [
             sys.executable,
             "-m",
@@ -99,11 +98,17 @@ def _spawn(
             str(max_running_per_client(args)),
             "--parent-pid",
             str(os.getpid()),
+            # CPU workers share the cores: each sets its threads from them (worker.cpu_threads).
+            "--host-workers",
+            str(n),
+            *(["--threads", str(args.threads)] if args.threads else []),
             *attention_flags(args),
             *quantization_flags(args),
         ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
+        if args.concept_labels:  # the catalog other gateways fetch from these workers too
+            cmd += ["--concept-labels", args.concept_labels]
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
         # the gateway has drained its requests.
         procs.append(subprocess.Popen(cmd, env=env, process_group=0))
