@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from cde.commands.gateway import add_http_arguments, api_key, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
@@ -192,9 +193,10 @@ def run(args: argparse.Namespace) -> int:
     max_running_per_client(args)
     quantization(args)
     # Resolved once here (one download, one progress bar); the workers get the local directory.
-    name = args.model
     hub_id = resolve_model_args(args, "serve")
     args.served_model_name = args.served_model_name or hub_id
+    # The name clients send, as the workers report it (a directory is served under its own name).
+    name = args.served_model_name or Path(args.model).resolve().name
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
     sockdir = tempfile.mkdtemp(prefix="cde-")
@@ -208,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits_from_args(args),
         )
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
-        banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
+        banner = _ReadyBanner(f"CDE serving {name} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
         return serve_http(
             app,
             args.host,

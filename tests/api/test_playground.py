@@ -247,6 +247,7 @@ def test_the_generate_button_works_with_every_default(server, browser):
     """A fresh page, nothing touched, a click on Generate: every default passes the browser's own
     form validation (a top-p field whose step made 1 invalid once blocked the submit silently), a
     request goes out, and blocks arrive. A concept label's hover shows its catalog description."""
+    assert any(line.startswith("CDE serving cde-reference (") for line in server.output)  # the banner names it
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(server.url + "/")
     page.wait_for_selector("#model:has-text('model: cde-reference')")
