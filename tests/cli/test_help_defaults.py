@@ -42,6 +42,8 @@ def test_every_option_shows_its_default(command, parser):
     for action in parser._actions:
         if not action.option_strings or isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
             continue
+        if action.help == argparse.SUPPRESS:  # not in --help at all (`--api-key`, refused with a message)
+            continue
         text = formatter._expand_help(action) if action.help else ""
         if "default" not in text and "required" not in text:
             missing.append(f"{'/'.join(action.option_strings)}: {text!r}")
