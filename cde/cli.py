@@ -8,7 +8,9 @@ import argparse
 import importlib
 import sys
 import time
+from typing import Any
 
+from cde.cli_errors import add_debug_argument, run_reporting_errors, take_debug_flag
 from cde.shared.home import use_compile_caches
 
 STARTED = time.monotonic()  # the process's start, near enough: what "ready in" counts from
@@ -28,32 +30,45 @@ COMMANDS = {
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Shows each option's default after its help, unless the help already says it or there is
-    none worth showing (unset, off)."""
+    """Shows each option's default after its help, unless the help already says it: its value, or
+    "off" for a switch. An option that is unset by default (None) says in its own words what
+    that means (`tests/cli/test_help_defaults.py` holds every command to it)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+        if not action.option_strings or action.default in (None, argparse.SUPPRESS) or "default" in text:
             return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return text + " (default: off)"
         return text + " (default: %(default)s)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = take_debug_flag(sys.argv[1:] if argv is None else argv)
     # Before any command imports torch: compiled kernels are kept under CDE_HOME and reused.
     use_compile_caches()
-    parser = argparse.ArgumentParser(prog="cde", description="CDE, the Causal Diffusion Engine")
-    sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser, module = build_parser(chosen)
+    args = parser.parse_args(argv)
+    return run_reporting_errors(args.command, module.run, args)
+
+
+def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, Any]:
+    """The parser, with the arguments of the `chosen` command only (and that command's module)."""
+    parser = argparse.ArgumentParser(
+        prog="cde", description="CDE, the Causal Diffusion Engine", formatter_class=HelpFormatter
+    )
+    add_debug_argument(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
     module = None
     for name, (mod, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
         if name == chosen:
             module = importlib.import_module(f"cde.commands.{mod}")
             p.description = module.__doc__
+            add_debug_argument(p)
             module.add_arguments(p)
-    args = parser.parse_args(argv)
-    return module.run(args) or 0
+    return parser, module
 
 
 if __name__ == "__main__":

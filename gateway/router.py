@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import zmq.asyncio
 from cde.gateway.errors import ApiError
+from cde.gateway.worker_catalogs import WorkerCatalogs
 from cde.gateway.worker_link import RequestHandle, WorkerLink
 from cde.shared.curve import CurveClient
 from cde.shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
@@ -35,6 +36,7 @@ class Router:
         max_queued_per_client: int = 128,
         curve: CurveClient | None = None,
         discovery: DnsDiscovery | None = None,
+        fetch_catalogs: bool = True,
     ) -> None:
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
@@ -45,6 +47,8 @@ class Router:
         self.curve = curve
         self.discovery = discovery  # e.g. gateway.discovery.DnsDiscovery: adds workers while serving
         self.links: list[WorkerLink] = []
+        # The workers' concept catalogs, for a gateway without its own (None: it has one).
+        self.catalogs = WorkerCatalogs() if fetch_catalogs else None
         self._ctx: zmq.asyncio.Context | None = None
         self._identity = f"gateway-{uuid.uuid4().hex[:12]}".encode()
         self._monitor: asyncio.Task | None = None
@@ -75,6 +79,8 @@ class Router:
             await self.discovery.stop()
         if self._monitor is not None:
             self._monitor.cancel()
+        if self.catalogs is not None:
+            self.catalogs.close()
         self.fail_all("server is shutting down")
         await asyncio.sleep(0.05)  # let the aborts reach the workers
         for link in self.links:
@@ -89,12 +95,13 @@ class Router:
     async def wait_ready(self, timeout: float) -> None:
         """Until every worker has answered; fails fast when one of our worker processes exits."""
         deadline = time.monotonic() + timeout
-        while not all(link.alive for link in self.links):
+        # Ready: every worker answered, and the concept catalogs they announced have arrived.
+        while not all(link.alive for link in self.links) or (self.catalogs and self.catalogs.pending(self.links)):
             for link in self.links:
                 if link.exit_code() is not None:
                     raise RuntimeError(f"{link.name} exited with code {link.exit_code()} during startup")
             if time.monotonic() > deadline:
-                late = [link.name for link in self.links if not link.alive]
+                late = [link.name for link in self.links if not link.alive] or ["their concept catalogs"]
                 raise RuntimeError(f"workers not ready after {timeout:g}s: {', '.join(late)}")
             await asyncio.sleep(0.05)
 
@@ -111,6 +118,8 @@ class Router:
                 link.check(self.heartbeat_timeout)
                 if link.exit_code() is None:
                     link.ping()
+            if self.catalogs is not None:
+                self.catalogs.refresh(self.links)
 
     # ---- routing ------------------------------------------------------------------------------
     @property

@@ -28,7 +28,7 @@ from cde.gateway.http_limits import HttpLimits
 from cde.gateway.metrics import Metrics
 from cde.gateway.middleware import RequestLog, record_response
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ class DrainGate:
         self.draining = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await self.app(scope, receive, functools.partial(_startup_failure_in_one_line, send))
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.draining and scope["path"] != "/metrics":
@@ -61,6 +63,14 @@ class DrainGate:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+async def _startup_failure_in_one_line(send: Send, message: Message) -> None:
+    """Starlette reports a failed startup (a worker that died loading its model) with the whole
+    traceback, which uvicorn logs; the reason is its last line."""
+    if message["type"] == "lifespan.startup.failed" and message.get("message"):
+        message = {**message, "message": message["message"].strip().splitlines()[-1]}
+    await send(message)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -201,8 +211,14 @@ def serve_http(
     )
     server = DrainingServer(config, gate)
 
+    async def serve() -> None:
+        # uvicorn ends a failed startup (a port in use, a worker that died) with sys.exit: caught
+        # here, inside the task, or asyncio logs the task's SystemExit with a traceback.
+        with contextlib.suppress(SystemExit):
+            await server.serve()
+
     async def main() -> int:
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(serve())
         while not server.started and not task.done():
             if server.should_exit:  # a signal while the workers load: do not wait for them
                 task.cancel()

@@ -16,11 +16,19 @@ class ServerState:
     router: Router
     served_model_name: str | None = None  # default: the name the workers report
     api_key: str | None = None
-    labels: ConceptLabels = field(default_factory=ConceptLabels)
+    local_labels: ConceptLabels = field(default_factory=ConceptLabels)  # --concept-labels, or the model's
     metrics: Metrics = field(default_factory=Metrics)
     max_model_len: int | None = None  # cap on prompt + generated tokens, below the model's own
     log_requests: bool = False  # prompts and generated text in the logs
     model_root: str | None = None  # the checkpoint served (path or Hub id): model cards' `root`
+
+    @property
+    def labels(self) -> ConceptLabels:
+        """The gateway's own catalog when it has one, else the one the live model's workers sent."""
+        info, catalogs = self.router.info, self.router.catalogs
+        if len(self.local_labels.catalog) or info is None or catalogs is None:
+            return self.local_labels
+        return catalogs.labels(info.model, self.router.links)
 
     @property
     def model_name(self) -> str | None:

@@ -22,6 +22,8 @@ from cde.shared.protocol import (
     PROTOCOL_VERSION,
     AbortRequest,
     BlockResult,
+    CatalogPart,
+    CatalogQuery,
     ConceptInfo,
     ConceptQuery,
     GenerateRequest,
@@ -95,6 +97,7 @@ class WorkerLink:
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self.inflight: dict[str, RequestHandle] = {}
         self.queries: dict[str, asyncio.Future[ConceptInfo]] = {}
+        self._catalog_part: asyncio.Future[CatalogPart] | None = None  # one fetch at a time (worker_catalogs)
         self.info: Heartbeat | None = None
         self.alive = False
         self.last_seen = -math.inf
@@ -138,6 +141,15 @@ class WorkerLink:
         finally:
             self.queries.pop(query.query_id, None)
 
+    async def fetch_catalog_part(self, offset: int, timeout: float) -> CatalogPart:
+        reply: asyncio.Future[CatalogPart] = asyncio.get_running_loop().create_future()
+        self._catalog_part = reply
+        self.send(CatalogQuery(offset))
+        try:
+            return await asyncio.wait_for(reply, timeout)
+        finally:
+            self._catalog_part = None
+
     def fail_all(self, message: str, *, abort: bool = False) -> None:
         """Ends every request in flight with an explicit error; `abort` also tells the worker to
         stop them (it may still be alive: stalled, or we are shutting down)."""
@@ -175,6 +187,9 @@ class WorkerLink:
                 handle.deliver(msg)
         elif isinstance(msg, ConceptInfo):
             self._answer(msg)
+        elif isinstance(msg, CatalogPart):
+            if self._catalog_part is not None and not self._catalog_part.done():
+                self._catalog_part.set_result(msg)
         elif isinstance(msg, Heartbeat):
             self._on_heartbeat(msg)
 

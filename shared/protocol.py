@@ -14,7 +14,8 @@ from cde.shared.packed_attribution import PackedAttribution
 
 # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len;
 # 5: GenerateRequest.client, Heartbeat.refused_frames
-PROTOCOL_VERSION = 5
+# 6: Heartbeat.catalog_digest/catalog_bytes, CatalogQuery, CatalogPart
+PROTOCOL_VERSION = 6
 
 
 @dataclass
@@ -166,6 +167,8 @@ class Heartbeat:
     forward_passes: int = 0
     rss_bytes: int = 0  # resident memory of the worker process (0 where /proc is missing)
     refused_frames: int = 0  # dropped unread past the worker's inbox budget (worker/inbox_budget.py)
+    catalog_digest: str = ""  # sha256 of the worker's concept catalog file ("": it has none)
+    catalog_bytes: int = 0  # its size: a gateway fetches it in CatalogParts
     protocol_version: int = PROTOCOL_VERSION
 
 
@@ -186,3 +189,22 @@ class ConceptInfo:
     token_ids: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     error: str | None = None
+
+
+@dataclass
+class CatalogQuery:
+    """Gateway -> worker: the bytes of its concept catalog file from `offset` on (one part)."""
+
+    offset: int = 0
+
+
+@dataclass
+class CatalogPart:
+    """Worker -> gateway: a slice of its catalog file (`shared.catalog_file`); `suffix` says how
+    to read the whole (".parquet" or ".csv"); empty `data` past the end or for a bad offset."""
+
+    digest: str
+    offset: int
+    total: int
+    suffix: str
+    data: bytes = b""

@@ -19,6 +19,8 @@ from cde.shared.protocol import (
     AbortRequest,
     AttributionSpec,
     BlockResult,
+    CatalogPart,
+    CatalogQuery,
     ConceptInfo,
     ConceptQuery,
     FlashBlockSpec,
@@ -33,7 +35,18 @@ from cde.shared.protocol import (
 
 MESSAGES = {
     cls.__name__: cls
-    for cls in (GenerateRequest, BlockResult, AbortRequest, Ping, Heartbeat, ConceptQuery, ConceptInfo, StepResult)
+    for cls in (
+        GenerateRequest,
+        BlockResult,
+        AbortRequest,
+        Ping,
+        Heartbeat,
+        ConceptQuery,
+        ConceptInfo,
+        StepResult,
+        CatalogQuery,
+        CatalogPart,
+    )
 }
 _NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution, InputAttributionSpec, InputAttribution)
 

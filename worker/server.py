@@ -35,11 +35,14 @@ import uuid
 from pathlib import Path
 
 import zmq
+from cde.shared.catalog_file import CatalogFile
 from cde.shared.curve import CurveServer
 from cde.shared.limits import clip
 from cde.shared.protocol import (
     AbortRequest,
     BlockResult,
+    CatalogPart,
+    CatalogQuery,
     ConceptInfo,
     ConceptQuery,
     GenerateRequest,
@@ -78,8 +81,10 @@ class WorkerServer:
         model_name: str | None = None,
         parent_pid: int | None = None,
         curve: CurveServer | None = None,
+        catalog: CatalogFile | None = None,
     ):
         self.engine = engine
+        self.catalog = catalog  # sent in parts to gateways that ask (CatalogQuery)
         self.model_name = model_name or Path(engine.args.model).resolve().name
         self.parent_pid = parent_pid
         self.boot_id = uuid.uuid4().hex
@@ -289,6 +294,9 @@ class WorkerServer:
         msg = decode(frame)
         if isinstance(msg, Ping):
             self.sock.send_multipart([peer, self._heartbeat_frame])
+        elif isinstance(msg, CatalogQuery):  # static bytes: answered here, never waits for a step
+            part = self.catalog.part(msg.offset) if self.catalog else CatalogPart("", msg.offset, 0, "")
+            self.sock.send_multipart([peer, encode(part)])
         else:
             self.inbox.put((peer, msg))
 
@@ -328,6 +336,8 @@ class WorkerServer:
             forward_passes=stats.forward_passes,
             rss_bytes=resident_bytes(),
             refused_frames=self.inbox_budget.refused,
+            catalog_digest=self.catalog.digest if self.catalog else "",
+            catalog_bytes=len(self.catalog.data) if self.catalog else 0,
         )
 
 
@@ -344,8 +354,9 @@ def run_worker(
     model_name: str | None = None,
     parent_pid: int | None = None,
     curve: CurveServer | None = None,
+    catalog: CatalogFile | None = None,
 ) -> None:
-    server = WorkerServer(engine, bind, model_name, parent_pid, curve)
+    server = WorkerServer(engine, bind, model_name, parent_pid, curve, catalog)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
     print(f"CDE worker ready on {bind} ({server.model_name}{', CURVE' if curve else ''})", flush=True)

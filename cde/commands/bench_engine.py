@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     add_model_arguments(p, into=src)
-    src.add_argument("--preset", help="write a random-weight checkpoint of this preset first (e.g. 8b)")
+    src.add_argument(
+        "--preset",
+        help="write a random-weight checkpoint of this preset first (e.g. 8b; default: --model's checkpoint)",
+    )
     p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated request counts")
     p.add_argument("--prompt-len", default="64", help="comma-separated prompt lengths, each run at every concurrency")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens each request generates")
@@ -51,15 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda; auto: cuda when a GPU is visible")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run passes eagerly, without captured graphs")
     p.add_argument(
         "--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)"
     )
-    p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument("--json", help="write the results as JSON here (default: only the table)")
     p.add_argument(
         "--profile",
         metavar="DIR",
-        help="also profile 32 steps in each of the first two blocks of every level; op tables to DIR/profile-c{N}.txt",
+        help="also profile 32 steps in each of the first two blocks of every level; op tables to "
+        "DIR/profile-c{N}.txt (default: off)",
     )
     p.add_argument(
         "--set",

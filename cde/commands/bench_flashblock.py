@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--flashblock-tau", type=int, help="also run FlashBlock with this tau (greedy, vs the exact path)")
+    p.add_argument(
+        "--flashblock-tau", type=int, help="also run FlashBlock with this tau (greedy, vs the exact path; default: off)"
+    )
     p.add_argument("--flashblock-max-reuse", default="4,16,63", help="comma-separated max_reuse values to run")
 
 

@@ -34,7 +34,7 @@ WORDS = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
-    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--num-prompts", type=int, default=100, help="requests to send")
     p.add_argument(
         "--request-rate", type=float, default=math.inf, help="requests per second, Poisson (inf: all at once)"
     )
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send each prompt as --prompt-len random token ids (as `cde bench engine` does), not words",
     )
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates")
     p.add_argument(
         "--extra-body",
         type=json.loads,
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='extra request fields, e.g. \'{"tokens_per_step": 4, "attribution": true}\'',
     )
-    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY`")
+    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY` (default: none)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
     p.add_argument(
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "keeps its even share of --max-concurrency in flight. One process spends ~3 ms of CPU per request, so a "
         "burst of 32 leaves it over ~0.1-0.2 s; use enough processes that each sends at most ~8 (default 1)",
     )
-    p.add_argument("--json", metavar="OUT", help="also write the results as JSON here")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON here (default: only the table)")
 
 
 def api_base(url: str) -> str:

@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
+
 if TYPE_CHECKING:
     from cde.train.backends import EngineBackend, HttpBackend
 
@@ -28,11 +30,13 @@ SECTIONS = ("tasks", "steering", "attribution")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="checkpoint directory: run an engine in this process")
-    src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000")
+    src = p.add_mutually_exclusive_group()
+    add_model_arguments(
+        p, MODEL_HELP + ": run an engine in this process (default: cde-reference, unless --url is given)", into=src
+    )
+    src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000 (default: none, --model)")
     p.add_argument("--served-model", help="with --url: the model name (default: the server's first)")
-    p.add_argument("--api-key", help="with --url: bearer token")
+    p.add_argument("--api-key", help="with --url: bearer token (default: none)")
     p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | auto")
     p.add_argument("--cuda-graphs", action="store_true", help="with --model on CUDA: the serving configuration")
     p.add_argument("--max-running", type=int, default=64, help="with --model: concurrent requests")
@@ -46,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
     p.add_argument("--strengths", default="0,4,8,16,32", help="amplify strengths (0: unsteered)")
     p.add_argument("--seed", type=int, default=0, help="which held-out problems")
-    p.add_argument("--json", metavar="PATH", help="write every number (and sample replies) here")
+    p.add_argument(
+        "--json", metavar="PATH", help="write every number (and sample replies) here (default: only the tables)"
+    )
 
 
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
@@ -56,8 +62,9 @@ def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
         if not args.url.strip():
             raise SystemExit("cde eval: --url is empty (give a server's base URL, e.g. http://127.0.0.1:8000)")
         return HttpBackend(args.url, args.served_model, args.api_key)
-    if not args.model:
-        raise SystemExit("cde eval: --model is empty (give a checkpoint directory)")
+    if args.model is not None and not args.model.strip():
+        raise SystemExit("cde eval: --model is empty (give a checkpoint directory, or leave it out for cde-reference)")
+    resolve_model_args(args, "eval")
     return EngineBackend(args.model, device=_device(args), max_running=args.max_running, cuda_graphs=args.cuda_graphs)
 
 
@@ -126,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             f"## Attribution\n\ntop known concept of a chunk: its topic {100 * a['top_is_topic']:.1f}%, "
             f"a concept of the topic's group {100 * a['top_in_topic_group']:.1f}% ({a['chunks']} chunks)"
         )
-        if args.model:
+        if args.url is None:
             from cde.train.export import load
             from cde.train.faithfulness import logit_drops
 

@@ -117,11 +117,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--curve-secret-key",
         metavar="FILE",
         help="this gateway's CURVE key pair (NAME.key_secret): "
-        "encrypt and authenticate the worker links; needs --curve-server-key",
+        "encrypt and authenticate the worker links; needs --curve-server-key (default: none, plain links)",
     )
-    p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key)")
-    add_model_arguments(p, MODEL_HELP + ", only read for its concept labels (optional)")
-    p.add_argument("--wait", type=float, help="wait up to this many seconds for every worker before serving")
+    p.add_argument("--curve-server-key", metavar="FILE", help="the workers' CURVE public key (NAME.key; default: none)")
+    add_model_arguments(
+        p, MODEL_HELP + ", only read for its concept labels (default: none; the workers send their catalogs)"
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        help="wait up to this many seconds for every worker before serving (default: serve at once)",
+    )
     add_http_arguments(p)
 
 
@@ -147,19 +153,21 @@ def build_state(
     from cde.gateway.router import Router
     from cde.gateway.state import ServerState
 
+    labels = concept_labels(args, model_dir)
     router = Router(
         endpoints,
         processes,
         heartbeat_timeout=args.heartbeat_timeout,
         max_queue=args.max_queue,
         max_queued_per_client=args.max_queued_per_client,
+        fetch_catalogs=not len(labels.catalog),  # the workers' catalogs, for a gateway without one
         **router_options,
     )
     return ServerState(
         router,
         args.served_model_name,
         api_key(args),
-        concept_labels(args, model_dir),
+        labels,
         max_model_len=args.max_model_len,
         log_requests=args.log_requests,
         model_root=model_root or model_dir,

@@ -9,7 +9,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.worker import add_quantization_arguments, check_quantization_device
+from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, add_thread_arguments, check_quantization_device
 
 if TYPE_CHECKING:
     from cde.shared.packed_attribution import PackedAttribution
@@ -19,36 +19,39 @@ if TYPE_CHECKING:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (encoded as is: no chat template)")
-    src.add_argument("--prompt-ids", help="comma-separated prompt token ids")
+    src.add_argument("--prompt", help="prompt text (encoded as is: no chat template); this or --prompt-ids is required")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids; this or --prompt is required")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0: off")
     p.add_argument("--seed", type=int, help="sampling seed (default: random)")
     p.add_argument("--tokens-per-step", type=int, default=1, help="tokens unmasked per denoising step")
-    p.add_argument("--confidence-threshold", type=float, help="also unmask every position at least this confident")
+    p.add_argument(
+        "--confidence-threshold", type=float, help="also unmask every position at least this confident (default: off)"
+    )
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
     p.add_argument("--entropy-sampling", action="store_true", help="the reference's entropy-adaptive sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
         "--steering",
         metavar="JSON",
-        help='the API\'s `steering` object, e.g. \'{"concepts": ["ocean"], "preset": "amplify"}\'',
+        help='the API\'s `steering` object, e.g. \'{"concepts": ["ocean"], "preset": "amplify"}\' (default: unsteered)',
     )
     p.add_argument(
         "--attribution",
         metavar="JSON",
-        help='the API\'s `attribution` field: true, or e.g. \'{"top_k": 5, "per_token": true}\'',
+        help='the API\'s `attribution` field: true, or e.g. \'{"top_k": 5, "per_token": true}\' (default: off)',
     )
     p.add_argument(
         "--concept-labels",
         metavar="PATH",
         help="concept labels for steering by name and for attribution (default: as `cde serve` finds them)",
     )
-    p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     add_quantization_arguments(p)
+    add_thread_arguments(p, workers=False)
     p.add_argument(
         "--json",
         action="store_true",
@@ -61,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from cde.shared.protocol import BlockResult, GenerateRequest
     from cde.worker.engine import Engine, EngineArgs, resolve_device
 
-    check_quantization_device(args, resolve_device(args.device))
+    device = resolve_device(args.device)
+    check_quantization_device(args, device)
     resolve_model_args(args, "generate")
+    if device == "cpu":
+        from cde.worker.cpu_threads import set_cpu_threads
+
+        set_cpu_threads(args.threads)
     engine = Engine(
         EngineArgs(
             args.model,

@@ -9,12 +9,14 @@ from cde.shared.config import PRESETS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output directory")
-    p.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    p.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model shape (required)")
     p.add_argument("--instruct", action="store_true", help="instruct vocabulary (100284) and chat template")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="float32")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument(
+        "--dtype", choices=["bfloat16", "float16", "float32"], default="float32", help="dtype the weights are stored in"
+    )
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster for 8b)")
-    p.add_argument("--max-shard-gb", type=float, default=4.0)
+    p.add_argument("--max-shard-gb", type=float, default=4.0, help="largest safetensors shard, in GiB")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ or a Hugging Face Hub id, resolved to a local directory before any model work.""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 MODEL_HELP = (
-    "checkpoint directory, or Hugging Face Hub id org/name (fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
+    "checkpoint directory, `cde-reference` (the built-in demo model), or Hugging Face Hub id org/name "
+    "(fetched into HF_HOME; HF_TOKEN, HF_HUB_OFFLINE apply)"
 )
 
 
@@ -34,10 +36,38 @@ def resolve_model_args(args: argparse.Namespace, command: str, demo: bool = True
 
             args.model = str(demo_model_dir())
         return None
+    from cde.worker.demo_model import DEMO_NAME
+
+    if args.model == DEMO_NAME and not Path(DEMO_NAME).exists():  # the name the server reports
+        from cde.worker.demo_model import demo_model_dir
+
+        args.model = str(demo_model_dir())
+        return None
     hub_id = args.model if is_hub_id(args.model) else None
     args.model_from_hub = hub_id is not None  # its concept catalog is then fetched from the Hub too
     try:
         args.model = str(resolve_model(args.model, args.revision))
     except HubError as exc:
         raise SystemExit(f"cde {command}: {exc}") from None
+    if demo:  # a command that loads the weights: a wrong path fails here, in one line, not in a worker
+        check_checkpoint_dir(args.model, command)
     return hub_id
+
+
+def check_checkpoint_dir(path: str, command: str) -> None:
+    """What can be checked without torch: the directory, a valid config.json, weight files. The
+    tensors' names and shapes are checked when the weights load."""
+    from cde.shared.config import ConfigError, ModelConfig
+
+    where = Path(path)
+    if not where.is_dir():
+        raise SystemExit(
+            f"cde {command}: model directory {path!r} does not exist (give a checkpoint directory, "
+            "cde-reference, or a Hub id org/name)"
+        )
+    try:
+        ModelConfig.from_json(where / "config.json")
+    except ConfigError as exc:
+        raise SystemExit(f"cde {command}: {exc}") from None
+    if not any(where.glob("*.safetensors")):
+        raise SystemExit(f"cde {command}: no *.safetensors weights in {path}")

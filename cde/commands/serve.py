@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from cde.commands.gateway import add_http_arguments, api_key, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
@@ -21,6 +22,7 @@ from cde.commands.worker import (
     add_attention_arguments,
     add_fair_share_arguments,
     add_quantization_arguments,
+    add_thread_arguments,
     attention_flags,
     flashblock_default,
     kv_splits,
@@ -41,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
     add_fair_share_arguments(p)
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
+    add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
     add_http_arguments(p)
@@ -77,9 +80,6 @@ def _spawn(
         env.pop("CDE_API_KEY", None)  # a worker needs no gateway secret
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        elif "OMP_NUM_THREADS" not in env:
-            # CPU workers share the cores: oversubscribed torch threads slow every step ~10x.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
         cmd = [
             sys.executable,
             "-m",
@@ -99,11 +99,17 @@ def _spawn(
             str(max_running_per_client(args)),
             "--parent-pid",
             str(os.getpid()),
+            # CPU workers share the cores: each sets its threads from them (worker.cpu_threads).
+            "--host-workers",
+            str(n),
+            *(["--threads", str(args.threads)] if args.threads else []),
             *attention_flags(args),
             *quantization_flags(args),
         ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]
+        if args.concept_labels:  # the catalog other gateways fetch from these workers too
+            cmd += ["--concept-labels", args.concept_labels]
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
         # the gateway has drained its requests.
         procs.append(subprocess.Popen(cmd, env=env, process_group=0))
@@ -187,9 +193,10 @@ def run(args: argparse.Namespace) -> int:
     max_running_per_client(args)
     quantization(args)
     # Resolved once here (one download, one progress bar); the workers get the local directory.
-    name = args.model
     hub_id = resolve_model_args(args, "serve")
     args.served_model_name = args.served_model_name or hub_id
+    # The name clients send, as the workers report it (a directory is served under its own name).
+    name = args.served_model_name or Path(args.model).resolve().name
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
     sockdir = tempfile.mkdtemp(prefix="cde-")
@@ -203,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits_from_args(args),
         )
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
-        banner = _ReadyBanner(f"CDE serving {name or args.model} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
+        banner = _ReadyBanner(f"CDE serving {name} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
         return serve_http(
             app,
             args.host,

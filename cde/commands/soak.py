@@ -32,7 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
     p.add_argument("--model", help="model name (default: the first of /v1/models)")
     p.add_argument("--duration", type=float, default=300.0, help="seconds of load (after the reference runs)")
-    p.add_argument("--num-requests", type=int, help="stop after this many requests instead (whichever comes first)")
+    p.add_argument(
+        "--num-requests",
+        type=int,
+        help="stop after this many requests instead (whichever comes first; default: no count, only --duration)",
+    )
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     p.add_argument("--pool-size", type=int, default=24, help="distinct requests (each also gets a stop-string twin)")
     p.add_argument(
@@ -45,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=0.15, help="share of other requests with a short client deadline")
     p.add_argument("--rss-slack-mb", type=float, default=64.0, help="resident memory growth allowed per process")
     p.add_argument("--allow-server-errors", action="store_true", help="for soaks with injected faults")
-    p.add_argument("--api-key")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="OUT", help="also write the results as JSON here")
+    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY` (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="the mix of requests and their prompts")
+    p.add_argument("--json", metavar="OUT", help="also write the results as JSON here (default: only the report)")
 
 
 async def read_metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:

@@ -15,6 +15,7 @@ from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 from cde.shared.logs import setup_logging
 
 if TYPE_CHECKING:
+    from cde.shared.catalog_file import CatalogFile
     from cde.shared.protocol import FlashBlockSpec
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
@@ -37,16 +38,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--curve-secret-key",
         metavar="FILE",
-        help="this worker's CURVE key pair (NAME.key_secret): encrypt the link and admit only --curve-authorized-keys",
+        help="this worker's CURVE key pair (NAME.key_secret): encrypt the link and admit only "
+        "--curve-authorized-keys (default: none, a plain link)",
     )
     p.add_argument(
         "--curve-authorized-keys",
         metavar="FILE|DIR",
-        help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR",
+        help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR "
+        "(default: none)",
     )
     p.add_argument(
-        "--parent-pid", type=int, help="exit when this process is no longer our parent (used by `cde serve`)"
+        "--concept-labels",
+        metavar="PATH",
+        help="concept catalog sent to the gateways that connect (default: as `cde serve` finds it: "
+        "$STEERLING_CONCEPTS_PATH, concept_labels.* in the model directory, the Hub cache)",
     )
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        help="exit when this process is no longer our parent (used by `cde serve`; default: none)",
+    )
+    p.add_argument(
+        "--host-workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="CPU: worker processes sharing this host's cores (`cde serve` passes its --workers)",
+    )
+    add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
 
@@ -70,6 +89,17 @@ def max_running_per_client(args: argparse.Namespace) -> int:
     if not 1 <= n <= args.max_running:
         raise SystemExit(f"--max-running-per-client must be in [1, --max-running ({args.max_running})]")
     return n
+
+
+def add_thread_arguments(p: argparse.ArgumentParser, workers: bool = True) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU: torch's intra-op threads (default: $OMP_NUM_THREADS if set, else this host's usable cores "
+        + ("divided among its workers, " if workers else "")
+        + "at most the cores its load leaves idle)",
+    )
 
 
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
@@ -181,6 +211,19 @@ def attention_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def catalog_file(args: argparse.Namespace) -> CatalogFile | None:
+    """The concept catalog this worker sends to its gateways, found as a gateway finds its own."""
+    from cde.shared.catalog import find_catalog
+    from cde.shared.catalog_file import CatalogFile
+
+    path = find_catalog(args.concept_labels, args.model, getattr(args, "model_from_hub", False))
+    if path is None:
+        return None
+    catalog = CatalogFile.read(path)
+    logging.getLogger("cde.worker").info("concept catalog %s (sha256 %s)", path, catalog.digest[:12])
+    return catalog
+
+
 def run(args: argparse.Namespace) -> int:
     from cde.cli import STARTED
     from cde.shared.curve import CurveKeyError, CurveServer
@@ -200,9 +243,15 @@ def run(args: argparse.Namespace) -> int:
     quantization(args)
     setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
     served = resolve_model_args(args, "worker")
+    catalog = catalog_file(args)  # a bad path fails before the weights load
     from cde.worker.engine import resolve_device
 
-    check_quantization_device(args, resolve_device(args.device))
+    device = resolve_device(args.device)
+    check_quantization_device(args, device)
+    if device == "cpu":
+        from cde.worker.cpu_threads import set_cpu_threads
+
+        set_cpu_threads(args.threads, args.host_workers)
     engine = Engine(
         EngineArgs(
             args.model,
@@ -219,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     # From the process's start: imports, weights, compilation and graph capture.
     ready_s = time.monotonic() - STARTED
     logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})
-    run_worker(engine, args.bind, args.served_model_name or served, args.parent_pid, curve)
+    run_worker(engine, args.bind, args.served_model_name or served, args.parent_pid, curve, catalog)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

@@ -2,7 +2,7 @@
 // /v1/concepts), and runs of /v1/completions with stream_denoise, one column per run (steered,
 // and unsteered with the same seed when comparing).
 import { Api } from "./api.js";
-import { RunView } from "./render.js";
+import { descriptions, RunView, titleOf } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 const api = new Api(() => $("api_key").value.trim());
@@ -157,6 +157,21 @@ function frameMeter() {
   };
 }
 
+// A concept label's hover shows its catalog description, fetched once per concept (k=1: the
+// route also asks a worker for the concept's top tokens, and one is enough).
+async function describe(label) {
+  const id = Number(label.dataset.conceptId);
+  if (descriptions.has(id)) return;
+  descriptions.set(id, "");
+  try {
+    const concept = await api.get(`/concepts/${id}?k=1`);
+    descriptions.set(id, concept.description || "");
+    label.title = titleOf(label.title, concept.description);
+  } catch {
+    descriptions.delete(id); // a later hover tries again
+  }
+}
+
 // ---- wiring ----------------------------------------------------------------------------------
 $("controls").addEventListener("submit", generate);
 $("stop").addEventListener("click", () => controller?.abort());
@@ -178,6 +193,10 @@ $("concept_search").addEventListener("keydown", (e) => {
 });
 $("strength").addEventListener("input", () => {
   $("strength_value").textContent = $("strength").value;
+});
+$("runs").addEventListener("mouseover", (e) => {
+  const label = e.target.closest(".label[data-concept-id]");
+  if (label) describe(label);
 });
 $("api_key").addEventListener("change", loadModel);
 loadModel();

@@ -4,6 +4,13 @@
 // the DOM changes once per animation frame, however many events arrived in between.
 
 const BLOCK = 64;
+// Why the ε share can be negative: it is the residual's signed share of the mass of the
+// token's logit (the API's epsilon_pct, a mean over the chunk): below zero, the concepts
+// together overshoot the logit and the residual pulls it back.
+const EPSILON_HELP =
+  "ε share: the part of the token's logit that the listed concept heads do not explain (the residual), " +
+  "as a signed share of the attribution mass, averaged over the block. Negative: the concepts together " +
+  "push the logit past its value and the residual pulls it back.";
 
 export class RunView {
   constructor(root, title, maxTokens) {
@@ -197,8 +204,11 @@ class Block {
     for (const c of this.chunk.concepts) list.append(conceptRow(c, top));
     const eps = document.createElement("div");
     eps.className = "eps";
+    eps.title = EPSILON_HELP;
     eps.innerHTML = `<span>ε share</span><span class="bar"><span></span></span><span class="val"></span>`;
-    eps.querySelector(".bar span").style.width = `${Math.min(Math.abs(this.chunk.epsilon_pct), 100)}%`;
+    const bar = eps.querySelector(".bar span");
+    bar.style.width = `${Math.min(Math.abs(this.chunk.epsilon_pct), 100)}%`;
+    bar.className = this.chunk.epsilon_pct < 0 ? "neg" : "";
     eps.querySelector(".val").textContent = `${this.chunk.epsilon_pct.toFixed(1)}%`;
     this.panel.replaceChildren(note(this.frozen ? "chunk concepts (final)" : "chunk concepts (so far)"), list, eps);
   }
@@ -210,12 +220,24 @@ function conceptRow(c, top) {
   li.innerHTML = `<span class="badge"></span><span class="label"></span><span class="bar"><span></span></span><span class="val"></span>`;
   li.querySelector(".badge").textContent = c.type === "known" ? "K" : "D";
   li.querySelector(".badge").title = c.type;
-  li.querySelector(".label").textContent = c.label;
+  // The badge says known or discovered, so the label drops the API's "Known: " / "Discovered: "
+  // prefix; it wraps rather than being cut, and the hover shows it whole with the description.
+  const label = li.querySelector(".label");
+  label.textContent = c.label.replace(/^(Known|Discovered): /, "");
+  label.title = titleOf(c.label, descriptions.get(c.id));
+  if (c.type === "known") label.dataset.conceptId = c.id;
   const bar = li.querySelector(".bar span");
   bar.style.width = `${(100 * Math.abs(c.contribution)) / top}%`;
   bar.className = c.contribution < 0 ? "neg" : "pos";
   li.querySelector(".val").textContent = c.contribution.toExponential(2);
   return li;
+}
+
+// Known concept id -> its catalog description, filled by the page on a label's first hover.
+export const descriptions = new Map();
+
+export function titleOf(label, description) {
+  return description ? `${label}\n${description}` : label;
 }
 
 function note(text) {

@@ -149,9 +149,14 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     assert len(panels) == len(chunks) == 5  # the prompt's tail block, then 4 more (256 tokens)
     for panel, chunk in zip(panels, chunks):
         labels = [e.text_content() for e in panel.query_selector_all(".label")]
+        titles = [e.get_attribute("title").split("\n")[0] for e in panel.query_selector_all(".label")]
         badges = [e.text_content() for e in panel.query_selector_all(".badge")]
-        assert labels == [c["label"] for c in chunk["concepts"]]
-        assert not [label for label in labels if label.startswith("Known: #")]  # the catalog names them
+        # The badge says known or discovered; the label is the name, whole (the hover: the API's label).
+        assert labels == [c["label"].split(": ", 1)[1] for c in chunk["concepts"]]
+        assert titles == [c["label"] for c in chunk["concepts"]]
+        known = [label for label, c in zip(labels, chunk["concepts"]) if c["type"] == "known"]
+        assert known and not [label for label in known if label.startswith("#")]  # the catalog names them
+        assert all(_fits(e) for e in panel.query_selector_all(".label")), labels
         assert badges == ["K" if c["type"] == "known" else "D" for c in chunk["concepts"]]
         assert panel.query_selector(".eps .val").text_content() == f"{chunk['epsilon_pct']:.1f}%"
     print("\nsteered run:", page.text_content("#perf"))
@@ -230,4 +235,42 @@ def test_clicking_a_token_shades_the_prompt_by_its_input_attribution(server, bro
     strongest = max(spans, key=lambda s: s[1])
     assert strongest[0] == expected["inputs"][0]["position"] and strongest[1] == 1.0
     assert page.is_visible(f"#run-unsteered .cell.selected[data-offset='{offset}']")
+    page.close()
+
+
+def _fits(element) -> bool:
+    """The element shows all of its text: nothing cut off to its right."""
+    return element.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+
+
+def test_the_generate_button_works_with_every_default(server, browser):
+    """A fresh page, nothing touched, a click on Generate: every default passes the browser's own
+    form validation (a top-p field whose step made 1 invalid once blocked the submit silently), a
+    request goes out, and blocks arrive. A concept label's hover shows its catalog description."""
+    assert any(line.startswith("CDE serving cde-reference (") for line in server.output)  # the banner names it
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:has-text('model: cde-reference')")
+    invalid = page.eval_on_selector_all(
+        "#controls input",
+        "inputs => inputs.filter(i => !i.checkValidity()).map(i => i.id + ': ' + i.validationMessage)",
+    )
+    assert invalid == []
+    with page.expect_request(lambda r: r.url.endswith("/v1/completions"), timeout=10_000) as sent:
+        page.click("#generate")
+    body = sent.value.post_data_json
+    assert body["prompt"] == "Tell me about the ocean." and body["top_p"] == 1 and body["max_tokens"] == 256
+    page.wait_for_selector("#run-unsteered .block.frozen .concept", timeout=120_000)  # a whole block
+    page.click("#stop")
+    page.wait_for_selector("#status:has-text('stopped')")
+    label = page.query_selector("#run-unsteered .block.frozen .concept.known .label")
+    concept_id = label.get_attribute("data-concept-id")
+    expected = httpx.get(f"{server.base_url}/concepts/{concept_id}", timeout=30).json()
+    assert expected["description"]
+    label.hover()
+    deadline = time.monotonic() + 10
+    while "\n" not in (label.get_attribute("title") or ""):
+        assert time.monotonic() < deadline, label.get_attribute("title")
+        time.sleep(0.05)
+    assert label.get_attribute("title").split("\n") == [f"Known: {expected['name']}", expected["description"]]
     page.close()

@@ -78,15 +78,19 @@ def test_generate_with_the_demo_model_solves_held_out_arithmetic(tmp_path):
     assert cfg.instruct and cfg.n_concepts == 77
 
 
-def test_cli_errors(tmp_path):
-    res = cde("generate", "--model", str(tmp_path / "missing"), "--prompt-ids", "1", "--max-tokens", "2")
-    assert res.returncode != 0 and "CheckpointError" in res.stderr and "does not exist" in res.stderr
-    res = cde("make-model", "--preset", "nope", str(tmp_path / "x"))
-    assert res.returncode == 2 and "invalid choice" in res.stderr
-    for command in ("serve", "worker"):
-        for bad in ("0", "65"):
-            res = cde(command, "--kv-splits", bad)
-            assert res.returncode == 1 and "--kv-splits must be in [1, 64]" in res.stderr
+def test_cde_reference_names_the_demo_model(tmp_path):
+    """The name the server reports works as --model: the same tokens as the unpacked directory,
+    steering by a catalog name and attribution labelled from the demo's catalog."""
+    from cde.worker.demo_model import demo_model_dir
+
+    args = ["--prompt", "Tell me about the ocean.", "--max-tokens", "8", "--json"]
+    args += ["--steering", '{"concepts": ["Space"], "strength": 8}', "--attribution", '{"top_k": 3}']
+    by_name = cde("generate", "--model", "cde-reference", *args, env={"OMP_NUM_THREADS": "1"})
+    assert by_name.returncode == 0 and not by_name.stderr.strip(), by_name.stderr
+    by_path = cde("generate", "--model", str(demo_model_dir()), *args, env={"OMP_NUM_THREADS": "1"})
+    assert json.loads(by_name.stdout) == json.loads(by_path.stdout)
+    [chunk] = json.loads(by_name.stdout)["attribution"]["chunks"]
+    assert [c for c in chunk["concepts"] if c["type"] == "known" and not c["label"].startswith("Known: #")]
 
 
 def test_help_shows_defaults_and_never_the_api_key():
@@ -97,7 +101,9 @@ def test_help_shows_defaults_and_never_the_api_key():
     assert "--host HOST address to listen on (0.0.0.0: every IPv4 interface) (default: 127.0.0.1)" in text
     assert "--device {auto,cpu,cuda} auto: cuda when a GPU is visible, else cpu (default: auto)" in text
     assert "--dtype {auto,float32,bfloat16} weights and activations;" in text
-    assert "--model MODEL checkpoint directory, or Hugging Face Hub id org/name" in text
+    assert (
+        "--model MODEL checkpoint directory, `cde-reference` (the built-in demo model), or Hugging Face Hub id" in text
+    )
     assert "(default: None)" not in text and "sk-very-secret" not in text
     for command in (["worker"], ["generate"], ["bench", "engine"], ["gateway"]):
         res = cde(*command, "--help")

@@ -85,8 +85,6 @@ FLOORS = {"arithmetic": 0.8, "word_problem": 0.8, "sorting": 0.5, "reversal": 0.
 def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     """`cde eval` as CI runs it on the shipped model: held-out accuracy per family above its floor,
     amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off."""
-    from cde.worker.demo_model import demo_model_dir
-
     out = tmp_path / "eval.json"
     cmd = [
         sys.executable,
@@ -94,7 +92,7 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
         "cde",
         "eval",
         "--model",
-        str(demo_model_dir()),
+        "cde-reference",  # the name the server reports resolves to the shipped model
         "--limit",
         "2",
         "--settings",

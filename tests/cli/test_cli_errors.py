@@ -1,0 +1,118 @@
+"""Errors a user can cause, each run as a real `python -m cde` process: one line on stderr that
+names the command and the cause, exit status 1, no traceback; `--debug` or CDE_DEBUG=1 brings the
+traceback back."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cde.worker.checkpoint import make_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cde(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cde", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        check=False,
+    )
+
+
+def one_line(res: subprocess.CompletedProcess, command: str, *says: str) -> None:
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1, res.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"cde {command}: "), res.stderr
+    assert all(s in lines[0] for s in says), res.stderr
+
+
+def log_messages(stderr: str) -> list[str]:
+    """The gateway logs JSON lines; anything else on stderr is a plain line (the worker's error)."""
+    out = []
+    for line in stderr.strip().splitlines():
+        try:
+            out.append(json.loads(line)["msg"])
+        except (ValueError, KeyError):
+            out.append(line)
+    return out
+
+
+@pytest.fixture(scope="module")
+def missing_tensors(tmp_path_factory) -> Path:
+    """A checkpoint whose config.json names a layer its weights do not have: every check that can
+    be made without loading passes, the load fails."""
+    out = make_model("tiny", tmp_path_factory.mktemp("ckpt") / "tiny")
+    config = json.loads((out / "config.json").read_text())
+    config["n_layers"] += 1
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_a_missing_model_directory(tmp_path):
+    for command in ("serve", "generate", "worker", "eval"):
+        extra = ["--prompt", "hi"] if command == "generate" else []
+        res = cde(command, "--model", str(tmp_path / "nowhere"), *extra, timeout=60)
+        one_line(res, command, "does not exist", str(tmp_path / "nowhere"))
+
+
+def test_a_bad_config(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    one_line(cde("serve", "--model", str(tmp_path), timeout=60), "serve", "config.json", "invalid JSON")
+    (tmp_path / "config.json").write_text(json.dumps({"n_layers": 0}))
+    one_line(cde("generate", "--model", str(tmp_path), "--prompt", "hi", timeout=60), "generate", "n_layers")
+
+
+def test_a_checkpoint_whose_tensors_do_not_match(missing_tensors):
+    res = cde("generate", "--model", str(missing_tensors), "--prompt", "hi")
+    one_line(res, "generate", "missing tensor(s)", "transformer.blocks.2.")
+    for debug in (["--debug"], []):
+        res = cde(
+            "generate",
+            "--model",
+            str(missing_tensors),
+            "--prompt",
+            "hi",
+            *debug,
+            env={"CDE_DEBUG": "1"} if not debug else None,
+        )
+        assert res.returncode == 1 and "Traceback (most recent call last)" in res.stderr
+        assert "CheckpointError: checkpoint is missing tensor(s)" in res.stderr
+
+
+def test_bad_flag_combinations(tmp_path):
+    one_line(cde("worker", "--curve-secret-key", str(tmp_path / "k"), timeout=60), "worker", "go together")
+    one_line(cde("serve", "--kv-splits", "0", timeout=60), "serve", "--kv-splits must be in [1, 64]")
+    one_line(cde("gateway", timeout=60), "gateway", "--worker")
+    one_line(cde("eval", "--model", "", timeout=60), "eval", "--model is empty")
+
+
+def test_a_port_in_use():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = cde("gateway", "--worker", "tcp://127.0.0.1:9", "--port", str(port), timeout=60)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    errors = [m for m in log_messages(res.stderr) if "error" in m.lower()]
+    assert len(errors) == 1 and "address already in use" in errors[0], res.stderr
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_loading_its_model(missing_tensors):
+    """`cde serve` whose worker fails at load: the worker says why in one line, the gateway that
+    it died, and serve exits 1; no traceback from any of the three processes' layers."""
+    res = cde("serve", "--model", str(missing_tensors), "--port", "0", "--startup-timeout", "200")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    messages = log_messages(res.stderr)
+    [worker] = [m for m in messages if m.startswith("cde worker: ")]
+    assert "missing tensor(s)" in worker
+    assert "RuntimeError: worker-0 exited with code 1 during startup" in messages
+    assert all("\n" not in m for m in messages)
