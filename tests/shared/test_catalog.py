@@ -188,7 +188,7 @@ def test_a_missing_catalog_stops_the_server_with_a_message(tmp_path):
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert f"cde: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr
+    assert f"cde gateway: --concept-labels: no concept catalog at {tmp_path / 'nope.parquet'}" in out.stderr
 
 
 class _FakeHub(http.server.BaseHTTPRequestHandler):
