@@ -2,7 +2,8 @@
 requests that use every per-request feature, arriving and being aborted at random, checks after
 every step that each side table holds only live requests:
 - the scheduler's attribution of active blocks: running requests only;
-- input-attribution jobs: running requests, or finished ones whose results still wait for their IG;
+- input-attribution jobs: waiting or running requests, or finished ones whose results still wait
+  for their IG;
 - steering state: a running request's slot has it exactly when the request steers;
 - nothing of an aborted request anywhere.
 At the end every table is empty and every page free."""
@@ -35,6 +36,10 @@ def random_request(rng: random.Random, i: int) -> GenerateRequest:
         [rng.randrange(100000) for _ in range(rng.randint(1, 2 * PAGE))],
         max_tokens=rng.randint(1, PAGE + 16),
         temperature=rng.choice([0.0, 0.8]),
+        top_p=rng.choice([1.0, 0.9]),
+        top_k=rng.choice([0, 40]),
+        entropy_sampling=rng.random() < 0.2,
+        confidence_threshold=rng.choice([None, 0.5]),
         seed=i,
         tokens_per_step=rng.choice([8, 16, 32]),
         repetition_penalty=rng.choice([1.0, 1.3]),
@@ -50,12 +55,13 @@ def random_request(rng: random.Random, i: int) -> GenerateRequest:
 def check_side_tables(engine: Engine, aborted: set[str]) -> None:
     s, inputs = engine.scheduler, engine.inputs
     running = {seq.id: seq for seq in s.running}
+    waiting = {seq.id for seq in s.waiting}
     assert set(s.block_attribution) <= set(running), "attribution of a request that is not running"
     for rid, job in inputs.requests.items():
-        assert rid in running or job.queue, f"input-attribution job of {rid} with nothing left to do"
+        assert rid in running or rid in waiting or job.queue, f"input-attribution job of {rid} with nothing to do"
     for seq in running.values():
         assert (seq.slot in engine.runner.steering) == (seq.req.steering is not None), seq.id
-    left = aborted & (set(s.block_attribution) | set(inputs.requests) | set(running))
+    left = aborted & (set(s.block_attribution) | set(inputs.requests) | set(running) | waiting)
     assert not left, f"aborted requests still held: {left}"
 
 
