@@ -12,12 +12,16 @@ canary, and pytest runs there with that copy first on the import path. The packa
 editable from the real checkout, but its import hook comes after the path entries, so the copy's
 modules win; `check_isolation` proves it before anything runs.
 
-A canary whose snippet is no longer found exactly once fails loudly (the code moved: update the
-canary), and so does one whose tests error out instead of failing (exit status other than 1).
+The verdict comes from what ran, read from pytest's JUnit XML report, never from its exit status
+alone (a python without pytest also exits 1): "caught" only when pytest collected the canary's
+tests and at least one of them failed an assertion; "SURVIVED" when they ran and passed; anything
+else (no pytest, no report, an import or collection error, a fixture error, no test selected, a
+timeout, a snippet no longer found exactly once) is BROKEN, and fails the run as a survivor does.
 
     python scripts/mutation_canaries.py            # all, two at a time
     python scripts/mutation_canaries.py -k sampler # names containing "sampler"
     python scripts/mutation_canaries.py --list
+    python scripts/mutation_canaries.py --canaries other.toml  # another list (the runner's own test)
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 CANARIES = Path(__file__).with_name("canaries.toml")
 PACKAGES = ("cde", "gateway", "kernels", "shared", "worker", "tests")  # folders copied
 MODULES = ("cde", "cde.gateway", "cde.kernels", "cde.shared", "cde.worker", "tests")  # must come from the copy
-TIMEOUT_S = 150  # per canary: a mutation that makes a test hang must still end
+TIMEOUT_S = 150  # per canary by default: a mutation that makes a test hang must still end
+REPORT = ".canary-junit.xml"  # pytest's JUnit XML report, written in the scratch copy
 
 
 @dataclass
@@ -49,6 +55,7 @@ class Canary:
     replace: str
     tests: list[str]
     why: str = ""
+    timeout_s: float = TIMEOUT_S  # a canary whose tests are slow under load states its own
 
 
 @dataclass
@@ -59,7 +66,7 @@ class Outcome:
     detail: str = ""
 
 
-def load(path: Path = CANARIES) -> list[Canary]:
+def load(path: Path) -> list[Canary]:
     return [Canary(**c) for c in tomllib.loads(path.read_text())["canary"]]
 
 
@@ -122,14 +129,57 @@ def mutate(tree: Path, c: Canary) -> None:
     path.write_text(text.replace(c.find, c.replace))
 
 
-def pytest(tree: Path, tests: list[str]) -> tuple[int | None, str]:
-    """pytest's exit status (None: it ran past TIMEOUT_S) and the tail of its output."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--show-capture=no", *tests]
+@dataclass
+class Run:
+    """What one pytest run did: its exit status (None: killed at the timeout), the test cases its
+    JUnit report lists (None: it wrote no report, so pytest never ran), and its output's tail."""
+
+    rc: int | None
+    cases: list[ET.Element] | None
+    tail: str
+
+    def count(self, outcome: str) -> int:
+        return sum(c.find(outcome) is not None for c in self.cases or [])
+
+    def verdict(self) -> tuple[str, str]:
+        if self.rc is None:
+            return "BROKEN", self.tail
+        if self.cases is None:
+            return "BROKEN", f"pytest wrote no report (exit {self.rc}): it did not run\n{self.tail}"
+        failed, errors = self.count("failure"), self.count("error")
+        passed = len(self.cases) - failed - errors - self.count("skipped")
+        summary = f"pytest exit {self.rc}: {len(self.cases)} collected, {failed} failed, {errors} errors"
+        if errors:  # an import, collection or fixture error: the tests never got to judge the code
+            return "BROKEN", f"{summary} (errors are not failures)\n{self.tail}"
+        if failed and self.rc == 1:
+            return "caught", f"{summary}\n{self.tail}"
+        if not failed and passed and self.rc == 0:
+            return "SURVIVED", f"{summary}\n{self.tail}"
+        return "BROKEN", f"{summary}, {passed} passed: no test judged the code\n{self.tail}"
+
+
+def load_factor() -> float:
+    """How many times over the machine's cores are busy (1 when idle or just full): a canary's
+    timeout stretches by it, so that a loaded CI machine slows a canary down without killing it."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def pytest(tree: Path, tests: list[str], timeout_s: float) -> Run:
+    timeout_s *= load_factor()
+    report = tree / REPORT
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--show-capture=no"]
+    cmd += [f"--junitxml={report}", *tests]
     try:
-        res = subprocess.run(cmd, cwd=tree, env=env_for(tree), capture_output=True, text=True, timeout=TIMEOUT_S)
+        res = subprocess.run(cmd, cwd=tree, env=env_for(tree), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return None, f"tests ran past {TIMEOUT_S} s"
-    return res.returncode, "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+        return Run(None, None, f"tests ran past {timeout_s:.0f} s")
+    tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+    try:
+        cases = ET.parse(report).getroot().findall(".//testcase")
+    except (OSError, ET.ParseError):
+        cases = None
+    return Run(res.returncode, cases, tail)
 
 
 def run_one(files: list[str], c: Canary, keep: bool, baseline: bool) -> Outcome:
@@ -138,18 +188,15 @@ def run_one(files: list[str], c: Canary, keep: bool, baseline: bool) -> Outcome:
     try:
         copy_tree(files, tree)
         if baseline:
-            rc, tail = pytest(tree, c.tests)
-            if rc != 0:
-                return Outcome(c, "BROKEN", time.monotonic() - t0, f"fails without the mutation (exit {rc})\n{tail}")
+            verdict, detail = pytest(tree, c.tests, c.timeout_s).verdict()
+            if verdict != "SURVIVED":  # unmutated, the tests must run and pass
+                return Outcome(c, "BROKEN", time.monotonic() - t0, f"without the mutation: {verdict}\n{detail}")
         try:
             mutate(tree, c)
         except LookupError as exc:
             return Outcome(c, "BROKEN", time.monotonic() - t0, str(exc))
-        rc, tail = pytest(tree, c.tests)
-        # 1: tests failed (caught); 0: all passed (the bug survived); anything else: the
-        # selection did not run (bad node id, collection error, a hang) and proves nothing.
-        verdict = {0: "SURVIVED", 1: "caught"}.get(rc, "BROKEN")
-        return Outcome(c, verdict, time.monotonic() - t0, f"pytest exit {rc}\n{tail}")
+        verdict, detail = pytest(tree, c.tests, c.timeout_s).verdict()
+        return Outcome(c, verdict, time.monotonic() - t0, detail)
     finally:
         if keep:
             print(f"kept {tree} ({c.name})", flush=True)
@@ -162,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", dest="match", default="", help="only canaries whose name contains this")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="canaries run at once (default 2)")
     ap.add_argument("--list", action="store_true", help="list the canaries and exit")
+    ap.add_argument("--canaries", type=Path, default=CANARIES, help="the list to run (default: %(default)s)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch copies (their paths are printed)")
     ap.add_argument(
         "--baseline",
@@ -170,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="print the test output of every canary")
     args = ap.parse_args(argv)
-    canaries = [c for c in load() if args.match in c.name]
+    canaries = [c for c in load(args.canaries) if args.match in c.name]
     if args.list:
         for c in canaries:
             print(f"{c.name}: {c.file} -> {' '.join(c.tests)}")

@@ -9,6 +9,8 @@ import pytest
 
 from tests.api_server import ServerProcess
 
+pytestmark = pytest.mark.serial  # "the server stays fast": a wall-clock bound, alone on the machine
+
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):

@@ -13,6 +13,9 @@ import pytest
 
 from tests.api_server import ServerProcess, pid_alive
 
+# A killed worker's requests fail within 5 s, and a drain's timing: alone on the machine.
+pytestmark = pytest.mark.serial
+
 MAX_RUNNING, MAX_QUEUE = 3, 1  # capacity: 4 requests per worker
 
 

@@ -15,6 +15,7 @@ from tests.api_server import REPO
 
 
 @pytest.mark.netns
+@pytest.mark.serial  # three network namespaces, a gateway and two workers: the machine's network and cores
 @pytest.mark.slow
 def test_gateway_and_workers_on_three_hosts():
     run = subprocess.run(

@@ -96,6 +96,7 @@ def test_no_frame_from_a_worker_stops_the_gateway(fake_and_gateway):
     assert max(len(line) for line in gateway.lines) < 4000, "a worker's frame went whole into the log"
 
 
+@pytest.mark.serial  # heartbeat timeouts of a second: alone on the machine
 async def test_a_stalled_event_loop_does_not_mark_a_live_worker_down():
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     fake = FakeWorker(endpoint)

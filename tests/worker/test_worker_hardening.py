@@ -121,6 +121,7 @@ def heavy_frame(rid: str) -> bytes:
     return frame
 
 
+@pytest.mark.serial  # a ping's wall-clock bound: alone on the machine
 def test_heavy_frames_do_not_delay_a_ping(worker, peers):
     heavy, prober = peers(), peers()
     heartbeat(prober)
@@ -146,6 +147,7 @@ def test_a_list_past_the_wire_limit_is_refused_from_its_header(worker, peers):
     assert heartbeat(prober).running == 0
 
 
+@pytest.mark.serial  # decoding times measured against each other: alone on the machine
 def test_frames_under_the_limit_are_bounded_on_arrival(worker, peers):
     """Finding 4 of issue 32: 60 frames just under 4 MiB were all queued (RSS +450 MB) and all
     decoded before the next step (a 16-token request took 38 s instead of 1.3 s). Now a peer

@@ -1,0 +1,35 @@
+"""The router's tie-break: between equally loaded workers it takes turns, so that one after another
+requests (each done before the next) spread over every worker instead of all landing on the
+first. A real Router in front of two real `cde worker` processes (tiny model)."""
+
+from cde.gateway.router import Router
+from cde.shared.protocol import GenerateRequest
+from cde.shared.wire import encode
+
+from tests.cde_procs import CdeProcess, free_port
+
+
+async def test_equally_loaded_workers_take_turns(tiny_dir):
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    workers = [
+        CdeProcess("worker", "--model", str(tiny_dir), "--bind", ep, "--device", "cpu", "--max-running", "2")
+        for ep in endpoints
+    ]
+    router = Router(endpoints)
+    try:
+        for w in workers:
+            w.wait_for("worker ready")
+        await router.start()
+        await router.wait_ready(60)
+        served_by = []
+        for i in range(4):
+            req = GenerateRequest(f"r{i}", [1, 2, 3], max_tokens=1)
+            handle = router.submit(req, encode(req))
+            served_by.append(handle.link.name)
+            results = [r async for r in handle.results()]
+            assert results[-1].finish_reason == "length"
+        assert served_by in (["worker-0", "worker-1"] * 2, ["worker-1", "worker-0"] * 2)
+    finally:
+        await router.stop()
+        for w in workers:
+            w.stop()
