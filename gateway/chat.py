@@ -16,6 +16,7 @@ from cde.gateway.completion_flow import (
 from cde.gateway.errors import invalid
 from cde.gateway.generation import Delta
 from cde.gateway.json_out import JsonResponse
+from cde.gateway.logprobs_render import chat_logprobs
 from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_chat, template_messages
@@ -35,6 +36,8 @@ async def create_chat_completion(request: Request) -> Response:
         )
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise invalid("set max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     tok = get_tokenizer(True)
     prompt = await encode_chat(tok, template_messages(body.messages), info)
     if len(prompt) >= info.context_len:
@@ -79,7 +82,7 @@ async def create_chat_completion(request: Request) -> Response:
             c = {
                 "index": d.index,
                 "delta": {"content": d.text} if d.text else {},
-                "logprobs": None,
+                "logprobs": None if d.logprobs is None else chat_logprobs(tok, d.token_ids, d.logprobs),
                 "finish_reason": d.finish_reason,
             }
             return {**head, "choices": [extras(c, d.token_ids, d.attribution)]}
@@ -110,7 +113,7 @@ async def create_chat_completion(request: Request) -> Response:
                 {
                     "index": c.index,
                     "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
+                    "logprobs": None if c.logprobs is None else chat_logprobs(tok, c.token_ids, c.logprobs),
                     "finish_reason": c.finish_reason,
                 },
                 c.token_ids,

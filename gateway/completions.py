@@ -14,8 +14,9 @@ from cde.gateway.completion_flow import (
     usage,
 )
 from cde.gateway.errors import invalid
-from cde.gateway.generation import Delta
+from cde.gateway.generation import Delta, TokenLogprob
 from cde.gateway.json_out import JsonResponse
+from cde.gateway.logprobs_render import CompletionLogprobs
 from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
@@ -41,7 +42,13 @@ async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: Heartbeat) ->
 async def create_completion(request: Request) -> Response:
     state, body, info = await open_request(request, CompletionRequest)
     if body.best_of is not None and body.best_of != body.n:
-        raise invalid("best_of must equal n: CDE does not rank candidates (no logprobs)", "best_of")
+        raise invalid("best_of must equal n: CDE does not rank candidates", "best_of")
+    if body.echo and body.logprobs is not None:
+        raise invalid(
+            "echo with logprobs is not supported: the prompt's tokens have no log-probabilities in a "
+            "diffusion model (nothing predicts them left to right); ask for logprobs without echo",
+            "echo",
+        )
     tok = get_tokenizer(info.instruct)
     prompts = await _prompts(body.prompt, tok, info)
     if len(prompts) * body.n > MAX_CHOICES:
@@ -58,10 +65,19 @@ async def create_completion(request: Request) -> Response:
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
     head = {"id": cmpl_id, "object": "text_completion", "created": int(time.time()), "model": body.model}
 
+    renders = [CompletionLogprobs(tok) for _ in reqs]
+
     def choice(
-        index: int, text: str, token_ids: list[int], finish_reason: str | None, attribution: dict | None, first: bool
+        index: int,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        attribution: dict | None,
+        first: bool,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> dict:
-        c = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        rendered = None if logprobs is None else renders[index].render(token_ids, logprobs)
+        c = {"index": index, "text": text, "logprobs": rendered, "finish_reason": finish_reason}
         if body.return_token_ids:
             c["token_ids"] = token_ids
             if first:
@@ -78,7 +94,7 @@ async def create_completion(request: Request) -> Response:
         def chunk(d: Delta, first: bool) -> dict:
             return {
                 **head,
-                "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first)],
+                "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first, d.logprobs)],
                 **extra,
             }
 
@@ -103,6 +119,7 @@ async def create_completion(request: Request) -> Response:
                 c.finish_reason,
                 c.attribution,
                 True,
+                c.logprobs,
             )
             for c in results
         ]

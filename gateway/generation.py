@@ -1,6 +1,7 @@
-"""The choices of one API request in flight: block results in, client text deltas out (streamed
-interleaved by choice index, or collected), with latency and token metrics on the way. Choices
-that asked for `stream_denoise` also yield a StepDelta per denoising step."""
+"""The choices of one API request in flight: block results (and, for token streaming, the
+committed prefixes of each block) in, client text deltas out (streamed interleaved by choice
+index, or collected), with latency and token metrics on the way. Choices that asked for
+`stream_denoise` also yield a StepDelta per denoising step."""
 
 from __future__ import annotations
 
@@ -18,20 +19,25 @@ from cde.gateway.metrics import Metrics
 from cde.gateway.router import Router
 from cde.gateway.worker_link import RequestHandle
 from cde.shared.packed_attribution import PackedAttribution
-from cde.shared.protocol import GenerateRequest, StepResult
+from cde.shared.protocol import BlockResult, GenerateRequest, PrefixResult, StepResult, TokenLogprobs
 from cde.shared.wire import WireError, encode_all
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
 
 
+# Per token, when asked: (logprob, top ids, top logprobs), shared/protocol.TokenLogprobs row by row.
+TokenLogprob = tuple[float, list[int], list[float]]
+
+
 @dataclass
 class Delta:
     index: int
     text: str
-    token_ids: list[int]
+    token_ids: list[int]  # the tokens this delta's text counts (usage.completion_tokens)
     finish_reason: str | None = None
     attribution: dict | None = None  # on the finish delta, when the request asked
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     attribution: dict | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 # Above this many list entries (prompt ids, concepts, mask keys), a request's choices are
@@ -78,6 +85,7 @@ class Generation:
         self._render = render_attribution
         self._decode = tokenizer.decode
         self._views = denoise_views
+        self._reqs = reqs
         self.started = time.monotonic()
         self.completion_tokens = 0
         self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
@@ -96,7 +104,13 @@ class Generation:
 
     async def _choice(self, index: int) -> AsyncIterator[Delta | StepDelta]:
         handle, text, m, view = self._handles[index], self._texts[index], self.metrics, self._views[index]
+        # A stop found in a block's committed prefix ends the choice at once, unless the finish
+        # event must still carry the block's attribution (which comes with the BlockResult).
+        stop_early = self._reqs[index].attribution is None
+        logprobs: list[TokenLogprob] | None = [] if self._reqs[index].logprobs is not None else None
         last = None
+        block_fed = 0  # tokens of the active block already fed from PrefixResults
+        given = 0  # tokens of `text.ids` handed out in deltas
         blocks: list[PackedAttribution] = []  # the attribution of each block, when asked
         inputs: list[dict] = []  # the input attribution of each block, when asked
         try:
@@ -104,27 +118,43 @@ class Generation:
                 if isinstance(res, StepResult):  # only sent for requests with a view
                     yield view.step(res)
                     continue
-                now = time.monotonic()
-                (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
-                last = now
-                if res.finish_reason == "error":
-                    raise GenerationError(res.error or "generation failed")
-                self.completion_tokens += len(res.token_ids)
-                m.generation_tokens.inc(len(res.token_ids))
-                if res.attribution is not None:
-                    blocks.append(res.attribution)
-                piece = text.add(res.token_ids, final=res.finished)
                 block_inputs = None
-                if res.input_attribution is not None:  # in the block's own event
-                    inputs.append(render_block(res.input_attribution, res.prompt_tokens, self._decode))
-                    block_inputs = {"inputs": inputs[-1]}
-                yield Delta(index, piece, res.token_ids, attribution=block_inputs)
-                reason = "stop" if text.stopped else res.finish_reason if res.finished else None
+                if isinstance(res, PrefixResult):
+                    new, skip, final = res.token_ids, 0, False
+                    block_fed += len(new)
+                else:
+                    now = time.monotonic()
+                    (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
+                    last = now
+                    if res.finish_reason == "error":
+                        raise GenerationError(res.error or "generation failed")
+                    if res.attribution is not None:
+                        blocks.append(res.attribution)
+                    if res.input_attribution is not None:  # in the block's own event
+                        inputs.append(render_block(res.input_attribution, res.prompt_tokens, self._decode))
+                        block_inputs = {"inputs": inputs[-1]}
+                    # The block repeats its prefix already fed (a stop may have cut it shorter).
+                    new, skip, final = res.token_ids[block_fed:], block_fed, res.finished
+                    block_fed = 0
+                if logprobs is not None and res.logprobs is not None:
+                    logprobs += _rows(res.logprobs, skip, skip + len(new))
+                piece = text.add(new, final=final)
+                released = text.ids[given : text.released]
+                given = text.released
+                self.completion_tokens += len(released)
+                m.generation_tokens.inc(len(released))
+                if piece or released or block_inputs is not None or not self._reqs[index].stream_tokens:
+                    lps = None if logprobs is None else logprobs[given - len(released) : given]
+                    yield Delta(index, piece, released, attribution=block_inputs, logprobs=lps)
+                if isinstance(res, BlockResult):
+                    reason = "stop" if text.stopped else res.finish_reason if res.finished else None
+                else:
+                    reason = "stop" if text.stopped and stop_early else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
                     attribution = self._render(index, blocks)
                     yield Delta(index, "", [], reason, attach(attribution, inputs) if inputs else attribution)
-                    m.e2e.observe(now - self.started)
+                    m.e2e.observe(time.monotonic() - self.started)
                     m.finished.labels(reason).inc()
                     return
         finally:
@@ -166,4 +196,10 @@ class Generation:
             c.token_ids += d.token_ids
             c.finish_reason = d.finish_reason or c.finish_reason
             c.attribution = d.attribution or c.attribution
+            if d.logprobs is not None:
+                c.logprobs = (c.logprobs or []) + d.logprobs
         return choices
+
+
+def _rows(lp: TokenLogprobs, start: int, end: int) -> list[TokenLogprob]:
+    return list(zip(lp.logprobs[start:end], lp.top_ids[start:end], lp.top_logprobs[start:end]))

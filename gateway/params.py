@@ -100,6 +100,8 @@ def generate_requests(
                     logit_bias=logit_bias,
                     min_tokens=body.min_tokens,
                     ignore_eos=body.ignore_eos,
+                    stream_tokens=body.stream and body.stream_granularity == "token",
+                    logprobs=body.logprob_alternatives(),
                 )
             )
     return out

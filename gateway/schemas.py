@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
 MAX_CHOICES = 64
+# Alternatives per token (OpenAI's bounds): chat top_logprobs, completions logprobs.
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 
 
 class _Body(BaseModel):
@@ -215,6 +218,15 @@ class SamplingParams(_Body):
     stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
     ignore_eos: bool = Field(False, description="EOT does not end the sequence (vLLM)")
     min_tokens: int = Field(0, ge=0, le=INT_MAX, description="EOT and stop_token_ids banned before this many (vLLM)")
+    stream_granularity: Literal["token", "block"] = Field(
+        "token",
+        description="with stream: token: each block's committed left prefix as it grows; block: a chunk per block",
+    )
+
+    def logprob_alternatives(self) -> int | None:
+        """Top alternatives per generated token that the request asks for; None: no logprobs."""
+        return None
+
 
     @field_validator("stop")
     @classmethod
@@ -233,10 +245,12 @@ class CompletionRequest(SamplingParams):
     echo: bool = False
     suffix: str | None = Field(None, **only(None, ""))
     best_of: int | None = Field(None, ge=1, le=16)
-    logprobs: int | None = Field(None, **only(None))
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     _no_suffix = _reject("suffix")
-    _no_logprobs = _reject("logprobs", when=_given)
+
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(_Body):
@@ -303,16 +317,16 @@ class ChatCompletionRequest(SamplingParams):
     web_search_options: dict[str, Any] | None = Field(None, **only(None))
     reasoning_effort: str | None = Field(None, **only(None))
     verbosity: str | None = Field(None, **only(None))
-    logprobs: bool | None = Field(False, **only(False, None))
-    top_logprobs: int | None = Field(None, **only(None))
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-
-    _no_logprobs = _reject("logprobs")
-    _no_top_logprobs = _reject("top_logprobs", when=_given)
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
     _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
     _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")
     _no_reasoning = _reject("reasoning_effort", "verbosity", when=_given, hint=" (Steerling has no reasoning mode)")
+
+    def logprob_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class TokenizeCompletionRequest(_Body):

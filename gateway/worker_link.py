@@ -26,9 +26,11 @@ from cde.shared.protocol import (
     CatalogQuery,
     ConceptInfo,
     ConceptQuery,
+    EngineResult,
     GenerateRequest,
     Heartbeat,
     Ping,
+    PrefixResult,
     StepResult,
 )
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
@@ -36,27 +38,28 @@ from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode
 log = logging.getLogger("cde.gateway")
 
 
-def _final(result: BlockResult | StepResult) -> bool:
+def _final(result: EngineResult) -> bool:
     return isinstance(result, BlockResult) and result.finished
 
 
 class RequestHandle:
     """One generation in flight: its BlockResults arrive in order, the last one `finished`
-    (with `stream_denoise`, each preceded by the StepResults of its block)."""
+    (with `stream_denoise`, each preceded by the StepResults of its block; with `stream_tokens`, by
+    the PrefixResults of its block)."""
 
     def __init__(self, request_id: str, link: WorkerLink, client: str = ""):
         self.request_id = request_id
         self.client = client  # GenerateRequest.client: the router's per-client cap counts these
         self.link = link
         self.done = False
-        self._queue: asyncio.Queue[BlockResult | StepResult] = asyncio.Queue()
+        self._queue: asyncio.Queue[EngineResult] = asyncio.Queue()
 
-    def deliver(self, result: BlockResult | StepResult) -> None:
+    def deliver(self, result: EngineResult) -> None:
         if _final(result):
             self._close()
         self._queue.put_nowait(result)
 
-    async def results(self) -> AsyncIterator[BlockResult | StepResult]:
+    async def results(self) -> AsyncIterator[EngineResult]:
         while True:
             result = await self._queue.get()
             yield result
@@ -181,7 +184,7 @@ class WorkerLink:
 
     def _on_frame(self, frame: bytes) -> None:
         msg = decode(frame)
-        if isinstance(msg, BlockResult | StepResult):
+        if isinstance(msg, BlockResult | StepResult | PrefixResult):
             handle = self.inflight.get(msg.request_id)
             if handle is not None:
                 handle.deliver(msg)

@@ -15,7 +15,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len;
 # 5: GenerateRequest.client, Heartbeat.refused_frames
 # 6: Heartbeat.catalog_digest/catalog_bytes, CatalogQuery, CatalogPart
-PROTOCOL_VERSION = 6
+# 7: PrefixResult, GenerateRequest.stream_tokens and .logprobs, TokenLogprobs
+PROTOCOL_VERSION = 7
 
 
 @dataclass
@@ -74,6 +75,8 @@ class GenerateRequest:
     steering: SteeringSpec | None = None
     attribution: AttributionSpec | None = None
     stream_denoise: bool = False  # also send a StepResult for every denoising step
+    stream_tokens: bool = False  # also send a PrefixResult whenever the block's committed left prefix grows
+    logprobs: int | None = None  # per generated token its logprob and this many top alternatives (0-20)
     # None: the worker's default; False: exact attention; a spec: FlashBlock reuse.
     flashblock: FlashBlockSpec | bool | None = None
     # Who asked (a digest of the API key, or the client's address): the worker's fair share.
@@ -102,6 +105,36 @@ class StepResult:
 
 
 @dataclass
+class TokenLogprobs:
+    """Per token (in the order of the result's token_ids): its logprob at the step that committed
+    it, and the top alternatives at that position in that step, best first."""
+
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+    def check(self) -> None:
+        if not len(self.logprobs) == len(self.top_ids) == len(self.top_logprobs):
+            raise ValueError("logprobs, top_ids and top_logprobs differ in length")
+        if any(len(i) != len(v) for i, v in zip(self.top_ids, self.top_logprobs)):
+            raise ValueError("a token's top_ids and top_logprobs differ in length")
+
+    def slice(self, start: int, end: int) -> TokenLogprobs:
+        return TokenLogprobs(self.logprobs[start:end], self.top_ids[start:end], self.top_logprobs[start:end])
+
+
+@dataclass
+class PrefixResult:
+    """Tokens that just joined the committed left prefix of a request's active block (only for
+    requests with `stream_tokens`): final, the next ones in the completion's order. The block's
+    BlockResult later repeats them (with whatever a stop cut off)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: TokenLogprobs | None = None  # when asked
+
+
+@dataclass
 class BlockResult:
     """One completed 64-token block of one request (or its end)."""
 
@@ -114,6 +147,11 @@ class BlockResult:
     prompt_tokens: int = 0
     attribution: PackedAttribution | None = None  # of the committed tokens, when asked
     input_attribution: InputAttribution | None = None  # of this block's tokens, when asked
+    logprobs: TokenLogprobs | None = None  # of token_ids, when asked
+
+
+# What the engine emits for a request.
+EngineResult = BlockResult | StepResult | PrefixResult
 
 
 @dataclass

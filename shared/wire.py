@@ -29,8 +29,10 @@ from cde.shared.protocol import (
     InputAttribution,
     InputAttributionSpec,
     Ping,
+    PrefixResult,
     SteeringSpec,
     StepResult,
+    TokenLogprobs,
 )
 
 MESSAGES = {
@@ -46,9 +48,18 @@ MESSAGES = {
         StepResult,
         CatalogQuery,
         CatalogPart,
+        PrefixResult,
     )
 }
-_NESTED = (SteeringSpec, AttributionSpec, FlashBlockSpec, PackedAttribution, InputAttributionSpec, InputAttribution)
+_NESTED = (
+    SteeringSpec,
+    AttributionSpec,
+    FlashBlockSpec,
+    PackedAttribution,
+    InputAttributionSpec,
+    InputAttribution,
+    TokenLogprobs,
+)
 
 # The largest frame either side sends or accepts (zmq.MAXMSGSIZE on every peer socket). A block
 # of attribution at 8B is ~0.2 MB (packed arrays: 64 tokens x 160 concepts x 20 bytes), and the

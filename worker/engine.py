@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 
 import torch
-from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest, StepResult
+from cde.shared.protocol import BlockResult, EngineResult, FlashBlockSpec, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8, isolation
@@ -122,7 +122,7 @@ class Engine:
         return concept_top_tokens(self.runner.model, concept_id, k)
 
     # ---- one iteration ----------------------------------------------------------------------
-    def step(self) -> list[BlockResult | StepResult]:
+    def step(self) -> list[EngineResult]:
         """Finish one forward pass: the blocks it completed, preceded by the step events of
         requests with `stream_denoise`.
 
@@ -135,7 +135,7 @@ class Engine:
         failed, self._failed = self._failed, []
         return [*results, *failed]  # a failed request's last block, if it sent one, before its end
 
-    def _step(self) -> list[BlockResult | StepResult]:
+    def _step(self) -> list[EngineResult]:
         current = self._in_flight or self._launch()
         # Taken off before it is read: a pass whose reading raises is dropped with the requests
         # the worker then fails, instead of being read (and failing) again at every later step.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from cde.shared.config import ENDOFCHUNK_ID, MASK_ID, PAGE, ModelConfig
-from cde.shared.protocol import BlockResult, GenerateRequest, InputAttribution, InputAttributionSpec, StepResult
+from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, InputAttribution, InputAttributionSpec
 from cde.worker.input_attribution import InputAttributionJob, build_targets
 from cde.worker.model import SteerlingModel
 from cde.worker.sequence import Sequence
@@ -33,7 +33,7 @@ DEFAULT_SHARE = 0.1  # of the wall time while other requests decode
 
 @dataclass
 class _Entry:
-    result: BlockResult | StepResult
+    result: EngineResult
     job: InputAttributionJob | None = None
     positions: list[int] = field(default_factory=list)
 
@@ -98,12 +98,12 @@ class InputAttributionRunner:
         return bool(self.requests) and any(r.queue for r in self.requests.values())
 
     # ---- one engine step --------------------------------------------------------------------
-    def process(self, results: list[BlockResult | StepResult], decoding: bool) -> list[BlockResult | StepResult]:
+    def process(self, results: list[EngineResult], decoding: bool) -> list[EngineResult]:
         """Queue the results of tracked requests (starting the job of each completed block), run
         at most one chunk, and return what may leave now, in order per request."""
         if not self.requests:  # nobody asked: nothing to do
             return results
-        out: list[BlockResult | StepResult] = []
+        out: list[EngineResult] = []
         for res in results:
             req = self.requests.get(res.request_id)
             if req is None:

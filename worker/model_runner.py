@@ -21,8 +21,9 @@ from cde.worker.attribution_batch import AttributionRunner
 from cde.worker.concept_contributions import head_widths
 from cde.worker.cuda_graphs import GraphedForward
 from cde.worker.logit_rules import RequestLogitRules
+from cde.worker.logprobs import LogprobsRunner, unpack
 from cde.worker.model import SteerlingModel, rope_tables
-from cde.worker.sampler import select_and_sample
+from cde.worker.sampler import adjust_logits, select_and_sample_adjusted
 from cde.worker.scheduler import Batch, Item, Picks
 from cde.worker.sequence import Sequence
 from cde.worker.staging import HostCopy, Staging, to_host
@@ -40,6 +41,9 @@ class Pass:
     attributed: list[int] = field(default_factory=list)  # step items (indices into step_indices) that asked
     seq_steps: list[int] = field(default_factory=list)  # each step item's step counter when launched
     attribution: HostCopy | None = None  # [A * K, width] packed rows
+    logprob_items: list[int] = field(default_factory=list)  # step items that asked for logprobs
+    logprobs: HostCopy | None = None  # [L, K, 1 + 2 * logprob_top] (worker/logprobs.py)
+    logprob_top: int = 0
 
 
 class ModelRunner:
@@ -84,6 +88,7 @@ class ModelRunner:
         self.rules = RequestLogitRules(self.device, width, max_running)
         self.inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules)
         self.attr_inputs = Staging(self.device, torch.int64)
+        self.logprobs = LogprobsRunner(self.device)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on
         # their side stream (default priority) fill the SMs a forward pass leaves idle instead of
         # delaying its kernels (a CUDA graph's kernels take the priority of the launching stream).
@@ -164,7 +169,8 @@ class ModelRunner:
         inp = self.inputs.build(steps, step_seqs, relu)
         sb = inp.sampling
         logits = self._logits(hidden, inp.rows)
-        positions, chosen, valid = select_and_sample(logits, sb)
+        adjusted = adjust_logits(logits, sb)
+        positions, chosen, valid = select_and_sample_adjusted(adjusted, sb)
         if sb.rep_penalty is not None:
             slots = torch.where(valid, inp.slots[:, None], self.max_running)
             self.seen[slots, chosen] = True
@@ -175,7 +181,11 @@ class ModelRunner:
             picks=to_host(torch.stack([positions, chosen, valid.long()])),
             attributed=[n for n, s in enumerate(step_seqs) if s.req.attribution is not None],
             seq_steps=[s.step for s in step_seqs],
+            logprob_items=[n for n, s in enumerate(step_seqs) if s.req.logprobs is not None],
         )
+        if p.logprob_items:
+            p.logprob_top = max(step_seqs[n].req.logprobs or 0 for n in p.logprob_items)
+            p.logprobs = self.logprobs.launch(adjusted, sb.grid, positions, chosen, p.logprob_items, p.logprob_top)
         if p.attributed:
             p.attribution = self._attribute(
                 hidden, [steps[n] for n in p.attributed], p.attributed, logits, sb.grid, positions, chosen
@@ -187,10 +197,15 @@ class ModelRunner:
         if not p.step_indices:
             return []
         host = p.picks.tolist()
-        return [
+        picks = [
             Picks([q for q, ok in zip(pos, ok_row) if ok], [t for t, ok in zip(tok, ok_row) if ok])
             for pos, tok, ok_row in zip(*host)
         ]
+        if p.logprobs is not None:
+            for n, rows in zip(p.logprob_items, p.logprobs.tolist()):
+                wanted = p.batch.step_items[n].seq.req.logprobs or 0
+                picks[n].logprobs = unpack(rows, p.logprob_top, wanted, host[2][n])
+        return picks
 
     def on_stream(self) -> contextlib.AbstractContextManager:
         """Where the engine runs a step's GPU work: the runner's high-priority stream on CUDA."""

@@ -137,7 +137,14 @@ def select_and_sample(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [R, V] of the eligible rows -> (positions [S, K], tokens [S, K], valid [S, K]).
     `compact` (default: on the CPU) samples only the slots that commit."""
-    adjusted = adjust_logits(logits, sb)
+    return select_and_sample_adjusted(adjust_logits(logits, sb), sb, compact)
+
+
+def select_and_sample_adjusted(
+    adjusted: torch.Tensor, sb: SamplingBatch, compact: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """select_and_sample over logits that adjust_logits already processed (the runner keeps
+    them for logprobs)."""
     positions, valid = select_positions(adjusted, sb)
     rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)].float()  # [S, K, V]
     tokens = rows.argmax(-1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
 from cde.shared.packed_attribution import PackedAttribution
-from cde.shared.protocol import BlockResult, GenerateRequest, StepResult
+from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, PrefixResult, StepResult
 from cde.shared.stops import find_stop
 from cde.worker.fair_share import FairShare
 from cde.worker.kv_pages import PageAllocator
@@ -59,6 +59,8 @@ class Picks:
 
     positions: list[int]
     tokens: list[int]
+    # Requests with logprobs: per pick (logprob, top ids, top logprobs), worker/logprobs.py.
+    logprobs: list[tuple[float, list[int], list[float]]] | None = None
 
 
 @dataclass
@@ -182,24 +184,32 @@ class Scheduler:
         return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], is_step, mode)
 
     # ---- update ---------------------------------------------------------------------------
-    def update(self, batch: Batch, picks: list[Picks]) -> list[BlockResult | StepResult]:
+    def update(self, batch: Batch, picks: list[Picks]) -> list[EngineResult]:
         """Apply the picks of each step item, in batch.step_items order.
-        Requests that stream the denoising get a StepResult per step, before their BlockResult.
+        Requests that stream the denoising get a StepResult per step, before their BlockResult;
+        requests that stream tokens a PrefixResult when a step grew their block's committed left
+        prefix without completing the block (whose BlockResult then carries the rest).
         The results of requests that asked for attribution get it from `attach`, which the
         engine calls once the pass's attribution has reached the host."""
-        results: list[BlockResult | StepResult] = []
+        results: list[EngineResult] = []
         self._awaiting = []
         for n, (item, pick) in enumerate(zip(batch.step_items, picks)):
             seq, positions, tokens = item.seq, pick.positions, pick.tokens
             if seq.status is not Status.RUNNING:
                 continue  # aborted while its step was in flight
             seq.step += 1
+            if pick.logprobs is not None:
+                seq.block_logprobs.update(zip(positions, pick.logprobs))
             ended_by_eot = seq.place(positions, tokens)
             step_result = block_result = kept = None
             earlier: list[PackedAttribution] = []  # a completed block's attribution from its earlier steps
             if seq.req.stream_denoise:
                 step_result = self._step_result(seq, positions, tokens, ended_by_eot)
                 results.append(step_result)
+            if seq.req.stream_tokens and not (ended_by_eot or seq.block_done()):
+                prefix = self._prefix_result(seq)
+                if prefix is not None:
+                    results.append(prefix)
             if ended_by_eot or seq.block_done():
                 earlier = self.block_attribution.pop(seq.id, [])
                 block_result, kept = self._complete_block(seq, ended_by_eot)
@@ -228,6 +238,16 @@ class Scheduler:
         base = seq.block * PAGE
         return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n])
 
+    @staticmethod
+    def _prefix_result(seq: Sequence) -> PrefixResult | None:
+        prefix = seq.committed_prefix(set(seq.req.stop_token_ids))
+        if len(prefix) <= seq.streamed:
+            return None
+        logprobs = seq.output_logprobs(seq.streamed, len(prefix)) if seq.req.logprobs is not None else None
+        result = PrefixResult(seq.id, prefix[seq.streamed :], logprobs)
+        seq.streamed = len(prefix)
+        return result
+
     def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> tuple[BlockResult, set[int] | None]:
         """The block's result, and the positions of the tokens it keeps (for attach; None when
         the request did not ask for attribution)."""
@@ -249,6 +269,8 @@ class Scheduler:
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
         result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
+        if seq.req.logprobs is not None:
+            result.logprobs = seq.output_logprobs(0, len(new))
         kept = self._kept_positions(seq, len(new)) if seq.req.attribution is not None else None
         if reason is None:
             seq.advance()

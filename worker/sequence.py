@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
-from cde.shared.protocol import FlashBlockSpec, GenerateRequest
+from cde.shared.protocol import FlashBlockSpec, GenerateRequest, TokenLogprobs
 
 
 class Status(enum.Enum):
@@ -38,6 +38,9 @@ class Sequence:
         self.step = 0  # forward steps taken while decoding
         self.committed = 0  # generated tokens unmasked so far
         self.commits: list[tuple[int, int, int]] = []  # (absolute position, token, step), in commit order
+        self.streamed = 0  # generated tokens of the active block already sent as PrefixResults
+        # Per position of the active block (requests with logprobs): (logprob, top ids, top logprobs).
+        self.block_logprobs: dict[int, tuple[float, list[int], list[float]]] = {}
         self.finish_reason: str | None = None
         self.stop_str: str | None = None
         # FlashBlock state: is the cached external attention from this block, how many steps
@@ -96,6 +99,24 @@ class Sequence:
                 return True
         return False
 
+    def committed_prefix(self, stop_ids: set[int]) -> list[int]:
+        """The generated tokens of the active block's committed left prefix (up to its first
+        mask), cut before an EOT or stop token id: they can no longer change."""
+        start = max(self.prompt_len - self.block * PAGE, 0)
+        out = []
+        for t in self.tokens[start:]:
+            if t == MASK_ID or t == self.eot_id or t in stop_ids:
+                break
+            out.append(t)
+        return out
+
+    def output_logprobs(self, start: int, end: int) -> TokenLogprobs:
+        """The logprobs of block_output()[start:end] (requests with logprobs)."""
+        first = max(self.prompt_len - self.block * PAGE, 0)
+        positions = [p for p in range(first, PAGE) if self.tokens[p] != MASK_ID][start:end]
+        rows = [self.block_logprobs[p] for p in positions]
+        return TokenLogprobs([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+
     def block_output(self) -> list[int]:
         """The generated tokens of the active block in position order (masks skipped)."""
         start = max(self.prompt_len - self.block * PAGE, 0)
@@ -107,3 +128,5 @@ class Sequence:
         self.block += 1
         self.tokens = self._block_tokens(self.block)
         self.external_cached = False
+        self.streamed = 0
+        self.block_logprobs = {}

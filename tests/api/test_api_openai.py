@@ -47,16 +47,20 @@ def test_completion_shape(client):
     assert r.usage.prompt_tokens == 1 and r.usage.completion_tokens == 16 and r.usage.total_tokens == 17
 
 
-def test_streamed_equals_non_streamed_at_temperature_zero(client):
-    args = dict(model="tiny", prompt="The quick brown fox", max_tokens=100, temperature=0, **FAST)
-    whole = client.completions.create(**args)
-    chunks = list(client.completions.create(stream=True, **args))
+@pytest.mark.parametrize("granularity", ["token", "block"])
+def test_streamed_equals_non_streamed_at_temperature_zero(client, granularity):
+    args = dict(model="tiny", prompt="The quick brown fox", max_tokens=100, temperature=0)
+    whole = client.completions.create(**args, **FAST)
+    extra = {"tokens_per_step": 8, "stream_granularity": granularity}
+    chunks = list(client.completions.create(stream=True, **args, extra_body=extra))
     text = "".join(c.choices[0].text for c in chunks)
     assert text == whole.choices[0].text
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
-    # One event per 64-token block (the prompt's tail block, one more), then the finish event.
-    assert [bool(c.choices[0].text) for c in chunks] == [True, True, False]
+    if granularity == "block":  # one event per 64-token block (the prompt's tail block, one more), then the finish
+        assert [bool(c.choices[0].text) for c in chunks] == [True, True, False]
+    else:  # committed prefixes as they grow: more events than blocks
+        assert sum(bool(c.choices[0].text) for c in chunks) > 2
 
 
 def test_chat_streamed_equals_non_streamed(client):
@@ -221,7 +225,9 @@ def test_every_sse_event_is_utf8_json(server):
         ({"prompt": [1, 200000]}, "prompt"),
         ({"prompt": "hi", "stop": [""]}, "stop"),
         ({"prompt": "hi", "stop": 5}, "stop"),
-        ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+        ({"prompt": "hi", "logprobs": 6}, "logprobs"),
+        ({"prompt": "hi", "logprobs": 1, "echo": True}, "echo"),
+        ({"prompt": "hi", "stream_granularity": "step"}, "stream_granularity"),
         ({"prompt": "hi", "best_of": 3}, "best_of"),
         ({"prompt": "hi", "suffix": "end"}, "suffix"),
         ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
@@ -253,8 +259,13 @@ def test_invalid_completion_fields_are_400_with_param(client, body, param):
 
 def test_chat_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True)
-    assert e.value.body["param"] == "logprobs"
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=2)
+    assert e.value.body["param"] == "top_logprobs" and "logprobs" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=21
+        )
+    assert e.value.body["param"] == "top_logprobs"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
     assert e.value.body["param"] == "messages"

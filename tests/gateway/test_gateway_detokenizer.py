@@ -71,3 +71,49 @@ def test_streamed_text_equals_non_streamed_with_stops(seed):
     pieces = [streamed.add(ids[a:b], final=b == len(ids)) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
     whole = ChoiceText(TOK, ["STOP", "zzz"]).add(ids, final=True)
     assert "".join(pieces) == whole == TEXT + " "
+
+
+def _one_shot_cut(text: str, stops: list[str]) -> str:
+    """The reference: the text before the earliest occurrence of any stop (written here, not CDE's)."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(hits)] if hits else text
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stops_sharing_prefixes_cut_where_the_whole_text_cuts_at_any_chunking(seed):
+    # "bc" completes before "abcd" and "xab", but both start earlier: a streamer that stopped at
+    # the first stop it saw complete would cut "...xa" instead of "...x".
+    text = "one xabcd two"
+    ids = [i for ch in text for i in TOK.encode(ch)]  # a token per character: every cut is possible
+    rng = random.Random(seed)
+    stops = rng.choice([["bc", "abcd"], ["abcd", "bc"], ["bc", "xab"], ["cd", "bcd", "q"], ["two", "o x"]])
+    cuts = sorted(rng.sample(range(1, len(ids)), rng.randint(1, len(ids) - 1)))
+    streamed = ChoiceText(TOK, stops)
+    pieces = [streamed.add(ids[a:b], final=b == len(ids)) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+    assert "".join(pieces) == _one_shot_cut(text, stops)
+
+
+def test_released_tokens_are_those_that_make_the_returned_text():
+    ids = TOK.encode("The answer is 8")
+    assert [TOK.decode([i]) for i in ids[:2]] == ["The", " answer"]
+    ct = ChoiceText(TOK, ["answer", "8"])
+    assert ct.add(ids, final=True) == "The " and ct.stopped
+    # " answer" holds the text's last character (the space) and the stop: it counts, nothing after.
+    assert ct.released == 2
+    at_boundary = ChoiceText(TOK, [" answer"])  # the text ends where a token ends: that token is the last
+    assert at_boundary.add(ids, final=True) == "The" and at_boundary.released == 1
+    whole = ChoiceText(TOK, [])
+    assert whole.add(ids, final=True) == "The answer is 8" and whole.released == len(ids)
+
+
+def test_released_tokens_grow_with_the_text_handed_out():
+    ids = TOK.encode("abc END def")
+    ct = ChoiceText(TOK, ["END"])
+    released = []
+    for i in ids:
+        ct.add([i])
+        released.append(ct.released)
+    assert released == sorted(released) and ct.stopped
+    assert TOK.decode(ids[: ct.released]).startswith("abc ") and not TOK.decode(ids[: ct.released - 1]).startswith(
+        "abc "
+    )
