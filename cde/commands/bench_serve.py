@@ -3,9 +3,11 @@
 Requests arrive as a Poisson process at `--request-rate` (inf: all at once), at most
 `--max-concurrency` in flight, each a streaming completion, sent from this process or split over
 `--client-processes` (cde/commands/load_processes.py), on keep-alive connections opened before the
-clock starts. Reports throughput, time to first token (TTFT), the gaps between SSE chunks (ITL; CDE
-sends one chunk per 64-token block), time per output token after the first (TPOT), end-to-end
-latency, and failures by kind."""
+clock starts. Reports throughput, time to first token (TTFT), the gaps between SSE chunks with text
+(ITL: CDE streams each block's committed left prefix as it grows), time per output token after the
+first (TPOT), beside them the block figures (time to the first complete 64-token block, TTFB, and
+the gaps between blocks, from the token ids each chunk carries), end-to-end latency, and failures
+by kind."""
 
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ def summarize(outcomes: list[Outcome], duration: float) -> dict:
         if o.status != "ok":
             failures[o.kind] = failures.get(o.kind, 0) + 1
     output = sum(o.completion_tokens for o in ok)
+    block_times = [o.block_times() for o in ok]
     tpot = [(o.latency - o.ttft) / (o.completion_tokens - 1) for o in ok if o.completion_tokens > 1 and o.ttft]
     return {
         "successful_requests": len(ok),
@@ -117,6 +120,8 @@ def summarize(outcomes: list[Outcome], duration: float) -> dict:
         "ttft_ms": _ms([o.ttft for o in ok if o.ttft is not None]),
         "tpot_ms": _ms(tpot),
         "itl_ms": _ms([g for o in ok for g in o.itl]),
+        "ttfb_ms": _ms([blocks[0] for blocks in block_times if blocks]),
+        "inter_block_ms": _ms([b - a for blocks in block_times for a, b in zip(blocks, blocks[1:])]),
         "e2e_latency_ms": _ms([o.latency for o in ok]),
         "failures": failures,
     }
@@ -138,7 +143,9 @@ def print_report(s: dict) -> None:
     for title, key, name in (
         ("Time to First Token", "ttft_ms", "TTFT"),
         ("Time per Output Token (excl. 1st token)", "tpot_ms", "TPOT"),
-        ("Inter-chunk Latency", "itl_ms", "ITL"),
+        ("Inter-token Latency (between chunks)", "itl_ms", "ITL"),
+        ("Time to First Block", "ttfb_ms", "TTFB"),
+        ("Inter-block Latency", "inter_block_ms", "IBL"),
         ("End-to-end Latency", "e2e_latency_ms", "E2EL"),
     ):
         print(f"{title:-^52}")
@@ -166,6 +173,7 @@ def make_bodies(args: argparse.Namespace, model: str, rng: random.Random) -> lis
             "max_tokens": args.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
+            "return_token_ids": True,  # each chunk's tokens: when each block was complete
             **args.extra_body,
         }
         for _ in range(args.num_prompts)

@@ -1,6 +1,6 @@
 """One OpenAI completion or chat request over HTTP, timed and checked the way `cde bench serve`
-and `cde bench soak` report it: time to first token, the gaps between SSE chunks, each choice's
-text and finish_reason, and how the request ended.
+and `cde bench soak` report it: time to first token, the gaps between SSE chunks, when each
+64-token block was complete, each choice's text and finish_reason, and how the request ended.
 
 How a request ends (`Outcome.status`):
   ok              complete: every choice has a finish_reason, a stream ended with [DONE]
@@ -37,7 +37,20 @@ class Outcome:
     prompt_tokens: int = 0
     ttft: float | None = None  # seconds from sending to the first chunk with text
     itl: list[float] = field(default_factory=list)  # between consecutive chunks with text
+    # Per chunk that carried token ids (`return_token_ids`): seconds from sending, token ids so far.
+    token_times: list[tuple[float, int]] = field(default_factory=list)
     latency: float = 0.0
+
+    def block_times(self, page: int = 64) -> list[float]:
+        """Seconds from sending until each block of the answer was complete: the first chunk
+        whose token ids reach the block's end (the first block is the prompt's tail block, the
+        last one ends with the answer). Needs `return_token_ids` and the usage's prompt_tokens;
+        [] without them."""
+        if not self.token_times or not self.prompt_tokens:
+            return []
+        total = self.token_times[-1][1]
+        ends = list(range(page - self.prompt_tokens % page, total, page)) + [total]
+        return [next(t for t, n in self.token_times if n >= end) for end in ends]
 
     def fail(self, status: str, kind: str, message: str = "") -> Outcome:
         self.status, self.kind, self.message = status, kind, message
@@ -92,7 +105,11 @@ async def _stream(response: httpx.Response, out: Outcome, t0: float, hang_up_aft
             _error_from(obj, out, "sse_error")
             continue  # [DONE] still has to follow
         now = time.perf_counter()
-        if _take_choices(out, obj):
+        tokens = sum(len(ids) for ids in out.token_ids.values())
+        got_text = _take_choices(out, obj)
+        if sum(len(ids) for ids in out.token_ids.values()) > tokens:
+            out.token_times.append((now - t0, sum(len(ids) for ids in out.token_ids.values())))
+        if got_text:
             if out.ttft is None:
                 out.ttft = now - t0
             else:

@@ -69,3 +69,18 @@ def test_failures_are_counted_by_kind(server, tmp_path):
     assert res.returncode == 1
     assert s["successful_requests"] == 0 and s["failures"] == {"http_400": N}
     assert "http_400:" in res.stdout
+
+
+def test_block_figures_beside_the_token_figures(server, tmp_path):
+    """The block figures come from each chunk's token ids: with one chunk per block (block
+    granularity) the first block is the first chunk with text; streaming tokens, it is not earlier."""
+    blocks = '{"tokens_per_step": 8, "stream_granularity": "block"}'
+    res, s = bench(server, tmp_path, "--max-tokens", "100", "--extra-body", blocks)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Median TTFB (ms)" in res.stdout and "Median IBL (ms)" in res.stdout
+    assert s["ttfb_ms"] == s["ttft_ms"] and s["inter_block_ms"]["median"] > 0
+    # 16-word prompts: blocks end at 64 - prompt_tokens % 64 tokens and 64 after; 100 tokens make 2 or 3.
+    res, s = bench(server, tmp_path, "--max-tokens", "100")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 0 < s["ttft_ms"]["median"] <= s["ttfb_ms"]["median"] <= s["e2e_latency_ms"]["median"]
+    assert s["inter_block_ms"]["median"] > 0
