@@ -240,12 +240,13 @@ class Scheduler:
 
     @staticmethod
     def _prefix_result(seq: Sequence) -> PrefixResult | None:
-        prefix = seq.committed_prefix(set(seq.req.stop_token_ids))
-        if len(prefix) <= seq.streamed:
+        end = seq.committed_prefix_len(set(seq.req.stop_token_ids))
+        if end == seq.streamed:
             return None
-        logprobs = seq.output_logprobs(seq.streamed, len(prefix)) if seq.req.logprobs is not None else None
-        result = PrefixResult(seq.id, prefix[seq.streamed :], logprobs)
-        seq.streamed = len(prefix)
+        start = max(seq.prompt_len - seq.block * PAGE, 0)
+        logprobs = seq.output_logprobs(seq.streamed, end) if seq.req.logprobs is not None else None
+        result = PrefixResult(seq.id, seq.tokens[start + seq.streamed : start + end], logprobs)
+        seq.streamed = end
         return result
 
     def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> tuple[BlockResult, set[int] | None]:

@@ -99,16 +99,17 @@ class Sequence:
                 return True
         return False
 
-    def committed_prefix(self, stop_ids: set[int]) -> list[int]:
-        """The generated tokens of the active block's committed left prefix (up to its first
-        mask), cut before an EOT or stop token id: they can no longer change."""
+    def committed_prefix_len(self, stop_ids: set[int]) -> int:
+        """How many generated tokens of the active block form its committed left prefix (up to
+        its first mask), cut before an EOT or stop token id: they can no longer change. Scans on
+        from the part already streamed, so a step costs what it added."""
         start = max(self.prompt_len - self.block * PAGE, 0)
-        out = []
-        for t in self.tokens[start:]:
+        n = self.streamed
+        for t in self.tokens[start + n :]:
             if t == MASK_ID or t == self.eot_id or t in stop_ids:
                 break
-            out.append(t)
-        return out
+            n += 1
+        return n
 
     def output_logprobs(self, start: int, end: int) -> TokenLogprobs:
         """The logprobs of block_output()[start:end] (requests with logprobs)."""
