@@ -100,7 +100,7 @@ def generate_requests(
                     logit_bias=logit_bias,
                     min_tokens=body.min_tokens,
                     ignore_eos=body.ignore_eos,
-                    stream_tokens=body.stream and body.stream_granularity == "token",
+                    stream_tokens=body.stream and _granularity(body) == "token",
                     logprobs=body.logprob_alternatives(),
                 )
             )
@@ -115,6 +115,12 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
             raise invalid(f"a logit_bias key is a token id, not {key!r}", f"logit_bias.{key}")
         out[int(key)] = value
     return out
+
+
+def _granularity(body: SamplingParams) -> str:
+    """Token streaming by default; stream_denoise keeps its block events (the playground and
+    its clients read a text chunk as a block's end) unless token is asked for."""
+    return body.stream_granularity or ("block" if body.stream_denoise else "token")
 
 
 def _flashblock(value: Any) -> FlashBlockSpec | bool | None:

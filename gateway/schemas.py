@@ -218,9 +218,10 @@ class SamplingParams(_Body):
     stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
     ignore_eos: bool = Field(False, description="EOT does not end the sequence (vLLM)")
     min_tokens: int = Field(0, ge=0, le=INT_MAX, description="EOT and stop_token_ids banned before this many (vLLM)")
-    stream_granularity: Literal["token", "block"] = Field(
-        "token",
-        description="with stream: token: each block's committed left prefix as it grows; block: a chunk per block",
+    stream_granularity: Literal["token", "block"] | None = Field(
+        None,
+        description="with stream: token: each block's committed left prefix as it grows; block: a chunk per "
+        "block; absent: token, or block with stream_denoise (its step events carry every token as it lands)",
     )
 
     def logprob_alternatives(self) -> int | None:

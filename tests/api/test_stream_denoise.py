@@ -177,13 +177,15 @@ def test_sse_has_step_events_between_block_events(server):
     assert text == whole["choices"][0]["text"]
 
 
-def test_default_stream_is_unchanged_for_openai_clients(server):
-    events = _sse(server, "/completions", {**REQUEST, "stream": True})
+def test_streams_without_stream_denoise_have_no_step_events(server):
+    assert all(kind is None for kind, _ in _sse(server, "/completions", {**REQUEST, "stream": True}))
+    blocks = {**REQUEST, "stream": True, "stream_granularity": "block"}
+    events = _sse(server, "/completions", blocks)
     assert all(kind is None for kind, _ in events)
     assert [bool(d["choices"][0]["text"]) for _, d in events[:-1]] == [True, True, False]
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
     args = {k: v for k, v in REQUEST.items() if k in ("model", "prompt", "max_tokens", "temperature")}
-    extra = {k: v for k, v in REQUEST.items() if k not in args}
+    extra = {k: v for k, v in blocks.items() if k not in args and k != "stream"}
     chunks = list(client.completions.create(stream=True, extra_body=extra, **args))
     assert [c.object for c in chunks] == ["text_completion"] * 3
     assert "".join(c.choices[0].text for c in chunks) == "".join(d["choices"][0]["text"] for _, d in events[:-1])
