@@ -228,7 +228,6 @@ class SamplingParams(_Body):
         """Top alternatives per generated token that the request asks for; None: no logprobs."""
         return None
 
-
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: Any) -> Any:
