@@ -15,7 +15,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 2: StepResult, GenerateRequest.flashblock, Heartbeat.rss_bytes; 3: PackedAttribution; 4: Heartbeat.context_len;
 # 5: GenerateRequest.client, Heartbeat.refused_frames
 # 6: Heartbeat.catalog_digest/catalog_bytes, CatalogQuery, CatalogPart
-PROTOCOL_VERSION = 6
+# 7: GenerateRequest's logit rules (penalties, logit_bias, min_tokens, ignore_eos)
+PROTOCOL_VERSION = 7
 
 
 @dataclass
