@@ -1,9 +1,9 @@
 """vLLM's POST /tokenize and POST /detokenize, with its request and response shapes: the token
 ids a prompt or a chat becomes on this server, and the text of token ids.
 
-Bounded like the generation routes: a text that cannot fit the context is refused untokenized
-and a long one is tokenized on a thread (gateway/prompts.py); at most the context's length of
-ids is decoded (cheap: inline)."""
+Bounded like the generation routes: a text that cannot fit the context is refused untokenized,
+a long one is tokenized on a thread (gateway/prompts.py), and more ids than the context holds are
+refused (as vLLM does); at most the context's length of ids is decoded (cheap: inline)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cde.gateway.prompts import encode_chat, encode_prompts, template_messages
 from cde.gateway.schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
 from cde.gateway.state import ServerState
 from cde.shared.config import BOS_ID, EOS_ID
-from cde.shared.limits import check_token_ids
+from cde.shared.limits import check_context, check_token_ids
 from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
@@ -40,6 +40,8 @@ async def tokenize(request: Request) -> Response:
         (ids,) = await encode_prompts(tok, [body.prompt], info)
     if body.add_special_tokens:
         ids = [BOS_ID, *ids, EOS_ID]
+    with as_invalid():  # as vLLM: what the model could not take is refused (and token_strs stay bounded)
+        check_context(len(ids), 0, info.context_len, "messages" if isinstance(body, TokenizeChatRequest) else "prompt")
     out: dict = {"count": len(ids), "max_model_len": info.context_len, "tokens": ids}
     if body.return_token_strs:
         out["token_strs"] = [tok.token_str(t) for t in ids]

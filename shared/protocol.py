@@ -16,7 +16,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 5: GenerateRequest.client, Heartbeat.refused_frames
 # 6: Heartbeat.catalog_digest/catalog_bytes, CatalogQuery, CatalogPart
 # 7: PrefixResult, GenerateRequest.stream_tokens and .logprobs, TokenLogprobs
-PROTOCOL_VERSION = 7
+# 8: GenerateRequest's logit rules (penalties, logit_bias, min_tokens, ignore_eos)
+PROTOCOL_VERSION = 8
 
 
 @dataclass

@@ -30,20 +30,15 @@ from cde.worker.staging import Staging
 class LogitRules:
     """One pass's rules, per step item S (rows of the logits map to items by `row_item`)."""
 
-    frequency: torch.Tensor | None  # [S] float, None when no item has a penalty
-    presence: torch.Tensor | None  # [S] float
-    counts: torch.Tensor | None  # [S, V] int32: generated tokens of each item's request
-    bias: torch.Tensor | None  # [S, V] float, None when no item has a logit_bias
+    offset: torch.Tensor | None  # [S, V] float: bias - penalties, None when no item has either
+    penalized: bool  # some item has a penalty: the pass's picks are counted (`record`)
     ban_rows: torch.Tensor | None  # [M] logits rows where ban_tokens[m] is -inf (min_tokens)
     ban_tokens: torch.Tensor | None  # [M]
 
     def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> torch.Tensor:
-        """x [R, V] float32 logits -> with the rules applied (in place where possible)."""
-        if self.counts is not None and self.frequency is not None and self.presence is not None:
-            counts = self.counts[row_item].float()
-            x = x - counts * self.frequency[row_item][:, None] - (counts > 0) * self.presence[row_item][:, None]
-        if self.bias is not None:
-            x = x + self.bias[row_item]
+        """x [R, V] float32 logits -> with the rules applied."""
+        if self.offset is not None:
+            x = x + self.offset[row_item]
         if self.ban_rows is not None and self.ban_tokens is not None:
             x = x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
         return x
@@ -103,22 +98,25 @@ class RequestLogitRules:
         frequency, presence, bias_values = self.floats.stage(
             [s.req.frequency_penalty for s in seqs], [s.req.presence_penalty for s in seqs], [v for _, _, v in biased]
         )
-        bias = None
+        # Per item, not per row: one [S, V] table, added to the rows in one gather.
+        offset = None
         if biased:
-            bias = torch.zeros(len(seqs), self.width, device=self.device)
-            bias.index_put_((bias_items, bias_tokens), bias_values, accumulate=True)
+            offset = torch.zeros(len(seqs), self.width, device=self.device)
+            offset.index_put_((bias_items, bias_tokens), bias_values, accumulate=True)
+        if penalized and self.counts is not None:
+            counts = self.counts[slots].float()
+            penalty = counts * frequency[:, None] + (counts > 0) * presence[:, None]
+            offset = -penalty if offset is None else offset - penalty
         return LogitRules(
-            frequency=frequency if penalized else None,
-            presence=presence if penalized else None,
-            counts=self.counts[slots] if penalized and self.counts is not None else None,
-            bias=bias,
+            offset=offset,
+            penalized=penalized,
             ban_rows=ban_rows if bans else None,
             ban_tokens=ban_tokens if bans else None,
         )
 
     def record(self, rules: LogitRules | None, slots: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Count the tokens a pass unmasked ([S, K] with their validity) for the requests with a penalty."""
-        if rules is None or rules.counts is None or self.counts is None:
+        if rules is None or not rules.penalized or self.counts is None:
             return
         rows = torch.where(valid, slots[:, None], self.max_running)  # the spare row takes the rest
         self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)

@@ -114,7 +114,9 @@ def test_detokenize_is_the_official_decoding(server, official):
         ("/tokenize", {"prompt": "x", "chat_template": "{{ x }}"}, 400, "chat_template"),
         ("/tokenize", {"messages": ASK, "continue_final_message": True}, 400, None),
         ("/tokenize", {"messages": []}, 400, "messages"),
-        ("/tokenize", {"prompt": "x" * 3_000_000}, 400, "prompt"),
+        ("/tokenize", {"prompt": "x" * 3_000_000}, 400, "prompt"),  # refused untokenized
+        ("/tokenize", {"prompt": "hello " * 5000}, 400, "prompt"),  # more ids than the context
+        ("/tokenize", {"messages": [{"role": "user", "content": "hello " * 5000}]}, 400, "messages"),
     ],
 )
 def test_tokenizer_routes_refuse_bad_input(server, path, body, status, param):
