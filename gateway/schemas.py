@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from cde.shared.limits import (
     INT_MAX,
+    MAX_COMPLETION_LOGPROBS,
     MAX_CONCEPT_LIST,
     MAX_FLASHBLOCK_KNOB,
     MAX_LOGIT_BIAS,
@@ -22,6 +23,7 @@ from cde.shared.limits import (
     MAX_STOP_CHARS,
     MAX_STOP_TOKEN_IDS,
     MAX_STOPS,
+    MAX_TOP_LOGPROBS,
 )
 from pydantic import (
     BaseModel,
@@ -41,9 +43,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
 MAX_CHOICES = 64
-# Alternatives per token (OpenAI's bounds): chat top_logprobs, completions logprobs.
-MAX_TOP_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 5
 
 
 class _Body(BaseModel):

@@ -18,6 +18,9 @@ MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range [-2,
 # Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
 INT_MAX = (1 << 31) - 1
 MAX_TEMPERATURE = 2.0
+# Alternatives per generated token (OpenAI's bounds): chat top_logprobs, completions logprobs.
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 MAX_TOKENS_PER_STEP = 64  # a block's positions
 MAX_ATTRIBUTION_TOP_K = 128
 MAX_INPUT_ATTRIBUTION_STEPS = 64

@@ -32,6 +32,7 @@ from cde.shared.limits import (
     MAX_STOPS,
     MAX_TEMPERATURE,
     MAX_TOKENS_PER_STEP,
+    MAX_TOP_LOGPROBS,
     LimitError,
     check_context,
     check_input_attribution_work,
@@ -181,6 +182,8 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "logit_bias": check_logit_bias,
         "min_tokens": _range(0, INT_MAX),  # and at most max_tokens, below
         "ignore_eos": _any,
+        "stream_tokens": _any,
+        "logprobs": _optional(_range(0, MAX_TOP_LOGPROBS)),  # alternatives per token: one top-k over the vocabulary
     },
     SteeringSpec: {
         "concepts": _concept_ids,
