@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
 from cde.gateway.openapi import openapi_schema
 from cde.gateway.state import ServerState
 from cde.gateway.tokenize_routes import detokenize, tokenize
+from cde.shared.tokenizer import get_tokenizer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -119,6 +121,9 @@ def create_app(
         try:
             if wait_for_workers is not None:
                 await state.router.wait_ready(wait_for_workers)
+                info = state.router.info
+                if info is not None:  # loaded now, on a thread: at first use it held the event loop ~0.5 s
+                    await asyncio.to_thread(get_tokenizer, info.instruct)
             yield
         finally:
             await state.router.stop()

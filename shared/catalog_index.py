@@ -4,67 +4,63 @@ weighted 3, and in the lowered description) without a regex per term per row. An
 catalog (33,732 rows) took 97.7 s for a 999-character query scanned row by row; the index
 answers it in milliseconds.
 
-Why it is exact: for a term made of word characters only (`\\w+`, the `\\b` of Python's `re`),
-a whole-word match is a maximal run of word characters equal to the term, so its count in a
-text is how often the term occurs among the text's `\\w+` runs: a posting list. A term with
-other characters is counted by its own regex, but only in the rows that hold each of its word
-runs as a whole run (every run inside a match is bounded by the term's non-word characters or
-by a `\\b`), found by intersecting posting lists; a term without any word character is counted
-by one regex pass over all the texts joined (C speed). Repeated terms count once per repeat,
-as in the official loop, so each distinct term is scored once and multiplied. Those last two
-kinds cost a regex each: a query may hold at most MAX_PATTERN_TERMS distinct ones.
+Why it is exact: a term holds no whitespace (the query is split on it), so it is a sequence of
+pieces, each a maximal run of word characters (`\\w+`, the `\\b` of Python's `re`) or of other
+characters. In a text, every piece of a match is such a maximal run too: a word piece is bounded
+by the term's other pieces or by a `\\b`, hence by non-word characters; a non-word piece likewise
+by word characters (`\\b` next to a non-word character needs a word character beside it). So
+each text is indexed by its word runs and by its non-word runs that lie between two word
+characters and hold no whitespace; a one-piece term's count in a row is its posting's count; a
+term of several pieces is counted by its own regex, only in the rows that hold every one of its
+pieces (posting lists intersected). Repeated terms count once per repeat, as in the official
+loop, so each distinct term is scored once and multiplied. Terms of several pieces cost a regex
+per candidate row: a query may hold at most MAX_PATTERN_TERMS distinct ones.
 """
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections import Counter
 
 import numpy as np
 from cde.shared.limits import LimitError
 
-MAX_PATTERN_TERMS = 16  # distinct query terms with a non-word character, each a regex pass
-_WORD = re.compile(r"\w+")
+MAX_PATTERN_TERMS = 16  # distinct query terms of several pieces, each a regex over its candidate rows
+# What a text is indexed by: its word runs, and its non-word runs between two word characters
+# that hold no whitespace (no term could equal one that does).
+_TEXT_PIECES = re.compile(r"\w+|(?<=\w)[^\w\s]+(?=\w)")
+_TERM_PIECES = re.compile(r"\w+|\W+")
 _NAME_WEIGHT = 3
 
 
 class _Field:
-    """One text column (names or descriptions): its posting lists and its joined text."""
+    """One text column (names or descriptions) and its posting lists."""
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         postings: dict[str, tuple[list[int], list[int]]] = {}
         for row, text in enumerate(texts):
-            for word, count in Counter(_WORD.findall(text)).items():
-                rows, counts = postings.setdefault(word, ([], []))
+            for piece, count in Counter(_TEXT_PIECES.findall(text)).items():
+                rows, counts = postings.setdefault(piece, ([], []))
                 rows.append(row)
                 counts.append(count)
         self.postings = {w: (np.asarray(r, np.int64), np.asarray(c, np.int64)) for w, (r, c) in postings.items()}
-        # "\n" separates rows: no term holds whitespace, and "\n" is a non-word character like
-        # the ends of a text, so a match never spans two rows and `\b` sees the same edges.
-        self.joined = "\n".join(texts)
-        self.starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]]).tolist() if texts else []
 
     def add(self, score: np.ndarray, term: str, weight: int) -> None:
-        """score[row] += weight x the whole-word matches of `term` in each row."""
-        if _WORD.fullmatch(term):
+        """score[row] += weight x the whole-word matches (`\\bterm\\b`) of `term` in each row."""
+        pieces = _TERM_PIECES.findall(term)
+        if len(pieces) == 1:
             hit = self.postings.get(term)
             if hit is not None:
                 score[hit[0]] += weight * hit[1]
             return
-        pattern = re.compile(rf"\b{re.escape(term)}\b")
-        runs = _WORD.findall(term)
-        if not runs:
-            for m in pattern.finditer(self.joined):
-                score[bisect.bisect_right(self.starts, m.start()) - 1] += weight
-            return
         rows = None
-        for run in set(runs):
-            hit = self.postings.get(run)
+        for piece in set(pieces):
+            hit = self.postings.get(piece)
             if hit is None:
                 return
             rows = hit[0] if rows is None else np.intersect1d(rows, hit[0], assume_unique=True)
+        pattern = re.compile(rf"\b{re.escape(term)}\b")
         for row in rows.tolist() if rows is not None else ():
             score[row] += weight * len(pattern.findall(self.texts[row]))
 
@@ -79,11 +75,11 @@ class SearchIndex:
     def scores(self, query: str, words_only: bool = False) -> np.ndarray:
         """Per row, the official score of `query`. `words_only`: terms with a non-word character
         are left out (a hint's cheap guess, never the API's search). LimitError past
-        MAX_PATTERN_TERMS such terms."""
+        MAX_PATTERN_TERMS terms of several pieces."""
         terms = Counter(query.lower().split())
-        patterned = [t for t in terms if not _WORD.fullmatch(t)]
+        patterned = [t for t in terms if len(_TERM_PIECES.findall(t)) > 1]
         if words_only:
-            for t in patterned:
+            for t in [t for t in terms if not t.isalnum()]:
                 del terms[t]
         elif len(patterned) > MAX_PATTERN_TERMS:
             raise LimitError(

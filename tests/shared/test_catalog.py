@@ -268,10 +268,38 @@ def test_random_queries_equal_the_official(parquet, official):
     from tests.catalog_fixture import WORDS
 
     rng = random.Random(7)
-    pieces = [*WORDS, "+", "++", "c+", "-", "sea-", "-sea", "OCEAN", "a.", "x", "_", "é"]
+    pieces = [*WORDS, "+", "++", "c+", "+c", "-", "--", "sea-", "-sea", "sea-water", "OCEAN", "a.", "x", "_", "é"]
     ours = Catalog.read(parquet)
     for _ in range(150):
         query = " ".join(rng.choices(pieces, k=rng.randint(1, 6)))
         filters = rng.choice(FILTERS)
         got = [c.concept_id for c in ours.search(query, limit=1000, **filters)]
         assert got == [c.concept_id for c in official.search(query, limit=1000, **filters)], (query, filters)
+
+
+def test_punctuated_texts_equal_the_official(tmp_path):
+    """Names and descriptions whose words are joined by punctuation as well as spaces: terms made
+    of punctuation, of words and punctuation, at the ends of texts and inside them."""
+    import random
+
+    import pandas as pd
+    from steerling.concepts import ConceptCatalog
+
+    rng = random.Random(11)
+    words, seps = (
+        ["sea", "water", "e", "mail", "c", "x", "a", "b", "_", "é"],
+        [" ", "-", "--", ".", " - ", "+", "++", ""],
+    )
+
+    def text(k: int) -> str:
+        return "".join(rng.choice(words) + rng.choice(seps) for _ in range(k)).strip()
+
+    rows = [
+        {"concept_id": i, "concept_name": text(rng.randint(1, 3)), "concept_description": text(8)} for i in range(300)
+    ]
+    path = write_catalog(tmp_path / "punctuated.parquet", rows)
+    ours, official = Catalog.read(path), ConceptCatalog(pd.read_parquet(path))
+    for _ in range(300):
+        query = " ".join(text(rng.randint(1, 2)).replace(" ", "") for _ in range(rng.randint(1, 3)))
+        got = [c.concept_id for c in ours.search(query, limit=1000)]
+        assert got == [c.concept_id for c in official.search(query, limit=1000)], query
