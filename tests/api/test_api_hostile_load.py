@@ -24,6 +24,9 @@ from cde.shared.catalog import write_catalog
 
 from tests.api_server import REPO, ServerProcess, pid_alive
 
+# /health latencies and gateway times of hostile requests: wall-clock bounds, alone on the machine
+pytestmark = [pytest.mark.serial, pytest.mark.slow]
+
 KEY = "hostile-suite-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROWS = 40_000
