@@ -13,6 +13,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from cde.shared.config import EOS_ID, EOT_ID
+from cde.shared.limits import MAX_GRAMMAR_CHARS
 from cde.shared.tokenizer import get_tokenizer
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.tiktoken import lltokenizer_from_encoding
 
-MAX_GRAMMAR_CHARS = 64 << 10  # a compiled grammar (the schema inside it) on the wire
 MAX_SCHEMA_CHARS = 32 << 10  # a response_format schema or a tools list, as JSON text
 # Building the lexer: ~50k fuel/ms, so 20 ms; each mask: ~14k/ms lexer + ~20k items/ms parser, so
 # ~17 ms at worst (a plain JSON schema takes ~0.1 ms); lexer states ~1-2 kB each: <= 100 MB.
