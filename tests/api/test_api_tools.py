@@ -157,7 +157,7 @@ def test_history_with_tool_calls_is_rendered_by_the_documented_template(client):
             {"role": "tool", "content": "-3 C, snow"},
         ]
     )
-    assert c.model_extra["prompt_token_ids"] == expected
+    assert r.model_extra["prompt_token_ids"] == expected
 
 
 @pytest.mark.parametrize(
