@@ -14,13 +14,16 @@ from cde.gateway.completion_flow import (
     usage,
 )
 from cde.gateway.errors import invalid
-from cde.gateway.generation import Delta
+from cde.gateway.generation import Choice, Delta
 from cde.gateway.json_out import JsonResponse
 from cde.gateway.logprobs_render import chat_logprobs
 from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
-from cde.gateway.prompts import encode_chat, template_messages
+from cde.gateway.prompts import encode_chat
 from cde.gateway.schemas import ChatCompletionRequest
+from cde.gateway.structured import check_grammar
+from cde.gateway.tool_output import StreamedAnswer, answer_message
+from cde.gateway.tools import active_tools, chat_grammar, render_messages
 from cde.shared.tokenizer import get_tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,7 +42,11 @@ async def create_chat_completion(request: Request) -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     tok = get_tokenizer(True)
-    prompt = await encode_chat(tok, template_messages(body.messages), info)
+    tools = active_tools(body)
+    constraint = chat_grammar(body, tools)
+    if constraint is not None:
+        await check_grammar(*constraint, info)
+    prompt = await encode_chat(tok, render_messages(body), info)
     if len(prompt) >= info.context_len:
         raise invalid(
             f"the messages take {len(prompt)} tokens; this model's context is {info.context_len}",
@@ -54,7 +61,10 @@ async def create_chat_completion(request: Request) -> Response:
     chat_id = response_id(request, "chatcmpl")
     content = ContentLog(state.log_requests, chat_id)
     content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
-    reqs, gen = await start_generation(state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request))
+    grammar = constraint[0] if constraint else None
+    reqs, gen = await start_generation(
+        state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request), grammar
+    )
     created = int(time.time())
 
     # As vLLM: the prompt's ids on the response (streamed: its first chunk), the choices' own on them.
@@ -77,13 +87,15 @@ async def create_chat_completion(request: Request) -> Response:
             **({"usage": None} if with_usage else {}),
         }
         role = {"role": "assistant", "content": ""}
+        answers = [StreamedAnswer(bool(tools)) for _ in reqs]
 
         def chunk(d: Delta, first: bool) -> dict:
+            delta, finish_reason = answers[d.index].delta(d.text, d.finish_reason)
             c = {
                 "index": d.index,
-                "delta": {"content": d.text} if d.text else {},
+                "delta": delta,
                 "logprobs": None if d.logprobs is None else chat_logprobs(tok, d.token_ids, d.logprobs),
-                "finish_reason": d.finish_reason,
+                "finish_reason": finish_reason,
             }
             return {**head, "choices": [extras(c, d.token_ids, d.attribution)]}
 
@@ -107,20 +119,13 @@ async def create_chat_completion(request: Request) -> Response:
             else None,
         )
 
+    def choice(c: Choice) -> dict:
+        message, finish_reason = answer_message(c.text, c.finish_reason, bool(tools))
+        logprobs = None if c.logprobs is None else chat_logprobs(tok, c.token_ids, c.logprobs)
+        return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
     async def complete() -> Response:
-        choices = [
-            extras(
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None if c.logprobs is None else chat_logprobs(tok, c.token_ids, c.logprobs),
-                    "finish_reason": c.finish_reason,
-                },
-                c.token_ids,
-                c.attribution,
-            )
-            for c in await gen.collect()
-        ]
+        choices = [extras(choice(c), c.token_ids, c.attribution) for c in await gen.collect()]
         content.answered({c["index"]: c["message"]["content"] for c in choices})
         return JsonResponse(
             {

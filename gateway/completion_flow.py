@@ -59,10 +59,11 @@ async def start_generation(
     tokenizer: Tokenizer,
     response_id: str,
     client: str,
+    grammar: str | None = None,
 ) -> tuple[list[GenerateRequest], Generation]:
     """The engine requests of every (prompt, choice) of `client` (gateway/client_identity.py),
-    submitted to the workers."""
-    reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id, client)
+    submitted to the workers; `grammar` constrains them all (gateway/structured.py)."""
+    reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id, client, grammar)
     frames = await encode_requests(reqs)
     gen = Generation(
         state.router,

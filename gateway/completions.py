@@ -21,6 +21,7 @@ from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
+from cde.gateway.structured import check_grammar, format_grammar
 from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
@@ -58,8 +59,12 @@ async def create_completion(request: Request) -> Response:
     cmpl_id = response_id(request, "cmpl")
     content = ContentLog(state.log_requests, cmpl_id)
     content.asked(prompt=body.prompt)
+    constraint = format_grammar(None, body.structured_outputs)
+    if constraint is not None:
+        await check_grammar(*constraint, info)
+    grammar = constraint[0] if constraint else None
     reqs, gen = await start_generation(
-        state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request)
+        state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), grammar
     )
     n_prompt = sum(len(p) for p in prompts)
     prompt_of = [prompts[i // body.n] for i in range(len(reqs))]

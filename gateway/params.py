@@ -56,6 +56,7 @@ def generate_requests(
     labels: ConceptLabels,
     prefix: str,
     client: str = "",
+    grammar: str | None = None,
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
     with as_invalid():
@@ -102,6 +103,7 @@ def generate_requests(
                     ignore_eos=body.ignore_eos,
                     stream_tokens=body.stream and _granularity(body) == "token",
                     logprobs=body.logprob_alternatives(),
+                    grammar=grammar,
                 )
             )
     return out

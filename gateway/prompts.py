@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cde.gateway.errors import invalid
+from cde.gateway.tool_format import calls_text
 from cde.shared.protocol import Heartbeat
 
 if TYPE_CHECKING:
@@ -45,8 +46,12 @@ async def encode_prompts(tok: Tokenizer, texts: list[str], info: Heartbeat) -> l
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """The API's messages as the chat template takes them (a developer message is a system one)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+    """The API's messages as the chat template takes them (a developer message is a system one; an
+    assistant's tool calls follow its content, gateway/tools.py)."""
+    return [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text() + calls_text(m, i)}
+        for i, m in enumerate(messages)
+    ]
 
 
 async def encode_chat(

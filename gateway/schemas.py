@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
+from cde.gateway.body import Body
+from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs, ToolCall, ToolChoice, ToolSpec
 from cde.shared.limits import (
     INT_MAX,
     MAX_COMPLETION_LOGPROBS,
@@ -26,8 +28,6 @@ from cde.shared.limits import (
     MAX_TOP_LOGPROBS,
 )
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     RootModel,
@@ -45,10 +45,7 @@ T = TypeVar("T")
 MAX_CHOICES = 64
 
 
-class _Body(BaseModel):
-    # Strict: `0` is not `false` and `false` is not a token id. NaN and Infinity (which Python's
-    # json accepts, and `1e999` becomes) are never valid numbers.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+_Body = Body
 
 
 def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
@@ -222,6 +219,9 @@ class SamplingParams(_Body):
         description="with stream: token: each block's committed left prefix as it grows; block: a chunk per "
         "block; absent: token, or block with stream_denoise (its step events carry every token as it lands)",
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="constrained decoding (vLLM's extension): json, json_object, regex, choice or grammar"
+    )
 
     def logprob_alternatives(self) -> int | None:
         """Top alternatives per generated token that the request asks for; None: no logprobs."""
@@ -262,13 +262,15 @@ _DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls"})
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None
     name: str | None = None  # accepted, not rendered: the template has no place for it
     # An assistant reply's refusal text and url citations, as a dumped reply carries them: they
     # change nothing about the prompt (vLLM ignores them too).
     refusal: str | None = None
     annotations: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_CHOICES)  # assistant turns
+    tool_call_id: str | None = Field(None, max_length=256)  # tool turns
 
     @model_validator(mode="before")
     @classmethod
@@ -283,25 +285,18 @@ class ChatMessage(_Body):
             for name in ("refusal", "annotations"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to assistant messages only")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content may be null only in an assistant message with tool_calls")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message has a tool_call_id, and only a tool message")
         return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class ResponseFormat(_Body):
-    type: Literal["text"]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_only(cls, v: Any) -> Any:
-        # Named before its other fields (a json_schema) are refused as unknown: the type is the mistake.
-        if isinstance(v, dict) and v.get("type") != "text":
-            raise ValueError(
-                f"type {str(v.get('type'))[:40]!r} is not supported: CDE has no JSON mode or "
-                'structured outputs; the only format is {"type": "text"}'
-            )
-        return v
 
 
 class ChatCompletionRequest(SamplingParams):
@@ -319,6 +314,9 @@ class ChatCompletionRequest(SamplingParams):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
     _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
     _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")

@@ -104,3 +104,7 @@ def check_flashblock(spec: FlashBlockSpec) -> None:
 def clip(text: str, limit: int) -> str:
     """Text that may quote a peer or a client, cut for an error message or a log line."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+# A constrained request's grammar on the wire (shared/grammar.py bounds its compile and mask work).
+MAX_GRAMMAR_CHARS = 64 << 10

@@ -17,7 +17,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 6: Heartbeat.catalog_digest/catalog_bytes, CatalogQuery, CatalogPart
 # 7: PrefixResult, GenerateRequest.stream_tokens and .logprobs, TokenLogprobs
 # 8: GenerateRequest's logit rules (penalties, logit_bias, min_tokens, ignore_eos)
-PROTOCOL_VERSION = 8
+# 9: GenerateRequest.grammar
+PROTOCOL_VERSION = 9
 
 
 @dataclass
@@ -90,6 +91,8 @@ class GenerateRequest:
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     ignore_eos: bool = False
+    # Constrained decoding: an llguidance grammar (shared/grammar.py), None: unconstrained.
+    grammar: str | None = None
 
 
 @dataclass

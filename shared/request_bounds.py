@@ -20,6 +20,7 @@ from cde.shared.limits import (
     MAX_ATTRIBUTION_TOP_K,
     MAX_CLIENT_CHARS,
     MAX_FLASHBLOCK_KNOB,
+    MAX_GRAMMAR_CHARS,
     MAX_INPUT_ATTRIBUTION_STEPS,
     MAX_INPUT_ATTRIBUTION_TOP_K,
     MAX_LOGIT_BIAS,
@@ -184,6 +185,7 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "ignore_eos": _any,
         "stream_tokens": _any,
         "logprobs": _optional(_range(0, MAX_TOP_LOGPROBS)),  # alternatives per token: one top-k over the vocabulary
+        "grammar": _optional(_text(MAX_GRAMMAR_CHARS)),  # and compiled under llguidance's limits (shared/grammar.py)
     },
     SteeringSpec: {
         "concepts": _concept_ids,

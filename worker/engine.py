@@ -17,6 +17,7 @@ from cde.shared.request_bounds import check_generate_request
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8, isolation
 from cde.worker.checkpoint import DTYPES, load_checkpoint
+from cde.worker.constraint import Constraint
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.scheduler import Scheduler
@@ -104,7 +105,11 @@ class Engine:
             req.flashblock = self.args.flashblock
         if req.seed is None:
             req.seed = random.getrandbits(32)
-        self.inputs.track(self.scheduler.add(req))
+        # Built before the request queues: a grammar the worker cannot use refuses it alone.
+        constraint = Constraint(req.grammar, self.cfg.instruct, self.cfg.vocab_size) if req.grammar else None
+        seq = self.scheduler.add(req)
+        seq.constraint = constraint
+        self.inputs.track(seq)
 
     def abort(self, request_id: str) -> bool:
         dropped = self.inputs.abort(request_id)

@@ -86,7 +86,7 @@ class ModelRunner:
         self.steering: dict[int, SteeringState] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
         self.rules = RequestLogitRules(self.device, width, max_running)
-        self.inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules)
+        self.inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules, cfg.vocab_size)
         self.attr_inputs = Staging(self.device, torch.int64)
         self.logprobs = LogprobsRunner(self.device)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on

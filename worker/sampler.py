@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.kernels.row_confidence import row_confidence
+from cde.worker.constraint import apply_bitmask
 from cde.worker.logit_rules import LogitRules
 
 _M32 = 0xFFFFFFFF
@@ -47,15 +48,19 @@ class SamplingBatch:
     seen: torch.Tensor | None = None  # [S, V] bool: tokens already in the sequence
     relu_mask: torch.Tensor | None = None  # [S, V] float, None when no row has one
     rules: LogitRules | None = None  # penalties, logit_bias, min_tokens: None when no row has any
+    # Constrained decoding (worker/constraint.py), None when no row has a grammar:
+    leftmost: torch.Tensor | None = None  # [S] bool: the item unmasks its leftmost positions
+    grammar_rows: torch.Tensor | None = None  # [C] logits rows under a grammar's bitmask
+    grammar_bitmask: torch.Tensor | None = None  # [C, words] int32: the tokens allowed there
 
 
 def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits [R, V] -> logits after ReLU mask, repetition penalty, the request rules of
-    worker/logit_rules.py and bans. Float32 when any of these applies; otherwise the logits
+    worker/logit_rules.py, bans and grammar bitmasks. Float32 when any of these applies; otherwise the logits
     themselves with the bans written in place (a fresh tensor: no full-vocabulary float32 copy
     per step)."""
     if sb.relu_mask is None and sb.rep_penalty is None and sb.rules is None:
-        return logits.index_fill_(-1, sb.banned, NEG_INF)
+        return _constrain(logits.index_fill_(-1, sb.banned, NEG_INF), sb)
     x = logits.float()
     if sb.relu_mask is not None:
         x = x - sb.relu_mask[sb.row_item]
@@ -64,7 +69,13 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
         x = torch.where(sb.seen[sb.row_item], torch.where(x > 0, x / p, x * p), x)
     if sb.rules is not None:
         x = sb.rules.apply(x, sb.row_item)
-    return x.index_fill_(-1, sb.banned, NEG_INF)
+    return _constrain(x.index_fill_(-1, sb.banned, NEG_INF), sb)
+
+
+def _constrain(x: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    if sb.grammar_rows is not None and sb.grammar_bitmask is not None:
+        apply_bitmask(x, sb.grammar_rows, sb.grammar_bitmask)
+    return x
 
 
 def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +84,9 @@ def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.T
     row_conf = row_confidence(adjusted)
     eligible = sb.grid >= 0
     conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
+    if sb.leftmost is not None:  # constrained items: leftmost first (confidence is never above 1)
+        order = 2.0 - torch.arange(conf.shape[1], device=conf.device, dtype=conf.dtype) / conf.shape[1]
+        conf = torch.where(sb.leftmost[:, None] & eligible, order[None, :], conf)
     k = min(sb.max_select, conf.shape[1])
     top_conf, positions = conf.topk(k, dim=-1)
     above = (top_conf > sb.threshold[:, None]).sum(-1)

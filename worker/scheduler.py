@@ -69,6 +69,7 @@ class _Awaiting:
 
     index: int  # the item's place in batch.step_items (and in the list `attach` receives)
     request_id: str
+    placed: int  # picks the step kept (the others were after EOT or refused by a grammar)
     step_result: StepResult | None  # sent for this step (stream_denoise), if any
     block_result: BlockResult | None  # the block this step completed, if any
     kept: set[int] | None  # that block's positions whose tokens it keeps
@@ -201,10 +202,14 @@ class Scheduler:
             if pick.logprobs is not None:
                 seq.block_logprobs.update(zip(positions, pick.logprobs))
             ended_by_eot = seq.place(positions, tokens)
+            if positions and seq.last_unmasked == 0:  # a grammar refused its own bitmask's pick
+                results.append(BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick"))
+                self._finish(seq, "error")
+                continue
             step_result = block_result = kept = None
             earlier: list[PackedAttribution] = []  # a completed block's attribution from its earlier steps
             if seq.req.stream_denoise:
-                step_result = self._step_result(seq, positions, tokens, ended_by_eot)
+                step_result = self._step_result(seq, positions, tokens)
                 results.append(step_result)
             if seq.req.stream_tokens and not (ended_by_eot or seq.block_done()):
                 prefix = self._prefix_result(seq)
@@ -215,16 +220,16 @@ class Scheduler:
                 block_result, kept = self._complete_block(seq, ended_by_eot)
                 results.append(block_result)
             if seq.req.attribution is not None:
-                self._awaiting.append(_Awaiting(n, seq.id, step_result, block_result, kept, earlier))
+                self._awaiting.append(_Awaiting(n, seq.id, seq.last_unmasked, step_result, block_result, kept, earlier))
         return results
 
     def attach(self, attribution: list[PackedAttribution | None]) -> None:
         """The attribution of the last update's pass, per step item (packed arrays): kept with the
         request's active block, and given to the results that update() returned for it."""
         for waiting in self._awaiting:
-            records = attribution[waiting.index]
+            records = attribution[waiting.index].head(waiting.placed)
             if waiting.step_result is not None:
-                waiting.step_result.attribution = records.head(len(waiting.step_result.token_ids))
+                waiting.step_result.attribution = records
             if waiting.block_result is None:
                 self.block_attribution.setdefault(waiting.request_id, []).append(records)
             else:
@@ -232,9 +237,9 @@ class Scheduler:
                 waiting.block_result.attribution = block.kept(waiting.kept)
         self._awaiting = []
 
-    def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int], ended_by_eot: bool) -> StepResult:
-        # Picks after an EOT were discarded by place(); attach() cuts the records (in pick order) alike.
-        n = tokens.index(self.eot_id) + 1 if ended_by_eot else len(tokens)
+    def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int]) -> StepResult:
+        # Picks after an EOT (or refused by a grammar) were discarded by place(); attach() cuts the records alike.
+        n = seq.last_unmasked
         base = seq.block * PAGE
         return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n])
 
@@ -254,8 +259,8 @@ class Scheduler:
         the request did not ask for attribution)."""
         new = seq.block_output()
         reason = None
-        if ended_by_eot:
-            new = new[: new.index(self.eot_id)]
+        if ended_by_eot:  # by EOT, or by a constrained request's complete grammar
+            new = new[: new.index(self.eot_id)] if self.eot_id in new else new
             reason = "stop"
         stop_ids = set(seq.req.stop_token_ids)
         cut = next((i for i, t in enumerate(new) if t in stop_ids), None)

@@ -8,9 +8,13 @@ prompt positions fixed, the rest masked); later blocks start fully masked. Posit
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
 from cde.shared.protocol import FlashBlockSpec, GenerateRequest, TokenLogprobs
+
+if TYPE_CHECKING:
+    from cde.worker.constraint import Constraint
 
 
 class Status(enum.Enum):
@@ -48,6 +52,7 @@ class Sequence:
         self.external_cached = False
         self.reused = 0
         self.last_unmasked = 0
+        self.constraint: Constraint | None = None  # the grammar's matcher, when constrained (set by the engine)
 
     @property
     def n_prompt_blocks(self) -> int:
@@ -87,17 +92,23 @@ class Sequence:
         return ATTN_REFRESH
 
     def place(self, positions: list[int], tokens: list[int]) -> bool:
-        """Unmask positions (most confident first). Returns True when EOT ended the request:
-        like the reference, what comes after EOT is discarded, later picks of the step too."""
+        """Unmask positions (most confident first). Returns True when EOT (or a complete grammar)
+        ended the request: like the reference, what comes after EOT is discarded, later picks of
+        the step too. A constrained request keeps only the picks its grammar accepts, in order
+        (worker/constraint.py). `last_unmasked` counts the picks kept."""
+        if self.constraint is not None:
+            kept = self.constraint.accept(tokens)
+            positions, tokens = positions[:kept], tokens[:kept]
         self.last_unmasked = len(positions)
-        for pos, tok in zip(positions, tokens):
+        for n, (pos, tok) in enumerate(zip(positions, tokens)):
             self.tokens[pos] = tok
             self.committed += 1
             self.commits.append((self.block * PAGE + pos, tok, self.step))
             if self.eot_id is not None and tok == self.eot_id:
                 self.tokens[pos + 1 :] = [MASK_ID] * (PAGE - pos - 1)
+                self.last_unmasked = n + 1
                 return True
-        return False
+        return self.constraint is not None and self.constraint.complete
 
     def committed_prefix_len(self, stop_ids: set[int]) -> int:
         """How many generated tokens of the active block form its committed left prefix (up to

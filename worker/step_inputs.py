@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.config import PAGE
+from cde.worker.constraint import GrammarInputs
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.sampler import SamplingBatch
 from cde.worker.sequence import Sequence
@@ -38,11 +39,12 @@ def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[i
 
 class StepInputBuilder:
     def __init__(
-        self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor, rules: RequestLogitRules
+        self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor, rules: RequestLogitRules, vocab_size: int
     ) -> None:
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
         self.banned, self.seen, self.rules = banned, seen, rules
+        self.grammar = GrammarInputs(device, vocab_size)
 
     def build(self, step_indices: list[int], seqs: list[Sequence], relu_masks: list[torch.Tensor | None]) -> StepInputs:
         """relu_masks: per step item, its steering ReLU logit mask (a device tensor) or None."""
@@ -63,7 +65,10 @@ class StepInputBuilder:
             [s.step for s in seqs],
         )
         threshold, temperature, top_p, rep_t = self.floats.stage(
-            [2.0 if x is None else x for x in thresholds], [r.temperature for r in reqs], [r.top_p for r in reqs], rep
+            [2.0 if x is None or s.constraint is not None else x for x, s in zip(thresholds, seqs)],
+            [r.temperature for r in reqs],
+            [r.top_p for r in reqs],
+            rep,
         )
         any_relu = any(m is not None for m in relu_masks)
         sampling = SamplingBatch(
@@ -78,7 +83,9 @@ class StepInputBuilder:
             seed=seed,
             step=step,
             banned=self.banned,
-            max_select=PAGE if any(x is not None for x in thresholds) else max(r.tokens_per_step for r in reqs),
+            max_select=PAGE
+            if any(x is not None and s.constraint is None for x, s in zip(thresholds, seqs))
+            else max(r.tokens_per_step for r in reqs),
             any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
             any_entropy=any(r.entropy_sampling for r in reqs),
             rep_penalty=rep_t if penalized else None,
@@ -92,4 +99,6 @@ class StepInputBuilder:
             ),
             rules=self.rules.build(seqs, slots, grid),
         )
+        if any(s.constraint is not None for s in seqs):
+            self.grammar.add_to(sampling, seqs, grid)
         return StepInputs(rows_t, slots, sampling)

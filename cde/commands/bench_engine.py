@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cde.commands import bench_flashblock
+from cde.commands import bench_constrained, bench_flashblock
+from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
@@ -74,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_quantization_arguments(p)
     bench_flashblock.add_arguments(p)
+    bench_constrained.add_arguments(p)
 
 
 def _requests(
@@ -156,6 +158,7 @@ def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict:
         "gc_collections": gc_clock.count,
         "gc_ms": gc_clock.seconds * 1e3,
         "outputs": outputs,
+        "last_block_s": {rid: b[-1] for rid, b in blocks.items() if b},
     }
 
 
@@ -239,23 +242,26 @@ def run(args: argparse.Namespace) -> int:
             ):
                 res["context"] = args.prompt_len + args.max_tokens
                 results.append(res)
-                print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
+                print(json.dumps({k: v for k, v in res.items() if k not in ("outputs", "last_block_s")}), flush=True)
             continue
         attrs = [False, True] if args.compare_attribution else [args.attribution]
-        for steer, attr in [(s, a) for s in ([False, True] if args.steering else [False]) for a in attrs]:
+        runs = [(s, a, v) for s in ([False, True] if args.steering else [False]) for a in attrs for v in variants(args)]
+        for steer, attr, variant in runs:
             before = _compile_count()
-            res = _run(engine, _requests(c, args, f"run{c}{steer}{attr}", steer, attr))
+            reqs = constrain(_requests(c, args, f"run{c}{steer}{attr}{variant}", steer, attr), variant)
+            res = _run(engine, reqs)
             res["recompiles_after_warmup"] = _compile_count() - before
-            res["steering_half"], res["attribution"] = steer, attr
+            res["steering_half"], res["attribution"], res["constrained"] = steer, attr, variant
+            res.update(group_rates(res, reqs))
             res["tokens_per_step"], res["quantization"] = tps, args.quantization
             results.append(res)
-            print(json.dumps({k: v for k, v in res.items() if k != "outputs"}), flush=True)
+            print(json.dumps({k: v for k, v in res.items() if k not in ("outputs", "last_block_s")}), flush=True)
     if args.flashblock_tau is not None:
         bench_flashblock.print_table(results)
     else:
         print_table(results)
     for res in results:
-        res.pop("outputs")
+        res.pop("outputs"), res.pop("last_block_s")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
         with open(args.json, "w") as f:
@@ -284,6 +290,7 @@ def print_table(results: list[dict]) -> None:
         ("recompiles_after_warmup", "recomp", "{:d}"),
         ("steering_half", "steer", "{}"),
         ("attribution", "attr", "{}"),
+        ("constrained", "grammar", "{}"),
         ("gc_ms", "GC ms", "{:.1f}"),
         ("peak_device_gb", "peak GB", "{:.1f}"),
         ("quantization", "quant", "{}"),

@@ -273,7 +273,7 @@ def test_chat_errors(client):
         client.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": "x"}],
-            tools=[{"type": "function", "function": {"name": "f"}}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
         )
     assert e.value.body["param"] == "tools"
 

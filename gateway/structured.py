@@ -1,0 +1,101 @@
+"""What a request asks the output to follow, as one llguidance grammar for the worker.
+
+`response_format` (chat), `structured_outputs` (vLLM's extension, chat and completions) and tools
+(gateway/tools.py) each become a grammar; it is compiled here once, off the event loop and under
+a time bound, so a schema llguidance refuses is a 400 naming its field, and the worker never sees
+it. The bounds on what one grammar may cost are in shared/grammar.py (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+from cde.gateway.errors import invalid
+from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs
+from cde.shared.grammar import (
+    MAX_SCHEMA_CHARS,
+    grammar_error,
+    json_schema_grammar,
+    lark_grammar,
+    ll_tokenizer,
+)
+from cde.shared.protocol import Heartbeat
+
+# The first compile of a process builds the tokenizer's tables (~0.7 s); a grammar is over its
+# fuel limits well before this.
+COMPILE_TIMEOUT_S = 10.0
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def schema_text(value: Any, param: str) -> str:
+    """A schema (or tools list) as JSON text, bounded in size."""
+    text = json.dumps(value, separators=(",", ":"))
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise invalid(f"{param} is {len(text)} characters of JSON, more than {MAX_SCHEMA_CHARS}", param)
+    return text
+
+
+def lark_string(text: str) -> str:
+    """A Lark string literal matching `text` exactly."""
+    return json.dumps(text)
+
+
+def format_grammar(fmt: ResponseFormat | None, outputs: StructuredOutputs | None) -> tuple[str, str] | None:
+    """(grammar, param) for response_format / structured_outputs; None when neither constrains."""
+    if fmt is not None and fmt.type != "text":
+        if outputs is not None:
+            raise invalid("set response_format or structured_outputs, not both", "structured_outputs")
+        if fmt.type == "json_object":
+            return json_schema_grammar(ANY_OBJECT), "response_format"
+        assert fmt.json_schema is not None  # the model's validator
+        schema_text(fmt.json_schema.schema_, "response_format")
+        return _schema_grammar(fmt.json_schema.schema_, "response_format"), "response_format"
+    if outputs is None:
+        return None
+    param = "structured_outputs"
+    if outputs.json_ is not None:
+        schema_text(outputs.json_, param)
+        return _schema_grammar(outputs.json_, param), param
+    if outputs.json_object:
+        return json_schema_grammar(ANY_OBJECT), param
+    if outputs.regex is not None:
+        schema_text(outputs.regex, param)
+        return lark_grammar(f"start: /{_regex_body(outputs.regex, param)}/"), param
+    if outputs.choice is not None:
+        schema_text(outputs.choice, param)
+        return lark_grammar("start: " + " | ".join(lark_string(c) for c in outputs.choice)), param
+    assert outputs.grammar is not None  # the model's validator: exactly one is set
+    schema_text(outputs.grammar, param)
+    return lark_grammar(outputs.grammar), param
+
+
+def _schema_grammar(schema: dict[str, Any], param: str) -> str:
+    try:
+        return json_schema_grammar(schema)
+    except ValueError as exc:
+        raise invalid(f"{param}: {exc}", param) from None
+
+
+def _regex_body(regex: str, param: str) -> str:
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        raise invalid(f"{param}.regex is not a regular expression: {exc}", param) from None
+    return regex.replace("/", "\\/")
+
+
+async def check_grammar(grammar: str, param: str, info: Heartbeat) -> None:
+    """400 naming `param` unless the worker will be able to use the grammar. Compiled on a
+    thread: a complex schema must not stall the event loop."""
+    try:
+        error = await asyncio.wait_for(
+            asyncio.to_thread(lambda: grammar_error(grammar, ll_tokenizer(info.instruct, info.vocab_size))),
+            COMPILE_TIMEOUT_S,
+        )
+    except TimeoutError:
+        error = f"the grammar did not compile within {COMPILE_TIMEOUT_S:g} s"
+    if error:
+        raise invalid(f"{param}: {error}", param)

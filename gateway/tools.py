@@ -1,0 +1,119 @@
+"""Tool calls: how tools and past calls are written into the chat template, the grammar of a
+call, and how an answer's calls are read back into OpenAI's `tool_calls`.
+
+The format (docs/api.md, "Tools"): the tools are listed in a system turn before the others; a
+call is `<tool_call>{"name":"NAME","arguments":{...}}</tool_call>`, one per call, and an answer
+that calls tools is only calls. A past assistant turn with tool_calls is rendered as its content
+followed by its calls in that format; a `tool` turn is rendered with the role `tool` and its
+content. With `tool_choice` `required` or a named function, the grammar admits only calls (of that
+function), with arguments valid under the function's `parameters`; with `auto` it admits either
+text (or the response_format's JSON, when one is set) or calls, and once an answer starts with
+`<tool_call>` the rest must be calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cde.gateway.errors import invalid
+from cde.gateway.prompts import template_messages
+from cde.gateway.schemas import ChatCompletionRequest
+from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
+from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
+from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
+from cde.shared.grammar import JSON_OPTIONS, lark_grammar
+
+PREAMBLE = (
+    "You can call these functions. Each line is one function: its name, description and the "
+    "JSON schema of its arguments.\n<tools>\n{tools}\n</tools>\n"
+    'To call functions, answer only with one <tool_call>{{"name":"NAME","arguments":{{...}}}}</tool_call> '
+    "per call; otherwise answer in text."
+)
+
+
+def active_tools(body: ChatCompletionRequest) -> list[ToolSpec]:
+    """The tools the answer may call (none with tool_choice "none"); 400 for a choice without tools."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none", "auto"):
+            raise invalid("tool_choice needs tools", "tool_choice")
+        return []
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise invalid("two tools have the same name", "tools")
+    if choice == "none":
+        return []
+    if isinstance(choice, NamedToolChoice):
+        chosen = [t for t in body.tools if t.function.name == choice.function.name]
+        if not chosen:
+            raise invalid(f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice")
+        return chosen
+    return list(body.tools)
+
+
+JSON_X = {"x-guidance": JSON_OPTIONS}  # compact JSON inside Lark, as in a response_format
+
+
+def render_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    """The chat template's turns: the tools' system turn (when tools are given), then each
+    message with its tool calls written out."""
+    turns = []
+    if body.tools:
+        lines = [
+            json.dumps(
+                {"name": t.function.name, "description": t.function.description or "", "parameters": _params(t)},
+                separators=(",", ":"),
+            )
+            for t in body.tools
+        ]
+        turns.append({"role": "system", "content": PREAMBLE.format(tools="\n".join(lines))})
+    return turns + template_messages(body.messages)
+
+
+def _params(tool: ToolSpec) -> dict[str, Any]:
+    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+
+
+def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[str, str] | None:
+    """(grammar, param) of a chat request's answer: its tools' and response_format's, or None."""
+    fmt = format_grammar(body.response_format, body.structured_outputs)
+    if not tools:
+        return fmt
+    if fmt is not None and body.structured_outputs is not None:
+        raise invalid("structured_outputs cannot be combined with tools; use response_format", "structured_outputs")
+    answer = None
+    if body.response_format is not None and body.response_format.type != "text":
+        spec = body.response_format.json_schema
+        answer = spec.schema_ if spec is not None else ANY_OBJECT
+    return tools_grammar(body, tools, answer), "tools"
+
+
+def tools_grammar(body: ChatCompletionRequest, tools: list[ToolSpec], answer: dict[str, Any] | None) -> str:
+    """The grammar of an answer that may (auto) or must (required, named) call `tools`. `answer`:
+    the JSON schema of a non-call answer under auto (a response_format), None for free text."""
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": _params(t)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+    }
+    single = isinstance(body.tool_choice, NamedToolChoice) or not body.parallel_tool_calls
+    lark = [
+        f"calls: call{'' if single else '+'}",
+        f"call: {lark_string(CALL_OPEN)} %json {schema_text({**call, **JSON_X}, 'tools')} {lark_string(CALL_CLOSE)}",
+    ]
+    if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
+        lark.insert(0, "start: calls")
+    else:  # auto: an answer that does not start like a call, or calls
+        lark.insert(0, f"start: {'TEXT' if answer is None else 'answer'} | calls")
+        if answer is None:
+            lark.append(r"TEXT: /[^<](.|\n)*/")
+        else:
+            lark.append(f"answer: %json {schema_text({**answer, **JSON_X}, 'response_format')}")
+    return lark_grammar("\n".join(lark))

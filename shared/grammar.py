@@ -1,0 +1,75 @@
+"""Grammars of constrained decoding, as the gateway and the worker both build and bound them.
+
+A constrained request carries an llguidance grammar (a JSON schema in llguidance's JSON
+serialization, or a Lark grammar that may embed JSON schemas). The gateway compiles it once to refuse a bad one with a
+400; the worker builds its matcher from the same text under the same limits. The limits bound
+what one request's grammar can cost: its size on the wire, the work of building its lexer, and
+the work of each token mask (llguidance's fuel counters; see docs/security.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from cde.shared.config import EOS_ID, EOT_ID
+from cde.shared.limits import MAX_GRAMMAR_CHARS
+from cde.shared.tokenizer import get_tokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance.tiktoken import lltokenizer_from_encoding
+
+MAX_SCHEMA_CHARS = 32 << 10  # a response_format schema or a tools list, as JSON text
+# Building the lexer: ~50k fuel/ms, so 20 ms; each mask: ~14k/ms lexer + ~20k items/ms parser, so
+# ~17 ms at worst (a plain JSON schema takes ~0.1 ms); lexer states ~1-2 kB each: <= 100 MB.
+INITIAL_LEXER_FUEL, STEP_LEXER_FUEL, STEP_MAX_ITEMS = 1_000_000, 200_000, 50_000
+MAX_LEXER_STATES, MAX_GRAMMAR_SIZE = 50_000, 100_000
+# Compact JSON ("," and ":" without spaces, no free whitespace): a model cannot spend its tokens on
+# blank space, and the end of the value ends the grammar.
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+def limits() -> LLParserLimits:
+    return LLParserLimits(
+        initial_lexer_fuel=INITIAL_LEXER_FUEL,
+        step_lexer_fuel=STEP_LEXER_FUEL,
+        step_max_items=STEP_MAX_ITEMS,
+        max_lexer_states=MAX_LEXER_STATES,
+        max_grammar_size=MAX_GRAMMAR_SIZE,
+    )
+
+
+@functools.cache
+def ll_tokenizer(instruct: bool, vocab_size: int) -> LLTokenizer:
+    """The model's tokenizer for llguidance (about 0.7 s and a few tens of MB, once per process).
+    A sequence ends with <|eot_id|> on instruct models; base models end when the grammar does."""
+    tok = get_tokenizer(instruct)
+    return lltokenizer_from_encoding(tok.enc, n_vocab=vocab_size, eos_token=EOT_ID if instruct else EOS_ID)
+
+
+def json_schema_grammar(schema: dict[str, Any]) -> str:
+    return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+
+
+def lark_grammar(lark: str) -> str:
+    return LLMatcher.grammar_from_lark(lark)
+
+
+def grammar_error(grammar: str, tokenizer: LLTokenizer | None) -> str:
+    """Why the grammar cannot be used ("" when it can): too large, invalid, or over the limits."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        return f"the grammar is {len(grammar)} characters, more than {MAX_GRAMMAR_CHARS}"
+    return LLMatcher.validate_grammar(grammar, tokenizer, limits=limits())
+
+
+def new_matcher(grammar: str, tokenizer: LLTokenizer) -> LLMatcher:
+    """A matcher at the start of the grammar; ValueError for one that cannot be used."""
+    error = grammar_error(grammar, tokenizer)
+    if error:
+        raise ValueError(f"grammar: {error}")
+    matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=limits())
+    if matcher.is_error():
+        raise ValueError(f"grammar: {matcher.get_error()}")
+    return matcher

@@ -1,0 +1,189 @@
+"""Structured outputs through a real `cde serve` of the demo model (cde-reference), with the real
+`openai` client: every constrained answer parses and validates (jsonschema) against its schema,
+plain, streamed, steered, at tokens_per_step 1 and 4; completions' `structured_outputs`; bad
+schemas are a 400 naming the field. Tools: tests/api/test_api_tools.py."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.api.structured_schemas import SCHEMAS
+from tests.api_server import ServerProcess
+
+MODEL = "cde-reference"
+MAX_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(None, workers=1)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+
+
+def ask(client, schema: dict, stream: bool, **extra) -> tuple[str, str]:
+    """(text, finish_reason) of a chat answer constrained to `schema`."""
+    args = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Answer in JSON."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        extra_body=extra,
+    )
+    if not stream:
+        c = client.chat.completions.create(**args).choices[0]
+        return c.message.content, c.finish_reason
+    text, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    return text, finish
+
+
+MODES = {
+    "plain-k1": (False, {"tokens_per_step": 1}),
+    "plain-k4": (False, {"tokens_per_step": 4}),
+    "streamed-k4": (True, {"tokens_per_step": 4}),
+    "steered-k4": (True, {"tokens_per_step": 4, "steering": {"concepts": [1, 5], "strength": 8.0}}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_schema_answer_parses_and_validates(client, mode):
+    stream, extra = MODES[mode]
+    with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # one batch in the engine
+        answers = dict(zip(SCHEMAS, pool.map(lambda s: ask(client, s, stream, **extra), SCHEMAS.values())))
+    for name, (text, finish) in answers.items():
+        assert finish == "stop", f"{name}: {finish} {text!r}"
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+        assert text == text.strip(), f"{name}: whitespace around the JSON {text!r}"
+
+
+def test_steering_changes_a_constrained_answer(client):
+    schema = SCHEMAS["flat"]
+    plain = ask(client, schema, False, tokens_per_step=4)[0]
+    steered = ask(client, schema, False, tokens_per_step=4, steering={"concepts": [1, 5], "strength": 8.0})[0]
+    assert plain != steered  # else the steered mode above would test nothing
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=120)
+    likes_tea: bool
+
+
+def test_openai_parse_with_a_pydantic_model(client):
+    r = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe a person."}],
+        response_format=Person,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"tokens_per_step": 4},
+    )
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop" and isinstance(msg.parsed, Person)
+    assert msg.parsed == Person.model_validate_json(msg.content)
+
+
+def test_json_object_answers_an_object(client):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "JSON please."}],
+        response_format={"type": "json_object"},
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"tokens_per_step": 4},
+    )
+    c = r.choices[0]
+    # An open object may run to max_tokens on this model: then it is cut ("length"), else it parses.
+    assert c.message.content.startswith("{")
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(c.message.content), dict)
+
+
+@pytest.mark.parametrize(
+    "outputs,check",
+    [
+        ({"choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+        ({"regex": "[0-9]{3}-[a-z]{2}"}, lambda t: len(t) == 6 and t[:3].isdigit() and t[3] == "-" and t[4:].isalpha()),
+        ({"json": SCHEMAS["nested"]}, lambda t: jsonschema.validate(json.loads(t), SCHEMAS["nested"]) is None),
+        ({"grammar": 'start: "A" B\nB: /[xy]{2}/'}, lambda t: t[0] == "A" and set(t[1:]) <= {"x", "y"} and len(t) == 3),
+    ],
+)
+def test_completions_structured_outputs(client, outputs, check):
+    r = client.completions.create(
+        model=MODEL,
+        prompt="The answer:",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"structured_outputs": outputs, "tokens_per_step": 4},
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and check(c.text), c.text
+
+
+def test_max_tokens_cuts_a_constrained_answer_with_length(client):
+    text, finish = ask(client, SCHEMAS["flat"], False, max_tokens=3)
+    assert finish == "length" and text.startswith("{")
+
+
+@pytest.mark.parametrize(
+    "field,value,param",
+    [
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+            "response_format",
+        ),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/none"}}},
+            "response_format",
+        ),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}},
+            "response_format",
+        ),
+        ("response_format", {"type": "json_schema"}, "response_format"),
+        ("response_format", {"type": "yaml"}, "response_format"),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "big", "schema": {"enum": ["x" * 40000]}}},
+            "response_format",
+        ),
+        ("structured_outputs", {"regex": "(unclosed"}, "structured_outputs"),
+        ("structured_outputs", {"grammar": "start: undefined_rule"}, "structured_outputs"),
+        ("structured_outputs", {"json": {}, "regex": "a"}, "structured_outputs"),
+        ("structured_outputs", {}, "structured_outputs"),
+    ],
+)
+def test_a_bad_constraint_is_a_400_naming_it(client, field, value, param):
+    body = {field: value} if field == "response_format" else {"extra_body": {field: value}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, **body)
+    assert e.value.body["param"].startswith(param), e.value.body
+
+
+def test_response_format_and_structured_outputs_together_are_refused(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_object"},
+            extra_body={"structured_outputs": {"choice": ["a"]}},
+        )
+    assert e.value.body["param"] == "structured_outputs"

@@ -1,0 +1,255 @@
+"""Tools through a real `cde serve` of the demo model, with the real `openai` client, LangChain
+(`with_structured_output`, `bind_tools` with the tool's result fed back) and litellm (`tools=`):
+calls whose arguments validate against the function's schema, `finish_reason: "tool_calls"`,
+streamed `delta.tool_calls`, history with tool calls rendered by the documented template, bad
+tool specs a 400 naming the field."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from cde.shared.tokenizer import get_tokenizer
+from pydantic import BaseModel, Field
+
+from tests.api_server import ServerProcess
+
+MODEL = "cde-reference"
+FAST = {"tokens_per_step": 4}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+SCHEMA_OF = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(None, workers=1)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+
+
+def chat(client, **kw):
+    args = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=96, temperature=0, extra_body=FAST)
+    return client.chat.completions.create(**{**args, **kw})
+
+
+def check_calls(calls, names=("get_weather", "get_time")) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF[call.function.name])
+
+
+@pytest.mark.parametrize(
+    "choice,names",
+    [
+        ("required", ("get_weather", "get_time")),
+        ({"type": "function", "function": {"name": "get_time"}}, ("get_time",)),
+    ],
+)
+def test_required_and_named_choices_call_with_valid_arguments(client, choice, names):
+    c = chat(client, tool_choice=choice).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    check_calls(c.message.tool_calls, names)
+    if isinstance(choice, dict):
+        assert len(c.message.tool_calls) == 1
+
+
+def test_parallel_tool_calls_false_allows_one_call(client):
+    c = chat(client, tool_choice="required", parallel_tool_calls=False).choices[0]
+    assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+
+
+def test_auto_answers_text_or_calls(client):
+    for messages in (ASK, [{"role": "user", "content": "Say hello."}]):
+        c = chat(client, messages=messages, tool_choice="auto").choices[0]
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            check_calls(c.message.tool_calls)
+        else:
+            assert c.message.content and not c.message.content.startswith("<tool_call>")
+
+
+def test_streamed_tool_calls_are_the_whole_answers(client):
+    whole = chat(client, tool_choice="required").choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finishes = []
+    for chunk in chat(client, tool_choice="required", stream=True):
+        for c in chunk.choices:
+            finishes += [c.finish_reason] if c.finish_reason else []
+            assert not c.delta.content
+            for d in c.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+    assert finishes == ["tool_calls"]
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": w.function.name, "arguments": w.function.arguments} for w in whole
+    ]
+
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"},
+]
+
+
+def test_history_with_tool_calls_is_rendered_by_the_documented_template(client):
+    r = chat(client, messages=HISTORY, tool_choice="none", max_tokens=4, extra_body={**FAST, "return_token_ids": True})
+    c = r.choices[0]
+    assert c.message.tool_calls is None and c.finish_reason in ("stop", "length")
+    tools_turn = (
+        "You can call these functions. Each line is one function: its name, description and the JSON schema of "
+        "its arguments.\n<tools>\n"
+        + "\n".join(
+            json.dumps(
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"].get("description", ""),
+                    "parameters": t["function"]["parameters"],
+                },
+                separators=(",", ":"),
+            )
+            for t in TOOLS
+        )
+        + "\n</tools>\nTo call functions, answer only with one "
+        + '<tool_call>{"name":"NAME","arguments":{...}}</tool_call> per call; otherwise answer in text.'
+    )
+    expected = get_tokenizer(True).chat_prompt(
+        [
+            {"role": "system", "content": tools_turn},
+            {"role": "user", "content": "Weather in Oslo?"},
+            {
+                "role": "assistant",
+                "content": '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo","unit":"C"}}</tool_call>',
+            },
+            {"role": "tool", "content": "-3 C, snow"},
+        ]
+    )
+    assert r.model_extra["prompt_token_ids"] == expected
+
+
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
+        ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}],
+                    }
+                ]
+            },
+            "messages.0.tool_calls.0.function.arguments",
+        ),
+    ],
+)
+def test_a_bad_tool_spec_is_a_400_naming_it(client, kw, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, **{"max_tokens": 4, **kw})
+    assert e.value.body["param"].startswith(param), e.value.body
+
+
+# ---- other clients -------------------------------------------------------------------------------
+class Weather(BaseModel):
+    """Weather of a city."""
+
+    city: str = Field(max_length=10)
+    celsius: int = Field(ge=-50, le=50)
+
+
+def langchain_llm(server):
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=MODEL,
+        base_url=server.base_url,
+        api_key="none",
+        temperature=0,
+        max_tokens=96,
+        extra_body=FAST,
+        max_retries=0,
+    )
+
+
+def test_langchain_with_structured_output(server):
+    got = langchain_llm(server).with_structured_output(Weather).invoke("Weather in Rome?")
+    assert isinstance(got, Weather)
+
+
+def test_langchain_bind_tools_round_trip(server):
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    llm = langchain_llm(server)
+    asked = [HumanMessage("Weather in Rome?")]
+    ai = llm.bind_tools([Weather], tool_choice="Weather", strict=True).invoke(asked)
+    (call,) = ai.tool_calls
+    assert call["name"] == "Weather"
+    Weather.model_validate(call["args"])
+    final = llm.bind_tools([Weather], strict=True).invoke(
+        [*asked, ai, ToolMessage("21 C, sunny", tool_call_id=call["id"])]
+    )
+    assert isinstance(final.content, str)
+    assert final.tool_calls or final.content  # auto: text, or another call
+
+
+def test_litellm_tools(server):
+    import litellm
+
+    r = litellm.completion(
+        model=f"openai/{MODEL}",
+        api_base=server.base_url,
+        api_key="none",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=96,
+        temperature=0,
+        extra_body=FAST,
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    for call in c.message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF[call.function.name])
