@@ -4,7 +4,8 @@
 # Usage: scripts/gpu_run.sh STAGE...   (tests kernels bench fb long compare official; default: all of
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
-# `inputattr`: input attribution per block and its cost to 16 other requests, issue 17)
+# `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
+# plain, issue 26)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
@@ -25,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
-  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*)
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*|*" structured "*)
     [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
 esac
 for STAGE in $STAGES; do
@@ -89,6 +90,10 @@ for STAGE in $STAGES; do
       python3 -m cde eval --url "$URL" --limit "${LIMIT:-100}" --sections tasks --json "$OUT/eval_api.json" 2>&1 | tee "$OUT/eval_api.md"
       kill -TERM $PID; wait $PID
     fi ;;
+  structured)  # issue 26: structured output's cost in one engine per level: plain, every request constrained to a
+    # JSON schema, half of them (do the plain half lose anything?); 64-token prompts, 256 new tokens (~3 min)
+    python3 -m cde bench engine --model /tmp/m8b --concurrency "${CONC:-1,32}" --prompt-len 64 --max-tokens 256 \
+      --constrained --json "$OUT/structured.json" 2>&1 | tee "$OUT/structured.log" ;;
   http)  # issue 19's table: `cde bench engine` vs `cde serve` + `cde bench serve`, attribution off/on, 1 and 32
     # requests, 64-token prompts, 256 new tokens; the first request after startup. ~5 min on an H200.
     python3 scripts/http_vs_engine.py --model /tmp/m8b --device cuda --concurrency 1,32 --prompt-len 64 \
