@@ -31,7 +31,7 @@ def prompt_ids(client, first_role: str) -> list[int]:
     r = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=1, extra_body={"return_token_ids": True}
     )
-    return r.choices[0].model_extra["prompt_token_ids"]
+    return r.model_extra["prompt_token_ids"]
 
 
 def test_developer_is_rendered_as_system(client):
