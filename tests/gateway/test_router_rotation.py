@@ -2,11 +2,17 @@
 requests (each done before the next) spread over every worker instead of all landing on the
 first. A real Router in front of two real `cde worker` processes (tiny model)."""
 
+import asyncio
+
 from cde.gateway.router import Router
 from cde.shared.protocol import GenerateRequest
 from cde.shared.wire import encode
 
 from tests.cde_procs import CdeProcess, free_port
+
+
+async def collect(handle) -> list:
+    return [r async for r in handle.results()]
 
 
 async def test_equally_loaded_workers_take_turns(tiny_dir):
@@ -26,7 +32,7 @@ async def test_equally_loaded_workers_take_turns(tiny_dir):
             req = GenerateRequest(f"r{i}", [1, 2, 3], max_tokens=1)
             handle = router.submit(req, encode(req))
             served_by.append(handle.link.name)
-            results = [r async for r in handle.results()]
+            results = await asyncio.wait_for(collect(handle), 60)
             assert results[-1].finish_reason == "length"
         assert served_by in (["worker-0", "worker-1"] * 2, ["worker-1", "worker-0"] * 2)
     finally:
