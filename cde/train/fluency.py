@@ -8,6 +8,8 @@ low. Mean over all reply tokens (nats)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +21,8 @@ from cde.train.model import TrainModel, block_causal_mask
 @torch.no_grad()
 def masked_token_loss(model: TrainModel, prompt_ids: list[int], reply_ids: list[int]) -> tuple[float, int]:
     """(summed cross-entropy, tokens) of the reply, its positions masked in two interleaved halves."""
-    ids = torch.tensor([prompt_ids + reply_ids], device=model.lookup.device)[:, : model.cfg.context_len]
+    lookup = cast(torch.Tensor, model.lookup)  # a buffer: nn.Module's attribute type is wider
+    ids = torch.tensor([prompt_ids + reply_ids], device=lookup.device)[:, : model.cfg.context_len]
     n = ids.shape[1]
     pos = torch.arange(n, device=ids.device)[None]
     mask = block_causal_mask(torch.zeros_like(ids))
@@ -31,7 +34,7 @@ def masked_token_loss(model: TrainModel, prompt_ids: list[int], reply_ids: list[
         x = ids.clone()
         x[0, half] = MASK_ID
         logits = model.logits(model.hidden(x, pos, mask)[0, half].float())
-        total += float(F.cross_entropy(logits, model.lookup[ids[0, half]], reduction="sum"))
+        total += float(F.cross_entropy(logits, lookup[ids[0, half]], reduction="sum"))
         count += half.numel()
     return total, count
 

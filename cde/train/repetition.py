@@ -1,5 +1,5 @@
 """How much a text repeats itself: the share of its word 3-grams that already occurred earlier in
-the same text. Degenerate steering reads high ("the sand sand sand sand": 2 of 3); the generator's
+the same text. Degenerate steering reads high ("sand sand sand sand sand": 2 of its 3); the generator's
 own paragraphs read low. Counted over texts pooled, so a long text weighs by its length."""
 
 from __future__ import annotations
