@@ -130,10 +130,12 @@ def _steering(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_
     if args.url is None:  # the unsteered model's loss on each strength's replies (lower: more its own text)
         from cde.train.export import load
         from cde.train.fluency import chat_loss
+        from cde.train.steer_response import logits_per_strength
 
         model = load(args.model, _device(args))
         for r in rows:
             r["masked_token_loss"] = chat_loss(model, r["prompts"], r["replies"])
+        report["logits_per_strength"] = logits_per_strength(model)
     report["amplify"] = rows
     report["suppress"] = concept_eval.suppress(backend, n_topics)
     fluency = "masked_token_loss" in rows[0]
@@ -146,6 +148,11 @@ def _steering(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_
         )
     first = concept_eval.on_topic_strength(rows)
     reach = f"on-topic >= 80% from strength {first['strength']:g}" if first else "on-topic stays below 80%"
+    if "logits_per_strength" in report:
+        reach += (
+            f"; the injection moves the logits by {report['logits_per_strength']:.3f} per unit of strength "
+            "at the amplify preset's layer (1.0 as normalised)"
+        )
     s = report["suppress"]
     print(
         "## Steering (neutral prompts, one topic concept amplified)\n\n"
