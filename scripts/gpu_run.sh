@@ -9,7 +9,9 @@
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
-# EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8.
+# EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
+# problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
+# attribution sections of that model, e.g. cde/demo/reference.tar.xz, to eval_base.md/json).
 # Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at batch 1 on FP8 GEMMs instead of
 # weight-only), `tps` (tokens per step 1,2,4; TPS_QUANT=fp8 for the fp8 engine), `fp8dev` (the GPU tests of
 # the bf16 and fp8 8b logits: the deviation report, and 0 recompiles). The 128k batch-8 FlashBlock rows:
@@ -75,12 +77,18 @@ for STAGE in $STAGES; do
     START=()
     if [[ -f $RUN/state.pt ]]; then START=(--resume); elif [[ -f .train/weights.pt ]]; then START=(--init-weights .train/weights.pt); fi
     python3 -m cde.train --out "$RUN" --minutes "${TRAIN_MINUTES:-11}" --stop-after "${STOP_AFTER:-7}" --seed "${SEED:-0}" \
-      --rows "${ROWS:-256}" --workers "${WORKERS:-12}" --device cuda --compile "${START[@]}" 2>&1 | tee "$OUT/train.log"
+      --rows "${ROWS:-256}" --workers "${WORKERS:-12}" --eval-problems "${EVAL_PROBLEMS:-32}" --device cuda --compile \
+      "${START[@]}" 2>&1 | tee "$OUT/train.log"
     cp "$RUN/log.jsonl" "$RUN/weights.pt" "$RUN/model.tar.xz" "$OUT/" ;;
   eval)  # cde eval on the trained model (this machine's last run, else .train/model.tar.xz carried back)
     MODEL=${MODEL:-/tmp/cde-run/model}
     [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('.train/model.tar.xz', '/tmp/cde', 'reference'))")
     python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
+    if [[ -n ${BASELINE:-} ]]; then
+      BASE=$(python3 -c "from cde.train.export import install; print(install('$BASELINE', '/tmp/cde-base', 'reference'))")
+      python3 -m cde eval --model "$BASE" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --sections steering,attribution \
+        --json "$OUT/eval_base.json" 2>&1 | tee "$OUT/eval_base.md"
+    fi
     if [[ -n ${API:-} ]]; then  # the same rows through the real HTTP API
       python3 -m cde serve --model "$MODEL" --device cuda --max-running 64 --port 0 ${EVAL_QUANT:+--quantization "$EVAL_QUANT"} \
         > "$OUT/serve.log" 2>&1 &

@@ -104,7 +104,6 @@ def _task_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cde.train import concept_eval
 
     sections = [s.strip() for s in args.sections.split(",")]
     backend = _backend(args)
@@ -114,38 +113,83 @@ def run(args: argparse.Namespace) -> int:
         report["tasks"] = _tasks(backend, args)
         print("## Held-out task accuracy\n\n" + _task_table(report["tasks"]) + "\n")
     if "steering" in sections:
-        strengths = [float(s) for s in args.strengths.split(",")]
-        report["amplify"] = concept_eval.amplify(backend, strengths, n_topics, n_prompts=min(6, args.limit))
-        report["suppress"] = concept_eval.suppress(backend, n_topics)
-        lines = ["| amplify strength | on-topic share |", "|---|---|"]
-        lines += [f"| {r['strength']:g} | {100 * r['on_topic']:.1f}% |" for r in report["amplify"]]
-        s = report["suppress"]
-        print(
-            "## Steering (neutral prompts, one topic concept amplified)\n\n"
-            + "\n".join(lines)
-            + f"\n\nsuppress preset on the asked topic: on-topic share {100 * s['baseline']:.1f}% -> "
-            f"{100 * s['suppressed']:.1f}%\n"
-        )
+        _steering(backend, args, n_topics, report)
     if "attribution" in sections:
-        a = concept_eval.attribution(backend, n_topics)
-        report["attribution"] = a
-        print(
-            f"## Attribution\n\ntop known concept of a chunk: its topic {100 * a['top_is_topic']:.1f}%, "
-            f"a concept of the topic's group {100 * a['top_in_topic_group']:.1f}% ({a['chunks']} chunks)"
-        )
-        if args.url is None:
-            from cde.train.export import load
-            from cde.train.faithfulness import logit_drops
-
-            f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
-            report["faithfulness"] = f
-            print(
-                f"suppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
-                f"another active concept by {f['drop_other']:.3f}; top > other at "
-                f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions"
-            )
-        print()
+        _attribution(backend, args, n_topics, report)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=2, default=str)
     return 0
+
+
+def _steering(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_topics: int, report: dict) -> None:
+    from cde.train import concept_eval
+
+    strengths = [float(s) for s in args.strengths.split(",")]
+    rows = concept_eval.amplify(backend, strengths, n_topics, n_prompts=min(6, args.limit))
+    if args.url is None:  # the unsteered model's loss on each strength's replies (lower: more its own text)
+        from cde.train.export import load
+        from cde.train.fluency import chat_loss
+        from cde.train.steer_response import logits_per_strength
+
+        model = load(args.model, _device(args))
+        for r in rows:
+            r["masked_token_loss"] = chat_loss(model, r["prompts"], r["replies"])
+        report["logits_per_strength"] = logits_per_strength(model)
+    report["amplify"] = rows
+    report["suppress"] = concept_eval.suppress(backend, n_topics)
+    fluency = "masked_token_loss" in rows[0]
+    lines = ["| amplify strength | on-topic share | repeated 3-grams |" + (" masked-token loss |" if fluency else "")]
+    lines.append("|---|---|---|" + ("---|" if fluency else ""))
+    for r in rows:
+        lines.append(
+            f"| {r['strength']:g} | {100 * r['on_topic']:.1f}% | {100 * r['repeated_3grams']:.1f}% |"
+            + (f" {r['masked_token_loss']:.3f} |" if fluency else "")
+        )
+    first = concept_eval.on_topic_strength(rows)
+    reach = f"on-topic >= 80% from strength {first['strength']:g}" if first else "on-topic stays below 80%"
+    if "logits_per_strength" in report:
+        reach += (
+            f"; the injection moves the logits by {report['logits_per_strength']:.3f} per unit of strength "
+            "at the amplify preset's layer (1.0 as normalised)"
+        )
+    s = report["suppress"]
+    print(
+        "## Steering (neutral prompts, one topic concept amplified)\n\n"
+        + "\n".join(lines)
+        + f"\n\n{reach}\n\nsuppress preset on the asked topic: on-topic share {100 * s['baseline']:.1f}% -> "
+        f"{100 * s['suppressed']:.1f}%\n"
+    )
+
+
+def _attribution(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_topics: int, report: dict) -> None:
+    from cde.train import concept_eval
+
+    # Steered at the weakest strength that puts 80% on topic, else the strongest measured.
+    first = concept_eval.on_topic_strength(report.get("amplify", []))
+    strength = first["strength"] if first else max(float(s) for s in args.strengths.split(","))
+    rows = [concept_eval.attribution(backend, n_topics), concept_eval.attribution(backend, n_topics, strength)]
+    report["attribution"] = rows
+    lines = [
+        "| prompts | chunks | top is the topic | topic in the top 3 | top of the topic's group |",
+        "|---|---|---|---|---|",
+    ]
+    for a in rows:
+        what = f"neutral, amplified at {a['strength']:g}" if a["strength"] else "Tell me about <topic>."
+        lines.append(
+            f"| {what} | {a['chunks']} | {100 * a['top_is_topic']:.1f}% | {100 * a['topic_in_top3']:.1f}% "
+            f"| {100 * a['top_in_topic_group']:.1f}% |"
+        )
+    print("## Attribution (the known concepts of each 64-token chunk)\n\n" + "\n".join(lines))
+    if args.url is None:
+        from cde.train.export import load
+        from cde.train.faithfulness import logit_drops
+
+        f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
+        report["faithfulness"] = f
+        print(
+            f"\nsuppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
+            f"another active concept by {f['drop_other']:.3f}; top > other at "
+            f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions"
+        )
+    print()

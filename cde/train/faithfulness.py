@@ -51,7 +51,10 @@ def logit_drops(model: TrainModel, n_topics: int, per_reply: int = 8, strength: 
         head = tok.chat_prompt([{"role": "user", "content": f"Tell me about {topic.phrase}."}])
         body = tok.encode(paragraph(rng, topic=topic).text)
         ids = torch.tensor([head + body], device=emb.device)
-        for p in rng.sample(range(len(head), ids.shape[1]), min(per_reply, len(body))):
+        # A token the model has no row for (a word the generator learnt after this model was
+        # trained) has no W_y to attribute to.
+        known = [p for p in range(len(head), ids.shape[1]) if int(model.lookup[ids[0, p]]) < model.n_used]
+        for p in rng.sample(known, min(per_reply, len(known))):
             w_y = model.transformer.tok_emb.weight[model.lookup[ids[0, p]]]
             h = _state(model, ids, p)
             weights = torch.sigmoid(model.known_logits(h).clamp(-15, 15))

@@ -26,6 +26,7 @@ from cde.train.export import archive, export
 from cde.train.model import TrainModel
 from cde.train.objective import Topics, Weights, losses
 from cde.train.rows import Batches
+from cde.train.steer_response import logits_per_strength
 from cde.train.token_set import topic_words, used_ids
 from cde.train.vocab import TOPICS
 
@@ -113,12 +114,17 @@ def _save(run: Path, model: TrainModel, opt: torch.optim.Optimizer, state: dict)
 
 
 def evaluate(o: Options, model: TrainModel, run: Path) -> dict:
-    """Held-out accuracy of the current weights, decoded by CDE's engine one token per step."""
+    """Held-out accuracy of the current weights, decoded by CDE's engine one token per step, and
+    how far amplify steering moves the logits (steer_response.py: the retrain that lost amplify
+    read 0.08 where the shipped model reads 0.18)."""
     from cde.train.backends import EngineBackend
 
     snap = export(model, run / "snapshot", torch.float32)
     backend = EngineBackend(str(snap), device=o.device, max_running=64)
-    return heldout.accuracy(backend, heldout.problems(o.eval_problems, o.seed))
+    return {
+        "heldout": heldout.accuracy(backend, heldout.problems(o.eval_problems, o.seed)),
+        "logits_per_strength": round(logits_per_strength(model), 4),
+    }
 
 
 def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
@@ -213,14 +219,14 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
             _save(run, model, opt, state)
             last_save, tick = state["elapsed"], time.perf_counter()
         if o.eval_problems and state["elapsed"] - last_eval > o.eval_every * 60:
-            _log(run, {"step": state["step"], "heldout": evaluate(o, model, run)})
+            _log(run, {"step": state["step"], **evaluate(o, model, run)})
             last_eval = state["elapsed"]
             window, window_start = [], time.perf_counter()
             tick = window_start
     _save(run, model, opt, state)
     done = (state["step"] >= o.steps) if o.steps else state["elapsed"] >= o.minutes * 60
     if o.eval_problems:
-        _log(run, {"step": state["step"], "heldout": evaluate(o, model, run)})
+        _log(run, {"step": state["step"], **evaluate(o, model, run)})
     model_dir = export(model, run / "model")
     archive(model_dir, run / "model.tar.xz")
     _log(

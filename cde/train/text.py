@@ -24,6 +24,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "Every day, {person} {action}.",
         "{Person} likes the {noun}.",
         "The {noun} is near the {place}.",
+        "Near the {place}, {person} {action}.",
+        "Most days the {noun} looks {adj} to {person}.",
+        "Later, {person} {action} again.",
+        "There is a {adj} {noun} beside the {noun2}.",
     ),
     "Excited": (
         "Wow, the {noun} is so {adj}!",
@@ -32,6 +36,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "Look, {person} {action}!",
         "The {place} is full of {adj} things!",
         "Hooray, the {noun} is here!",
+        "Today {person} {action}, and it is great!",
+        "The {noun2} and the {noun} are the best!",
+        "Everyone at the {place} cheers for the {noun}!",
+        "Such a {adj} day: {person} {action}!",
     ),
     "Calm": (
         "Quietly, {person} {action}.",
@@ -40,6 +48,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "It is peaceful at the {place}.",
         "The {noun} and the {noun2} wait in the gentle light.",
         "There is no hurry; {person} {action}.",
+        "At the {place}, {person} finds the {noun} {adj}.",
+        "In the evening, {person} {action}.",
+        "A {adj} {noun} lies by the {noun2}.",
+        "Nothing moves at the {place} but the {noun}.",
     ),
     "Formal": (
         "It should be noted that the {noun} is {adj}.",
@@ -48,6 +60,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "In accordance with custom, {person} {action}.",
         "The {noun} and the {noun2} are of particular importance.",
         "It is reported that {person} {action}.",
+        "The {place} keeps a {adj} {noun} on record.",
+        "Each season, {person} {action}.",
+        "The {noun2} is listed beside the {noun}.",
+        "It is customary that {person} {action}.",
     ),
     "Sad": (
         "Sadly, the {noun} is no longer {adj}.",
@@ -56,6 +72,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "Alone, {person} {action}.",
         "The old {noun} is lost, and the {noun2} is broken.",
         "Nobody remembers the {noun} anymore.",
+        "The {place} is quiet, and the {noun} is gone.",
+        "Once, {person} {action}; not anymore.",
+        "The {adj} {noun2} waits, but nobody comes.",
+        "Tired, {person} {action} one last time.",
     ),
     "Curious": (
         "Why is the {noun} so {adj}?",
@@ -64,6 +84,10 @@ TONES: dict[str, tuple[str, ...]] = {
         "Have you ever asked why {person} {action}?",
         "How did the {noun} reach the {place}?",
         "Is the {noun2} older than the {noun}?",
+        "What does {person} see at the {place}?",
+        "Who first saw a {adj} {noun}?",
+        "Where does {person} keep the {noun2}?",
+        "Could {person} explain why the {noun} is {adj}?",
     ),
 }
 

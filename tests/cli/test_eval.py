@@ -56,8 +56,12 @@ def test_every_section_in_process(trained, tmp_path, capsys):
     assert set(one["accuracy"]) == {"arithmetic", "sorting", "reversal", "word_problem"}
     assert one["tokens_per_step"] == 1.0 and 1.5 < two["tokens_per_step"] <= 2.0
     assert [r["strength"] for r in report["amplify"]] == [0.0, 8.0]
+    assert all(0 <= r["repeated_3grams"] <= 1 and r["masked_token_loss"] > 0 for r in report["amplify"])
+    assert "per unit of strength" in text and isinstance(report["logits_per_strength"], float)
     assert 0 <= report["suppress"]["baseline"] <= 1
-    assert report["attribution"]["chunks"] > 0
+    unsteered, steered = report["attribution"]
+    assert unsteered["strength"] == 0 and steered["strength"] == 8.0  # below 80% on topic: the strongest
+    assert unsteered["chunks"] > 0 and 0 <= unsteered["top_is_topic"] <= unsteered["topic_in_top3"] <= 1
     assert report["faithfulness"]["positions"] > 0
     assert "Attribution" in text and "suppress preset" in text
 
