@@ -193,9 +193,13 @@ class WorkerServer:
             if req.request_id in self.owner:
                 raise ValueError(f"request id {rid!r} is already in flight")
             self.engine.add_request(req)  # checks every field first (shared/request_bounds.py)
-        except ValueError as exc:
-            error = clip(str(exc), LOG_CHARS)
-            log.warning("request refused", extra={"request_id": rid, "error": error})
+        except Exception as exc:
+            if isinstance(exc, ValueError):
+                error = clip(str(exc), LOG_CHARS)
+                log.warning("request refused", extra={"request_id": rid, "error": error})
+            else:  # a bug in admitting it: the request still gets its answer, never a silent hang
+                error = "the worker failed to admit this request"
+                log.error("admission failed", extra={"request_id": rid, "error": clip(repr(exc), LOG_CHARS)})
             # Its error goes only to its sender; a duplicate's never reaches the original's owner.
             self._send(peer, BlockResult(req.request_id, [], True, "error", error=error))
             return

@@ -17,7 +17,7 @@ import torch
 
 from cde.commands.load_client import metric_samples
 from tests.cde_procs import CdeProcess, Gateway, free_port
-from tests.faulty_worker import LAUNCH_FAULT, SYNC_FAULT
+from tests.faulty_worker import ADMIT_FAULT, LAUNCH_FAULT, SYNC_FAULT
 
 N_NEW, PER_STEP = 64, 8
 PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(11)).tolist()
@@ -129,6 +129,19 @@ async def test_a_request_that_fails_its_pass_fails_alone(cluster, official_token
     assert tokens == [official_tokens_one_per_step] * 2
     worker.wait_for("fails its pass alone", 10)
     assert worker.output.count("engine step failed") == failures
+
+
+async def test_a_request_whose_admission_fails_gets_an_error_not_a_hang(cluster, official_tokens):
+    """A bug in checking a request (not a ValueError refusal: a field without its rule raised
+    KeyError once) answers that request with an error at once; the worker goes on serving."""
+    worker, gateway = cluster
+    url = gateway.url + "/v1/completions"
+    async with httpx.AsyncClient(timeout=60) as http:
+        faulty = await http.post(url, json=body([ADMIT_FAULT, 1, 2], 16))
+        after = await http.post(url, json=body(PROMPT, N_NEW, tokens_per_step=PER_STEP, return_token_ids=True))
+    assert faulty.status_code == 500 and "failed to admit" in faulty.json()["error"]["message"]
+    worker.wait_for("admission failed", 10)
+    assert after.status_code == 200 and after.json()["choices"][0]["token_ids"] == official_tokens
 
 
 async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_serving(cluster, official_tokens):
