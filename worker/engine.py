@@ -8,10 +8,12 @@ from __future__ import annotations
 import gc
 import logging
 import random
+import threading
 import traceback
 from dataclasses import dataclass
 
 import torch
+from cde.shared.grammar import ll_tokenizer
 from cde.shared.protocol import BlockResult, EngineResult, FlashBlockSpec, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
 from cde.shared.tokenizer import get_tokenizer
@@ -82,6 +84,12 @@ class Engine:
         )
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
         self.inputs = InputAttributionRunner(model, self.cfg)  # input attribution, for requests that ask
+        if device == "cuda":
+            # llguidance's token tables (~0.7 s, once per process) are built beside the warm-up, not
+            # in the step of the first constrained request, where they stalled every request (the
+            # H200's constrained first block: 1.07 s against 0.39). The CPU tests' many short-lived
+            # workers would each pay them for nothing.
+            threading.Thread(target=ll_tokenizer, args=(self.cfg.instruct, self.cfg.vocab_size), daemon=True).start()
         # CUDA: every graph bucket is captured now, not when the first request of its size stalls the others.
         self.runner.warmup(flashblock=args.flashblock is not None)
         # Loading and compiling leave ~10^6 long-lived Python objects that a full collection would
