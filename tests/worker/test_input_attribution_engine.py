@@ -136,3 +136,27 @@ def test_quantized_models_refuse_input_attribution(engine):
     with pytest.raises(ValueError, match="unquantized"):
         runner.check(asking("q", 8))
     runner.check(GenerateRequest("p", PROMPT, max_tokens=8))
+
+
+def test_attribution_yields_to_waiting_requests(tiny_dir, monkeypatch):
+    """Issue 32: with the only slot held by the attributed request itself (still decoding its
+    second block) and another request waiting for it, the attribution runs in yielding chunks
+    (quarter size, a share of the time), never a full chunk per step: counting only the running
+    others, it ran full chunks and the waiting request was admitted 7x later."""
+    from cde.worker.input_attribution import InputAttributionJob
+
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=1))
+    chunks: list[tuple[bool, int | None]] = []  # (someone waiting, the chunk's token budget)
+    step = InputAttributionJob.step
+
+    def recording(job: InputAttributionJob, token_budget: int | None = None) -> bool:
+        chunks.append((bool(engine.scheduler.waiting), token_budget))
+        return step(job, token_budget)
+
+    monkeypatch.setattr(InputAttributionJob, "step", recording)
+    engine.add_request(asking("a", 128, steps=8))
+    engine.add_request(GenerateRequest("w", PROMPT, max_tokens=64))
+    drain(engine)
+    while_waiting = [budget for waiting, budget in chunks if waiting]
+    assert while_waiting, "the attribution never ran while a request waited"
+    assert all(budget is not None for budget in while_waiting)
