@@ -41,7 +41,16 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
 
 
-LONG = {"model": "tiny", "prompt": "x", "max_tokens": 900, "temperature": 0, "stream": True}
+# One event per block, so that the event after a worker is killed is its error, not a token chunk
+# the gateway already held (token streaming sends one per step that grew the prefix).
+LONG = {
+    "model": "tiny",
+    "prompt": "x",
+    "max_tokens": 900,
+    "temperature": 0,
+    "stream": True,
+    "stream_granularity": "block",
+}
 
 
 async def read_events(response):
