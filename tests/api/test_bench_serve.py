@@ -78,7 +78,9 @@ def test_block_figures_beside_the_token_figures(server, tmp_path):
     res, s = bench(server, tmp_path, "--max-tokens", "100", "--extra-body", blocks)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Median TTFB (ms)" in res.stdout and "Median IBL (ms)" in res.stdout
-    assert s["ttfb_ms"] == s["ttft_ms"] and s["inter_block_ms"]["median"] > 0
+    # Equal, but for a block whose last token ends inside a UTF-8 character: the gateway holds that
+    # token back to the next chunk, so the bench sees the block complete one chunk later.
+    assert s["ttfb_ms"]["median"] >= s["ttft_ms"]["median"] and s["inter_block_ms"]["median"] > 0
     # 16-word prompts: blocks end at 64 - prompt_tokens % 64 tokens and 64 after; 100 tokens make 2 or 3.
     res, s = bench(server, tmp_path, "--max-tokens", "100")
     assert res.returncode == 0, res.stdout + res.stderr
