@@ -12,22 +12,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.api.structured_schemas import SCHEMAS
-from tests.api_server import ServerProcess
 
 MODEL = "cde-reference"
 MAX_TOKENS = 96
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess(None, workers=1)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
 
 
 def ask(client, schema: dict, stream: bool, **extra) -> tuple[str, str]:

@@ -12,8 +12,6 @@ import pytest
 from cde.shared.tokenizer import get_tokenizer
 from pydantic import BaseModel, Field
 
-from tests.api_server import ServerProcess
-
 MODEL = "cde-reference"
 FAST = {"tokens_per_step": 4}
 WEATHER = {
@@ -34,18 +32,6 @@ TOOLS = [
 ]
 SCHEMA_OF = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess(None, workers=1)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
 
 
 def chat(client, **kw):
