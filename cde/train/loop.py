@@ -94,10 +94,10 @@ def _forward_backward(
     batch: dict,
     gen: torch.Generator,
     o: Options,
-    hidden: Callable[..., torch.Tensor] | None,
+    residual: Callable[..., torch.Tensor] | None,
 ) -> dict:
     with torch.autocast("cuda", torch.bfloat16, enabled=o.device.startswith("cuda")):
-        out = losses(model, topics, batch, gen, o.weights, hidden)
+        out = losses(model, topics, batch, gen, o.weights, residual)
     out["total"].backward()
     return out
 
@@ -149,7 +149,7 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         state = {**saved, "warm_from": saved["step"]}
     (run / "options.json").write_text(json.dumps({**asdict(o), "config": asdict(o.config)}, default=str, indent=2))
     compiled = o.compile
-    hidden = torch.compile(model.hidden) if compiled else model.hidden
+    residual = torch.compile(model.residual) if compiled else model.residual
     data = torch.utils.data.DataLoader(
         Batches(o.seed, o.rows, o.length, len(concepts()), 1 << 40),
         batch_size=None,
@@ -183,15 +183,15 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         gen = torch.Generator(o.device).manual_seed(o.seed * 1_000_003 + step)
         opt.zero_grad(set_to_none=True)
         try:
-            out = _forward_backward(model, topics, batch, gen, o, hidden)
+            out = _forward_backward(model, topics, batch, gen, o, residual)
         except Exception as exc:  # a compiler failure must not cost the run
             if not compiled:
                 raise
             _log(run, {"step": step, "compile_failed": repr(exc)[:500], "continuing": "eager"})
-            hidden, compiled = model.hidden, False
+            residual, compiled = model.residual, False
             opt.zero_grad(set_to_none=True)
             gen = torch.Generator(o.device).manual_seed(o.seed * 1_000_003 + step)
-            out = _forward_backward(model, topics, batch, gen, o, hidden)
+            out = _forward_backward(model, topics, batch, gen, o, residual)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         window.append({k: v.detach() for k, v in out.items()})

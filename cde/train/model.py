@@ -86,6 +86,25 @@ class TrainModel(nn.Module):
         known = idx < self.n_used
         return self.transformer.tok_emb(idx.clamp(max=self.n_used - 1)) * known[..., None]
 
+    def residual(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        inject: torch.Tensor | None = None,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The residual stream after the last block, before the final norm [B, T, D]. inject
+        [B, T, D] (steering, zero where off) is added after block i where gates[i] ([L, B]) is 1 —
+        the engine's rule i + 1 >= inject_layer."""
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+        x = self.embed(ids)
+        for i, block in enumerate(self.transformer.blocks):
+            x = block.dense(x, cos, sin, mask)
+            if inject is not None:
+                x = x + gates[i][:, None, None].to(x.dtype) * inject.to(x.dtype)
+        return x
+
     def hidden(
         self,
         ids: torch.Tensor,
@@ -94,15 +113,8 @@ class TrainModel(nn.Module):
         inject: torch.Tensor | None = None,
         gates: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states [B, T, D]. inject [B, T, D] (steering, zero where off) is added
-        after block i where gates[i] ([L, B]) is 1 — the engine's rule i + 1 >= inject_layer."""
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        x = self.embed(ids)
-        for i, block in enumerate(self.transformer.blocks):
-            x = block.dense(x, cos, sin, mask)
-            if inject is not None:
-                x = x + gates[i][:, None, None].to(x.dtype) * inject.to(x.dtype)
-        return self.transformer.ln_f(x)
+        """Final-norm hidden states [B, T, D]."""
+        return self.transformer.ln_f(self.residual(ids, pos, mask, inject, gates))
 
     def logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """[..., n_used + 1]: the used ids' logits, then the one logit of all unused ids."""

@@ -25,6 +25,9 @@ Losses, on masked positions of the noisy copy:
   unchanged, so the injection learns to mean "this topic" (gradients reach E through unit).
 - align: the topic embeddings, read through the LM head at the amplify strength, put their mass
   on the topic's own words (the words a judge counts).
+- response: the logit change per unit of strength of an injection after the last block is at
+  least Weights.response: the trunk otherwise learns to damp the injection (a lower final-norm
+  gain over the residual rms) and amplify fades (docs/reference-model.md).
 - norm: a topic embedding is at least Weights.topic_norm times the mean norm of the other known
   embeddings. Steering and align read it through unit(E), blind to its length, and a short one
   ranked 13th of 16 in attribution (sigmoid * E . W_y) on its own topic's text.
@@ -59,6 +62,11 @@ class Weights:
     # the amplify preset's layer instead of the shipped model's 0.18 (docs/reference-model.md).
     strength: tuple[float, float] = (2.0, 16.0)
     raw_suppress: tuple[float, float] = (2.0, 10.0)
+    # Logit change per unit of strength an injection after the last block must make, at least
+    # (steer_response.py reads the same on a snapshot): the shipped model's 0.18 steered; the
+    # retrain without this term damped it to 0.08 by lowering the final norm's gain.
+    response: float = 0.25
+    response_weight: float = 1.0
 
 
 def noise(batch: dict, gen: torch.Generator) -> torch.Tensor:
@@ -137,21 +145,22 @@ def losses(
     batch: dict,
     gen: torch.Generator,
     w: Weights,
-    hidden_fn: Callable[..., torch.Tensor] | None = None,
+    residual_fn: Callable[..., torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """hidden_fn: model.hidden, or a compiled version of it."""
+    """residual_fn: model.residual, or a compiled version of it."""
     ids, kinds, doc = batch["ids"], batch["kinds"], batch["doc"]
     length = ids.shape[1]
     masked = noise(batch, gen)
     noisy = torch.where(masked, MASK_ID, ids)
     inject, gates = _steering(model, topics, batch, masked, w, gen)
-    hidden = (hidden_fn or model.hidden)(
+    residual = (residual_fn or model.residual)(
         torch.cat([ids, noisy], 1),
         torch.cat([batch["pos"], batch["pos"]], 1).long(),
         clean_noisy_mask(doc.long()),
         inject,
         gates,
     )[:, length:]
+    hidden = model.transformer.ln_f(residual)
     target = model.lookup[ids[masked]]
     hold = hold_positions(kinds, masked)[masked]
     h = hidden[masked]
@@ -177,6 +186,7 @@ def losses(
     out["residual"] = F.mse_loss(unknown, hd - known.detach())
     out["align"] = _align(model, topics)
     out["norm"] = _topic_norm(model, topics, w.topic_norm)
+    out["response"] = _response(model, topics, residual[masked], w.response, gen)
     out["total"] = (
         out["lm"]
         + w.known * out["known"]
@@ -184,6 +194,7 @@ def losses(
         + w.residual * out["residual"]
         + w.align * out["align"]
         + w.norm * out["norm"]
+        + w.response_weight * out["response"]
     )
     return out
 
@@ -205,3 +216,25 @@ def _topic_norm(model: TrainModel, topics: Topics, ratio: float) -> torch.Tensor
     is_topic = torch.zeros_like(norms, dtype=torch.bool).index_fill(0, topics.ids, True)
     target = ratio * norms[~is_topic].mean().detach()
     return (F.relu(target - norms[is_topic]) / target).pow(2).mean()
+
+
+def _response(
+    model: TrainModel, topics: Topics, residual: torch.Tensor, floor: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Squared shortfall (relative) of the logit change per unit of strength that a topic's
+    amplify injection after the last block makes, below `floor`, on up to 2,048 masked positions
+    (each with a random topic). The injection's direction and scale are detached: the term may
+    only keep the final norm's gain over the residual rms from damping it, not bend the topics."""
+    strength = 8.0
+    n = residual.shape[0]
+    pick = torch.randperm(n, generator=gen, device=residual.device)[: min(n, 2048)]
+    x = residual[pick].float()
+    k = torch.randint(0, topics.ids.numel(), (x.shape[0],), generator=gen, device=x.device)
+    emb = model.known_head.concept_embedding(topics.ids[k]).float().detach()
+    unit = emb / (emb.norm(dim=-1, keepdim=True) + 1e-12)
+    alpha = strength / model.peak_alignment(unit).detach()
+    ln_f = model.transformer.ln_f
+    base = model.logits(ln_f(x))[:, :-1]
+    steered = model.logits(ln_f(x + alpha[:, None] * unit))[:, :-1]
+    per_unit = (steered - base).max(-1).values / strength
+    return (F.relu(floor - per_unit) / floor).pow(2).mean()

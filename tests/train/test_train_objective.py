@@ -9,7 +9,7 @@ from cde.shared.config import EOS_ID, PAGE
 from cde.train.concepts import concepts
 from cde.train.loop import Options, build
 from cde.train.model import clean_noisy_mask
-from cde.train.objective import Weights, _steering, _token_loss, hold_positions, losses, noise
+from cde.train.objective import Weights, _response, _steering, _token_loss, hold_positions, losses, noise
 from cde.train.program import model_config
 from cde.train.rows import make_batch
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
@@ -74,14 +74,14 @@ def test_token_loss_reads_only_masked_noisy_positions(setup):
     model, topics, batch = setup
     kept = {}
 
-    def hidden_fn(*args):
-        h = model.hidden(*args)
+    def residual_fn(*args):
+        h = model.residual(*args)
         h.retain_grad()
         kept["h"] = h
         return h
 
     w = Weights(known=0, bottleneck=0, residual=0, align=0)
-    out = losses(model, topics, batch, torch.Generator().manual_seed(1), w, hidden_fn)
+    out = losses(model, topics, batch, torch.Generator().manual_seed(1), w, residual_fn)
     out["lm"].backward()
     grad = kept["h"].grad.abs().sum(-1)
     masked = noise(batch, torch.Generator().manual_seed(1))  # the same first draw as inside losses
@@ -114,3 +114,30 @@ def test_topic_words_point_at_real_tokens(setup):
     _, topics, _ = setup
     assert torch.allclose(topics.words.sum(-1), torch.ones(len(topics.ids)))
     assert (topics.words[:, -1] == 0).all()  # no mass on the unused column
+
+
+def test_response_term_keeps_the_final_gain_from_damping_the_injection(setup):
+    """The response term is zero when an injection after the last block moves the logits by at
+    least the floor per unit of strength, grows as the final norm's gain damps it, and its
+    gradient raises that gain."""
+    model, topics, _ = setup
+    residual = torch.randn(64, model.cfg.n_embd) * 10
+    gain = model.transformer.ln_f.weight
+    floor = 0.25
+
+    def loss_at(scale: float) -> torch.Tensor:
+        with torch.no_grad():
+            gain.fill_(scale)
+        return _response(model, topics, residual, floor, torch.Generator().manual_seed(0))
+
+    kept = gain.detach().clone()
+    try:
+        assert loss_at(1000.0) == 0
+        assert loss_at(0.01) > loss_at(0.1) > 0
+        gain.grad = None
+        loss_at(0.1).backward()
+        assert (gain.grad < 0).sum() > 0.9 * gain.numel()  # descent raises the gain
+    finally:
+        with torch.no_grad():
+            gain.copy_(kept)
+        gain.grad = None
