@@ -96,3 +96,16 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+# A long streamed request for the fault tests (900 steps of the tiny model). One event per block,
+# so that the event after a worker is stopped or killed is its error, not a token chunk the gateway
+# already held (token streaming sends one per step that grew the prefix).
+LONG = {
+    "model": "tiny",
+    "prompt": "x",
+    "max_tokens": 900,
+    "temperature": 0,
+    "stream": True,
+    "stream_granularity": "block",
+}

@@ -14,19 +14,9 @@ import time
 import httpx
 import pytest
 
-from tests.api_server import REPO, ServerProcess, pid_alive
+from tests.api_server import LONG, REPO, ServerProcess, pid_alive
 
 HEARTBEAT_TIMEOUT, SHUTDOWN_TIMEOUT = 2, 3
-# 900 steps; one event per block, so that the event after a worker is stopped is its error, not a
-# token chunk the gateway already held (token streaming sends one per step that grew the prefix).
-LONG = {
-    "model": "tiny",
-    "prompt": "x",
-    "max_tokens": 900,
-    "temperature": 0,
-    "stream": True,
-    "stream_granularity": "block",
-}
 SHORT = {"model": "tiny", "prompt": "y", "max_tokens": 120, "temperature": 0, "tokens_per_step": 8}
 
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api_server import ServerProcess, pid_alive
+from tests.api_server import LONG, ServerProcess, pid_alive
 
 # A killed worker's requests fail within 5 s, and a drain's timing: alone on the machine.
 pytestmark = pytest.mark.serial
@@ -39,18 +39,6 @@ def server(tiny_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-# One event per block, so that the event after a worker is killed is its error, not a token chunk
-# the gateway already held (token streaming sends one per step that grew the prefix).
-LONG = {
-    "model": "tiny",
-    "prompt": "x",
-    "max_tokens": 900,
-    "temperature": 0,
-    "stream": True,
-    "stream_granularity": "block",
-}
 
 
 async def read_events(response):
