@@ -88,7 +88,8 @@ FLOORS = {"arithmetic": 0.8, "word_problem": 0.8, "sorting": 0.5, "reversal": 0.
 @pytest.mark.slow
 def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     """`cde eval` as CI runs it on the shipped model: held-out accuracy per family above its floor,
-    amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off."""
+    amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off, and the
+    top known concept of a topic chunk is its topic."""
     out = tmp_path / "eval.json"
     cmd = [
         sys.executable,
@@ -102,7 +103,7 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
         "--settings",
         "one token per step",
         "--sections",
-        "tasks,steering",
+        "tasks,steering,attribution",
         "--strengths",
         "0,32",
         "--json",
@@ -114,7 +115,7 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     assert res.returncode == 0, res.stderr
@@ -124,6 +125,8 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     unsteered, steered = (r["on_topic"] for r in report["amplify"])
     assert steered >= 0.5 and steered > unsteered, report["amplify"]
     assert report["suppress"]["suppressed"] < report["suppress"]["baseline"], report["suppress"]
+    asked, amplified = report["attribution"]
+    assert asked["top_is_topic"] >= 0.5 and amplified["topic_in_top3"] >= 0.5, report["attribution"]
 
 
 @pytest.mark.parametrize("flag", ["--url", "--model"])
