@@ -8,15 +8,16 @@ from typing import cast
 
 from cde.gateway.attribution_schemas import Attribution
 from cde.gateway.concepts import ConceptLabels
+from cde.gateway.model_info import ModelInfo
 from cde.shared.chunk_attribution import aggregate
 from cde.shared.packed_attribution import PackedAttribution
-from cde.shared.protocol import GenerateRequest, Heartbeat
+from cde.shared.protocol import GenerateRequest
 from cde.shared.tokenizer import Tokenizer
 
 Render = Callable[[int, list[PackedAttribution]], Attribution | None]
 
 
-def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat) -> Render:
+def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: ModelInfo) -> Render:
     def render(index: int, blocks: list[PackedAttribution]) -> Attribution | None:
         spec = reqs[index].attribution
         if spec is None:

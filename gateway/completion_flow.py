@@ -16,12 +16,12 @@ from cde.gateway.generation import Choice, Delta, Generation, encode_requests
 from cde.gateway.http_utils import read_body, until_disconnect
 from cde.gateway.json_out import JsonResponse
 from cde.gateway.logs import ContentLog
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests, stop_list
 from cde.gateway.response_schemas import ChatCompletionResponse, CompletionResponse, ResponseModel, StepChunk
 from cde.gateway.schemas import SamplingParams
 from cde.gateway.sse import Chunk, EventStreamResponse, SseEvent
 from cde.gateway.state import ServerState
-from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,7 +29,7 @@ from starlette.responses import Response
 B = TypeVar("B", bound=SamplingParams)
 
 
-async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, B, Heartbeat]:
+async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, B, ModelInfo]:
     """The parsed body, with the live model's limits (404 for another model's name, 503 without a
     worker) and its stream options checked."""
     state: ServerState = request.app.state.cde
@@ -50,7 +50,7 @@ async def start_generation(
     body: SamplingParams,
     prompts: list[list[int]],
     max_tokens: int,
-    info: Heartbeat,
+    info: ModelInfo,
     tokenizer: Tokenizer,
     response_id: str,
     client: str,

@@ -9,17 +9,17 @@ from cde.gateway.completion_flow import ResponseHead, answer, open_request, star
 from cde.gateway.completion_render import CompletionRenderer
 from cde.gateway.errors import invalid
 from cde.gateway.logs import ContentLog, response_id
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
 from cde.gateway.structured import check_grammar, format_grammar
-from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
 
 
-async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: Heartbeat) -> list[list[int]]:
+async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: ModelInfo) -> list[list[int]]:
     if isinstance(prompt, str):
         return await encode_prompts(tokenizer, [prompt], info)
     if not prompt:

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, cast
 
 from cde.gateway.attribution_schemas import ConceptContribution, StepAttribution, TokenAttribution
 from cde.gateway.concepts import ConceptLabels
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.response_schemas import DenoiseStep
 from cde.shared.chunk_attribution import chunk_concepts, token_attribution
 from cde.shared.config import PAGE
-from cde.shared.protocol import GenerateRequest, Heartbeat, StepResult
+from cde.shared.protocol import GenerateRequest, StepResult
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
@@ -83,7 +84,7 @@ class DenoiseView:
 
 
 def denoise_views(
-    reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat
+    reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: ModelInfo
 ) -> list[DenoiseView | None]:
     return [
         DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None for i, r in enumerate(reqs)

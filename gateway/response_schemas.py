@@ -24,7 +24,11 @@ def _is_none(value: object) -> bool:
     return value is None
 
 
-Omitted = Annotated[T | SkipJsonSchema[None], Field(exclude_if=_is_none)]
+def _no_default(schema: dict) -> None:
+    schema.pop("default")  # the Python default None is never written
+
+
+Omitted = Annotated[T | SkipJsonSchema[None], Field(exclude_if=_is_none, json_schema_extra=_no_default)]
 
 # "abort": a worker that ended the request on its own (the gateway's own aborts answer nobody).
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
@@ -110,25 +114,25 @@ class ChatLogprobs(ResponseModel):
     refusal: None
 
 
-class CalledFunction(ResponseModel):
+class FunctionCall(ResponseModel):
     name: str
     arguments: str  # a JSON object, as text
 
 
-class ToolCall(ResponseModel):
+class MessageToolCall(ResponseModel):
     id: str
     type: Literal["function"]
-    function: CalledFunction
+    function: FunctionCall
 
 
-class StreamedToolCall(ToolCall):
+class DeltaToolCall(MessageToolCall):
     index: int  # of the call in the answer
 
 
 class AssistantMessage(ResponseModel):
     role: Literal["assistant"]
     content: str | None  # null for an answer of tool calls
-    tool_calls: Omitted[list[ToolCall]] = None
+    tool_calls: Omitted[list[MessageToolCall]] = None
 
 
 class ChatChoice(ResponseModel):
@@ -155,7 +159,7 @@ class ChatDelta(ResponseModel):
 
     role: Omitted[Literal["assistant"]] = None
     content: Omitted[str] = None
-    tool_calls: Omitted[list[StreamedToolCall]] = None
+    tool_calls: Omitted[list[DeltaToolCall]] = None
 
 
 class ChatStreamChoice(ResponseModel):
@@ -199,3 +203,21 @@ class StepChunk(ResponseModel):
     created: int
     model: str
     choices: list[DenoiseStep]
+
+
+# ---- /v1/models ---------------------------------------------------------------------------------
+
+
+class ModelCard(ResponseModel):
+    id: str  # the served name
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str  # as vLLM: the checkpoint served, its path or Hub id
+    parent: None  # for adapters, which CDE has none of
+    max_model_len: int
+
+
+class ModelList(ResponseModel):
+    object: Literal["list"]
+    data: list[ModelCard]  # the served model; empty while no worker is alive

@@ -3,7 +3,7 @@ and the answer is calls (gateway/tools.py's format), whole or streamed."""
 
 from __future__ import annotations
 
-from cde.gateway.response_schemas import AssistantMessage, ChatDelta, FinishReason, StreamedToolCall, ToolCall
+from cde.gateway.response_schemas import AssistantMessage, ChatDelta, DeltaToolCall, FinishReason, MessageToolCall
 from cde.gateway.tool_format import CALL_OPEN, parse_calls
 
 
@@ -14,7 +14,7 @@ def answer_message(
     calls = parse_calls(text) if tools else None
     if calls is None:
         return AssistantMessage(role="assistant", content=text), finish_reason
-    tool_calls = [ToolCall.model_validate(call) for call in calls]
+    tool_calls = [MessageToolCall.model_validate(call) for call in calls]
     return AssistantMessage(role="assistant", content=None, tool_calls=tool_calls), "tool_calls"
 
 
@@ -41,5 +41,5 @@ class StreamedAnswer:
         calls = parse_calls(held)
         if calls is None:  # calls cut short (max_tokens): the text as it is
             return ChatDelta(content=held), finish_reason
-        streamed = [StreamedToolCall.model_validate({"index": i, **call}) for i, call in enumerate(calls)]
+        streamed = [DeltaToolCall.model_validate({"index": i, **call}) for i, call in enumerate(calls)]
         return ChatDelta(tool_calls=streamed), "tool_calls"
