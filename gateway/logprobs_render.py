@@ -9,25 +9,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cde.gateway.generation import TokenLogprob
-from cde.gateway.response_schemas import ChatLogprobs, CompletionLogprobs
+from cde.gateway.response_schemas import ChatLogprobs, CompletionLogprobs, TopLogprob
+from cde.gateway.response_schemas import TokenLogprob as ChatTokenLogprob
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
 
 
-def _entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict:
+def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
     raw = tokenizer.decode_bytes([token_id])
     return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> ChatLogprobs:
-    content = []
+    content: list[ChatTokenLogprob] = []
     for token_id, (logprob, top_ids, top_logprobs) in zip(token_ids, rows):
-        entry = _entry(tokenizer, token_id, logprob)
-        entry["top_logprobs"] = [_entry(tokenizer, t, lp) for t, lp in zip(top_ids, top_logprobs)]
-        content.append(entry)
-    # One validation of the plain rows: pydantic-core builds the (up to 21 per token) models at once.
-    return ChatLogprobs.model_validate({"content": content, "refusal": None})
+        alternatives = [_top(tokenizer, t, lp) for t, lp in zip(top_ids, top_logprobs)]
+        content.append({**_top(tokenizer, token_id, logprob), "top_logprobs": alternatives})
+    return ChatLogprobs(content=content, refusal=None)
 
 
 class CompletionLogprobsRenderer:
