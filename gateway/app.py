@@ -19,8 +19,10 @@ from cde.gateway.errors import (
     unhandled_error_handler,
 )
 from cde.gateway.http_limits import HttpLimits
+from cde.gateway.json_out import JsonResponse
 from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
 from cde.gateway.openapi import openapi_schema
+from cde.gateway.response_schemas import ModelCard, ModelList
 from cde.gateway.state import ServerState
 from cde.gateway.tokenize_routes import detokenize, tokenize
 from cde.shared.tokenizer import get_tokenizer
@@ -35,28 +37,28 @@ from starlette.staticfiles import StaticFiles
 STATIC = Path(__file__).parent / "static"
 
 
-def _model_card(state: ServerState) -> dict:
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "cde",
-        # As vLLM: the checkpoint served (its path or Hub id); parent is for adapters, which CDE has none of.
-        "root": state.model_root or state.live_info.model,
-        "parent": None,
-        "max_model_len": state.live_info.context_len,
-    }
+def _model_card(state: ServerState) -> ModelCard:
+    info = state.live_info
+    return ModelCard(
+        id=state.served_model_name or info.name,
+        object="model",
+        created=int(time.time()),
+        owned_by="cde",
+        root=state.model_root or info.name,
+        parent=None,
+        max_model_len=info.context_len,
+    )
 
 
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.cde
-    return JSONResponse({"object": "list", "data": [_model_card(state)] if state.router.info else []})
+    return JsonResponse(ModelList(object="list", data=[_model_card(state)] if state.router.model_info else []))
 
 
 async def model(request: Request) -> Response:
     state: ServerState = request.app.state.cde
     state.model_info(request.path_params["model"])
-    return JSONResponse(_model_card(state))
+    return JsonResponse(_model_card(state))
 
 
 async def health(request: Request) -> Response:
@@ -85,7 +87,7 @@ async def metrics(request: Request) -> Response:
 
 async def openapi(request: Request) -> Response:
     state: ServerState = request.app.state.cde
-    info = state.live_info if state.router.info else None
+    info = state.live_info if state.router.model_info else None
     return JSONResponse(openapi_schema(state.model_name, info, state.api_key is not None))
 
 
@@ -121,7 +123,7 @@ def create_app(
         try:
             if wait_for_workers is not None:
                 await state.router.wait_ready(wait_for_workers)
-                info = state.router.info
+                info = state.router.model_info
                 if info is not None:  # loaded now, on a thread: at first use it held the event loop ~0.5 s
                     await asyncio.to_thread(get_tokenizer, info.instruct)
             yield

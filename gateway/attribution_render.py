@@ -4,22 +4,25 @@ response's `attribution` object: chunk concepts, and per-token concepts when ask
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
+from cde.gateway.attribution_schemas import Attribution
 from cde.gateway.concepts import ConceptLabels
+from cde.gateway.model_info import ModelInfo
 from cde.shared.chunk_attribution import aggregate
 from cde.shared.packed_attribution import PackedAttribution
-from cde.shared.protocol import GenerateRequest, Heartbeat
+from cde.shared.protocol import GenerateRequest
 from cde.shared.tokenizer import Tokenizer
 
-Render = Callable[[int, list[PackedAttribution]], dict | None]
+Render = Callable[[int, list[PackedAttribution]], Attribution | None]
 
 
-def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat) -> Render:
-    def render(index: int, blocks: list[PackedAttribution]) -> dict | None:
+def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: ModelInfo) -> Render:
+    def render(index: int, blocks: list[PackedAttribution]) -> Attribution | None:
         spec = reqs[index].attribution
         if spec is None:
             return None
-        return aggregate(
+        attribution = aggregate(
             PackedAttribution.join(blocks) if blocks else [],
             tokenizer.decode,
             prompt_len=len(reqs[index].prompt_ids),
@@ -29,5 +32,6 @@ def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptL
             top_k=spec.top_k,
             per_token=spec.per_token,
         )
+        return cast(Attribution, attribution)  # shared/ builds it as a plain dict, of this shape
 
     return render

@@ -1,24 +1,27 @@
 """The request flow that /v1/completions and /v1/chat/completions share: the body read and checked
 against the live model, the Generation of its choices, and the two ways the answer goes out (an
 SSE stream of chunks as the choices' blocks arrive, or one JSON body once all have finished).
-Each route keeps only what differs: its prompts and its chunk and choice shapes."""
+Each route keeps only what differs: its prompts, and a `Renderer` of its response objects."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
 
 from cde.gateway.attribution_render import renderer
-from cde.gateway.denoise import StepDelta, denoise_views, step_event
+from cde.gateway.denoise import StepDelta, denoise_views
 from cde.gateway.errors import invalid
-from cde.gateway.generation import Delta, Generation, encode_requests
+from cde.gateway.generation import Choice, Delta, Generation, encode_requests
 from cde.gateway.http_utils import read_body, until_disconnect
+from cde.gateway.json_out import JsonResponse
 from cde.gateway.logs import ContentLog
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests, stop_list
+from cde.gateway.response_schemas import ChatCompletionResponse, CompletionResponse, ResponseModel, StepChunk
 from cde.gateway.schemas import SamplingParams
-from cde.gateway.sse import EventStreamResponse, SseEvent
+from cde.gateway.sse import Chunk, EventStreamResponse, SseEvent
 from cde.gateway.state import ServerState
-from cde.shared.protocol import GenerateRequest, Heartbeat
 from cde.shared.tokenizer import Tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,7 +29,7 @@ from starlette.responses import Response
 B = TypeVar("B", bound=SamplingParams)
 
 
-async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, B, Heartbeat]:
+async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, B, ModelInfo]:
     """The parsed body, with the live model's limits (404 for another model's name, 503 without a
     worker) and its stream options checked."""
     state: ServerState = request.app.state.cde
@@ -35,14 +38,6 @@ async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, 
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     return state, body, info
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
 
 
 def include_usage(body: SamplingParams) -> bool:
@@ -55,12 +50,12 @@ async def start_generation(
     body: SamplingParams,
     prompts: list[list[int]],
     max_tokens: int,
-    info: Heartbeat,
+    info: ModelInfo,
     tokenizer: Tokenizer,
     response_id: str,
     client: str,
     grammar: str | None = None,
-) -> tuple[list[GenerateRequest], Generation]:
+) -> Generation:
     """The engine requests of every (prompt, choice) of `client` (gateway/client_identity.py),
     submitted to the workers; `grammar` constrains them all (gateway/structured.py)."""
     reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id, client, grammar)
@@ -76,42 +71,75 @@ async def start_generation(
         denoise_views(reqs, tokenizer, state.labels, info),
     )
     state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
-    return reqs, gen
+    return gen
 
 
-def stream_response(
-    gen: Generation,
-    content: ContentLog,
-    head: dict,
-    step_object: str,
-    opening: Iterable[dict],
-    chunk: Callable[[Delta, bool], dict],
-    started: set[int],
-    final: Callable[[], dict] | None,
-) -> Response:
-    """The SSE answer: the `opening` chunks, then one chunk per delta of the choices as they come
-    (`chunk(delta, first)`, first: the choice's first chunk, unless its index is in `started`)
-    with a step event per denoising step, then `final()`'s chunk, if any."""
+@dataclass(frozen=True)
+class ResponseHead:
+    """What every object of one response shares."""
 
-    async def chunks() -> AsyncIterator[dict | SseEvent]:
-        for c in opening:
+    id: str
+    created: int
+    model: str
+
+    def step_event(self, obj: Literal["text_completion.step", "chat.completion.step"], delta: StepDelta) -> SseEvent:
+        """A `stream_denoise` step as CDE's own SSE event kind."""
+        chunk = StepChunk(id=self.id, object=obj, created=self.created, model=self.model, choices=[delta.payload])
+        return SseEvent("step", chunk)
+
+
+class Renderer(Protocol):
+    """The response objects of one request (gateway/completion_render.py, gateway/chat_render.py)."""
+
+    def opening(self) -> Sequence[ResponseModel]:
+        """The chunks a stream starts with, before any choice has text."""
+        ...
+
+    def chunk(self, delta: Delta) -> ResponseModel: ...
+
+    def step(self, delta: StepDelta) -> SseEvent: ...
+
+    def last_chunk(self, completion_tokens: int) -> ResponseModel | None:
+        """The usage chunk that ends a stream which asked for it."""
+        ...
+
+    def response(self, choices: list[Choice], completion_tokens: int) -> CompletionResponse | ChatCompletionResponse:
+        """The JSON body of the whole answer."""
+        ...
+
+
+async def answer(request: Request, body: SamplingParams, gen: Generation, content: ContentLog, r: Renderer) -> Response:
+    """An SSE stream of `r`'s chunks when the body asked for one, else its JSON body."""
+    if body.stream:
+        return _stream(gen, content, r)
+    return await _respond_when_done(request, gen, content, r)
+
+
+def _stream(gen: Generation, content: ContentLog, r: Renderer) -> Response:
+    """The `opening` chunks, then one chunk per delta of the choices as they come, with a step
+    event per denoising step, then the usage chunk, if any."""
+
+    async def chunks() -> AsyncIterator[Chunk]:
+        for c in r.opening():
             yield c
         async for d in gen.stream():
-            if isinstance(d, StepDelta):
-                yield step_event(head, step_object, d)
-                continue
-            first = d.index not in started
-            started.add(d.index)
-            yield chunk(d, first)
-        if final is not None:
-            yield final()
+            yield r.step(d) if isinstance(d, StepDelta) else r.chunk(d)
+        last = r.last_chunk(gen.completion_tokens)
+        if last is not None:
+            yield last
 
     return EventStreamResponse(content.streamed(chunks()), on_close=gen.close)
 
 
-async def respond_when_done(request: Request, gen: Generation, complete: Callable[[], Awaitable[Response]]) -> Response:
-    """The JSON answer once every choice finished (`complete`), unless the client hangs up first;
-    the choices still running then are aborted."""
+async def _respond_when_done(request: Request, gen: Generation, content: ContentLog, r: Renderer) -> Response:
+    """The JSON answer once every choice finished, unless the client hangs up first; the choices
+    still running then are aborted."""
+
+    async def complete() -> Response:
+        response = r.response(await gen.collect(), gen.completion_tokens)
+        content.answered(response)
+        return JsonResponse(response)
+
     try:
         return await until_disconnect(request, complete())
     finally:

@@ -5,30 +5,21 @@ from __future__ import annotations
 import time
 
 from cde.gateway.client_identity import client_identity
-from cde.gateway.completion_flow import (
-    include_usage,
-    open_request,
-    respond_when_done,
-    start_generation,
-    stream_response,
-    usage,
-)
+from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
+from cde.gateway.completion_render import CompletionRenderer
 from cde.gateway.errors import invalid
-from cde.gateway.generation import Delta, TokenLogprob
-from cde.gateway.json_out import JsonResponse
-from cde.gateway.logprobs_render import CompletionLogprobs
 from cde.gateway.logs import ContentLog, response_id
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
 from cde.gateway.structured import check_grammar, format_grammar
-from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
 from starlette.responses import Response
 
 
-async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: Heartbeat) -> list[list[int]]:
+async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: ModelInfo) -> list[list[int]]:
     if isinstance(prompt, str):
         return await encode_prompts(tokenizer, [prompt], info)
     if not prompt:
@@ -63,72 +54,8 @@ async def create_completion(request: Request) -> Response:
     if constraint is not None:
         await check_grammar(*constraint, info)
     grammar = constraint[0] if constraint else None
-    reqs, gen = await start_generation(
+    gen = await start_generation(
         state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), grammar
     )
-    n_prompt = sum(len(p) for p in prompts)
-    prompt_of = [prompts[i // body.n] for i in range(len(reqs))]
-    head = {"id": cmpl_id, "object": "text_completion", "created": int(time.time()), "model": body.model}
-
-    renders = [CompletionLogprobs(tok) for _ in reqs]
-
-    def choice(
-        index: int,
-        text: str,
-        token_ids: list[int],
-        finish_reason: str | None,
-        attribution: dict | None,
-        first: bool,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> dict:
-        rendered = None if logprobs is None else renders[index].render(token_ids, logprobs)
-        c = {"index": index, "text": text, "logprobs": rendered, "finish_reason": finish_reason}
-        if body.return_token_ids:
-            c["token_ids"] = token_ids
-            if first:
-                c["prompt_token_ids"] = prompt_of[index]
-        if attribution is not None:
-            c["attribution"] = attribution
-        return c
-
-    if body.stream:
-        with_usage = include_usage(body)
-        extra = {"usage": None} if with_usage else {}
-        echoed = range(len(reqs)) if body.echo else range(0)
-
-        def chunk(d: Delta, first: bool) -> dict:
-            return {
-                **head,
-                "choices": [choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, first, d.logprobs)],
-                **extra,
-            }
-
-        return stream_response(
-            gen,
-            content,
-            head,
-            "text_completion.step",
-            ({**head, "choices": [choice(i, tok.decode(prompt_of[i]), [], None, None, True)], **extra} for i in echoed),
-            chunk,
-            set(echoed),
-            (lambda: {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}) if with_usage else None,
-        )
-
-    async def complete() -> Response:
-        results = await gen.collect()
-        choices = [
-            choice(
-                c.index,
-                (tok.decode(prompt_of[c.index]) if body.echo else "") + c.text,
-                c.token_ids,
-                c.finish_reason,
-                c.attribution,
-                True,
-                c.logprobs,
-            )
-            for c in results
-        ]
-        content.answered({c["index"]: c["text"] for c in choices})
-        return JsonResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
-
-    return await respond_when_done(request, gen, complete)
+    head = ResponseHead(cmpl_id, int(time.time()), body.model)
+    return await answer(request, body, gen, content, CompletionRenderer(body, head, prompts, tok))

@@ -7,13 +7,15 @@ own concepts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from cde.gateway.attribution_schemas import ConceptContribution, StepAttribution, TokenAttribution
 from cde.gateway.concepts import ConceptLabels
-from cde.gateway.sse import SseEvent
+from cde.gateway.model_info import ModelInfo
+from cde.gateway.response_schemas import DenoiseStep
 from cde.shared.chunk_attribution import chunk_concepts, token_attribution
 from cde.shared.config import PAGE
-from cde.shared.protocol import GenerateRequest, Heartbeat, StepResult
+from cde.shared.protocol import GenerateRequest, StepResult
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass
 class StepDelta:
     index: int
-    payload: dict  # the choice object of the `step` event
+    payload: DenoiseStep  # the choice object of the `step` event
 
 
 class DenoiseView:
@@ -41,48 +43,49 @@ class DenoiseView:
         if res.block != self.block:
             self.block, self.records = res.block, []
         base = res.block * PAGE
-        payload = {
-            "index": self.index,
-            "block": res.block - self.prompt_len // PAGE,  # the completion's blocks count from 0
-            "block_offset": base - self.prompt_len,  # offset of the block's first cell (< 0: prompt)
-            "step": res.step,
-            "offsets": [p - self.prompt_len for p in res.positions],
-            "token_ids": res.token_ids,
-            "tokens": [self.tokenizer.decode([t]) for t in res.token_ids],
-        }
         spec = self.req.attribution
         if spec is not None:
             self.records += res.attribution or []
-            payload["attribution"] = self._attribution(res, base, spec.top_k, spec.per_token)
+        payload = DenoiseStep(
+            index=self.index,
+            block=res.block - self.prompt_len // PAGE,
+            block_offset=base - self.prompt_len,
+            step=res.step,
+            offsets=[p - self.prompt_len for p in res.positions],
+            token_ids=res.token_ids,
+            tokens=[self.tokenizer.decode([t]) for t in res.token_ids],
+            attribution=None if spec is None else self._attribution(res, base, spec.top_k, spec.per_token),
+        )
         return StepDelta(self.index, payload)
 
-    def _attribution(self, res: StepResult, base: int, top_k: int, per_token: bool) -> dict:
+    def _attribution(self, res: StepResult, base: int, top_k: int, per_token: bool) -> StepAttribution:
         start = max(base, self.prompt_len)
         end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
         concepts, eps_pct = chunk_concepts(self.records, start, end, self.labels.labels, self.n_known, top_k)
-        out: dict[str, object] = {
+        out: StepAttribution = {
             "chunk": {
                 "start": start - self.prompt_len,
                 "end": end - self.prompt_len,
-                "concepts": concepts,
+                "concepts": cast(list[ConceptContribution], concepts),  # shared/ builds plain dicts
                 "epsilon_pct": eps_pct,
             }
         }
         if per_token:
             out["tokens"] = [
-                token_attribution(r, self.tokenizer.decode, self.labels.labels, self.n_known, top_k, self.prompt_len)
+                cast(
+                    TokenAttribution,
+                    token_attribution(
+                        r, self.tokenizer.decode, self.labels.labels, self.n_known, top_k, self.prompt_len
+                    ),
+                )
                 for r in res.attribution or []
             ]
         return out
 
 
 def denoise_views(
-    reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: Heartbeat
+    reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: ModelInfo
 ) -> list[DenoiseView | None]:
     return [
         DenoiseView(i, r, tokenizer, labels, info.n_concepts) if r.stream_denoise else None for i, r in enumerate(reqs)
     ]
-
-
-def step_event(head: dict, obj: str, delta: StepDelta) -> SseEvent:
-    return SseEvent("step", {**head, "object": obj, "choices": [delta.payload]})

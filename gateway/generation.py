@@ -9,13 +9,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from cde.gateway.attribution_schemas import Attribution, InputAttribution
 from cde.gateway.denoise import DenoiseView, StepDelta
 from cde.gateway.detokenizer import ChoiceText
 from cde.gateway.errors import ApiError, GenerationError
 from cde.gateway.input_attribution import attach, render_block
 from cde.gateway.metrics import Metrics
+from cde.gateway.response_schemas import FinishReason
 from cde.gateway.router import Router
 from cde.gateway.worker_link import RequestHandle
 from cde.shared.packed_attribution import PackedAttribution
@@ -35,8 +37,8 @@ class Delta:
     index: int
     text: str
     token_ids: list[int]  # the tokens this delta's text counts (usage.completion_tokens)
-    finish_reason: str | None = None
-    attribution: dict | None = None  # on the finish delta, when the request asked
+    finish_reason: FinishReason | None = None
+    attribution: Attribution | None = None  # on the finish delta, when the request asked
     logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked
 
 
@@ -45,8 +47,8 @@ class Choice:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    attribution: dict | None = None
+    finish_reason: FinishReason | None = None
+    attribution: Attribution | None = None
     logprobs: list[TokenLogprob] | None = None
 
 
@@ -78,7 +80,7 @@ class Generation:
         frames: list[bytes],
         tokenizer: Tokenizer,
         stops: list[str],
-        render_attribution: Callable[[int, list[PackedAttribution]], dict | None],
+        render_attribution: Callable[[int, list[PackedAttribution]], Attribution | None],
         denoise_views: list[DenoiseView | None],
     ) -> None:
         self.metrics = metrics
@@ -112,13 +114,13 @@ class Generation:
         block_fed = 0  # tokens of the active block already fed from PrefixResults
         given = 0  # tokens of `text.ids` handed out in deltas
         blocks: list[PackedAttribution] = []  # the attribution of each block, when asked
-        inputs: list[dict] = []  # the input attribution of each block, when asked
+        inputs: list[InputAttribution] = []  # the input attribution of each block, when asked
         try:
             async for res in handle.results():
                 if isinstance(res, StepResult):  # only sent for requests with a view
                     yield view.step(res)
                     continue
-                block_inputs = None
+                block_inputs: Attribution | None = None
                 if isinstance(res, PrefixResult):
                     new, skip, final = res.token_ids, 0, False
                     block_fed += len(new)
@@ -146,8 +148,11 @@ class Generation:
                 if piece or released or block_inputs is not None or not self._reqs[index].stream_tokens:
                     lps = None if logprobs is None else logprobs[given - len(released) : given]
                     yield Delta(index, piece, released, attribution=block_inputs, logprobs=lps)
+                reason: FinishReason | None
                 if isinstance(res, BlockResult):
-                    reason = "stop" if text.stopped else res.finish_reason if res.finished else None
+                    # The worker's reasons past "error" (raised above): length, stop, abort.
+                    worker_reason = cast(FinishReason, res.finish_reason) if res.finished else None
+                    reason = "stop" if text.stopped else worker_reason
                 else:
                     reason = "stop" if text.stopped and stop_early else None
                 if reason is not None:

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cde.shared.protocol import InputAttribution
+from cde.gateway.attribution_schemas import Attribution, ConceptChunk, InputAttribution, InputChunk, InputToken
+from cde.shared.protocol import InputAttribution as BlockInputs
 
 
-def render_block(ia: InputAttribution, prompt_len: int, decode: Callable[[list[int]], str]) -> dict:
+def render_block(ia: BlockInputs, prompt_len: int, decode: Callable[[list[int]], str]) -> InputAttribution:
     """One block's piece: `{"tokens": [...], "chunks": [...]}`."""
 
     def text(t: int) -> str:
         return decode([t])
 
-    tokens = [
+    tokens: list[InputToken] = [
         {
             "offset": p - prompt_len,
             "token_id": t,
@@ -27,7 +28,7 @@ def render_block(ia: InputAttribution, prompt_len: int, decode: Callable[[list[i
         }
         for p, t, qs, qts, ss in zip(ia.positions, ia.token_ids, ia.top_positions, ia.top_token_ids, ia.top_scores)
     ]
-    chunks = [
+    chunks: list[InputChunk] = [
         {
             "start": span[0] - prompt_len,
             "end": span[1] - prompt_len,
@@ -38,16 +39,20 @@ def render_block(ia: InputAttribution, prompt_len: int, decode: Callable[[list[i
     return {"tokens": tokens, "chunks": chunks}
 
 
-def attach(attribution: dict | None, pieces: list[dict]) -> dict:
+def attach(attribution: Attribution | None, pieces: list[InputAttribution]) -> Attribution:
     """The choice's attribution with `inputs` (every block's tokens and chunks, in order); each
     concept chunk of the same span gains its `inputs`."""
-    out = dict(attribution or {})
-    inputs = {"tokens": [t for p in pieces for t in p["tokens"]], "chunks": [c for p in pieces for c in p["chunks"]]}
+    out: Attribution = {**attribution} if attribution else {}
+    inputs: InputAttribution = {
+        "tokens": [t for p in pieces for t in p["tokens"]],
+        "chunks": [c for p in pieces for c in p["chunks"]],
+    }
     by_span = {(c["start"], c["end"]): c["inputs"] for c in inputs["chunks"]}
     if "chunks" in out:
-        out["chunks"] = [
-            {**c, "inputs": by_span[(c["start"], c["end"])]} if (c["start"], c["end"]) in by_span else c
-            for c in out["chunks"]
-        ]
+        out["chunks"] = [_with_inputs(c, by_span.get((c["start"], c["end"]))) for c in out["chunks"]]
     out["inputs"] = inputs
     return out
+
+
+def _with_inputs(chunk: ConceptChunk, inputs: list | None) -> ConceptChunk:
+    return chunk if inputs is None else {**chunk, "inputs": inputs}

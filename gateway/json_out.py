@@ -1,6 +1,8 @@
 """Every body and SSE event the gateway writes is RFC 8259 JSON: NaN and Infinity (which Python's
 json writes by default, and which strict parsers refuse) never reach a client. A float that is
-not finite (an attribution score of activations that overflowed) is written as null, and logged."""
+not finite (an attribution score of activations that overflowed) is written as null: by pydantic
+for a response model (gateway/response_schemas.py), by `_finite` (and logged) for a plain dict.
+A response model is written by pydantic-core in one pass, with only the fields the route set."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import logging
 import math
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
 log = logging.getLogger("cde.gateway")
 
 
 def dumps(obj: Any) -> bytes:
+    if isinstance(obj, BaseModel):
+        return obj.__pydantic_serializer__.to_json(obj, exclude_unset=True)
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:  # the only one json.dumps raises for our plain values: a non-finite float

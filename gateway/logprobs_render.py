@@ -9,26 +9,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cde.gateway.generation import TokenLogprob
+from cde.gateway.response_schemas import ChatLogprobs, CompletionLogprobs, TopLogprob
+from cde.gateway.response_schemas import TokenLogprob as ChatTokenLogprob
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
 
 
-def _entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict:
+def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
     raw = tokenizer.decode_bytes([token_id])
     return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
 
 
-def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> dict:
-    content = []
+def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> ChatLogprobs:
+    content: list[ChatTokenLogprob] = []
     for token_id, (logprob, top_ids, top_logprobs) in zip(token_ids, rows):
-        entry = _entry(tokenizer, token_id, logprob)
-        entry["top_logprobs"] = [_entry(tokenizer, t, lp) for t, lp in zip(top_ids, top_logprobs)]
-        content.append(entry)
-    return {"content": content, "refusal": None}
+        alternatives = [_top(tokenizer, t, lp) for t, lp in zip(top_ids, top_logprobs)]
+        content.append({**_top(tokenizer, token_id, logprob), "top_logprobs": alternatives})
+    return ChatLogprobs(content=content, refusal=None)
 
 
-class CompletionLogprobs:
+class CompletionLogprobsRenderer:
     """One choice's legacy logprobs, chunk after chunk: `text_offset` counts on from the text of
     the tokens before (the completion's characters; echo with logprobs is refused)."""
 
@@ -36,16 +37,16 @@ class CompletionLogprobs:
         self.tokenizer = tokenizer
         self.offset = 0
 
-    def render(self, token_ids: list[int], rows: list[TokenLogprob]) -> dict:
-        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    def render(self, token_ids: list[int], rows: list[TokenLogprob]) -> CompletionLogprobs:
+        out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for token_id, (logprob, top_ids, top_logprobs) in zip(token_ids, rows):
             token = self.tokenizer.decode_bytes([token_id]).decode("utf-8", errors="replace")
-            out["tokens"].append(token)
-            out["token_logprobs"].append(logprob)
+            out.tokens.append(token)
+            out.token_logprobs.append(logprob)
             top: dict[str, float] = {}
             for t, lp in zip(top_ids, top_logprobs):  # best first; two ids can share a text
                 top.setdefault(self.tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), lp)
-            out["top_logprobs"].append(top)
-            out["text_offset"].append(self.offset)
+            out.top_logprobs.append(top)
+            out.text_offset.append(self.offset)
             self.offset += len(token)
         return out

@@ -8,6 +8,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from cde.gateway.response_schemas import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionResponse,
+)
 from starlette.requests import Request
 
 log = logging.getLogger("cde.gateway")
@@ -31,9 +40,12 @@ class ContentLog:
         if self.enabled:
             log.info("request content", extra={"request_id": self.request_id, **content})
 
-    def answered(self, texts: dict[int, str]) -> None:
+    def answered(self, response: CompletionResponse | ChatCompletionResponse) -> None:
         if self.enabled:
-            log.info("response content", extra={"request_id": self.request_id, "choices": texts})
+            self._log_texts({c.index: _text(c) for c in response.choices})
+
+    def _log_texts(self, texts: dict[int, str]) -> None:
+        log.info("response content", extra={"request_id": self.request_id, "choices": texts})
 
     async def streamed(self, chunks: AsyncIterator) -> AsyncIterator:
         """Passes the SSE chunks on, logging each choice's whole text at the end (from the
@@ -41,9 +53,18 @@ class ContentLog:
         texts: dict[int, str] = {}
         try:
             async for chunk in chunks:
-                for c in chunk["choices"] if self.enabled and isinstance(chunk, dict) else ():
-                    piece = c["text"] if "text" in c else c["delta"].get("content", "")
-                    texts[c["index"]] = texts.get(c["index"], "") + piece
+                if self.enabled and isinstance(chunk, CompletionChunk | ChatCompletionChunk):
+                    for c in chunk.choices:
+                        texts[c.index] = texts.get(c.index, "") + _text(c)
                 yield chunk
         finally:
-            self.answered(texts)
+            if self.enabled:
+                self._log_texts(texts)
+
+
+def _text(choice: CompletionChoice | ChatChoice | ChatStreamChoice) -> str:
+    if isinstance(choice, CompletionChoice):
+        return choice.text
+    if isinstance(choice, ChatChoice):
+        return choice.message.content or ""
+    return choice.delta.content or ""

@@ -61,7 +61,7 @@ class Metrics:
 
     def render(self, links: list) -> bytes:
         for link in links:
-            hb = link.info if link.alive else None
+            hb = link.heartbeat if link.alive else None
             self.worker_up.labels(link.name).set(1 if hb else 0)
             self.outstanding.labels(link.name).set(len(link.inflight))
             # A dead worker holds nothing any more: report zeros, not its last words.

@@ -1,14 +1,25 @@
-"""/openapi.json: the request schemas from pydantic, the responses every route can give, and the
-live model's limits (its name, vocabulary, concepts), so that a schema-driven client or fuzzer
-generates requests this server can actually run."""
+"""/openapi.json: the request and response schemas from pydantic (gateway/schemas.py,
+gateway/response_schemas.py), the errors every route can give, and the live model's limits (its
+name, vocabulary, concepts), so that a schema-driven client or fuzzer generates requests this
+server can actually run and can check every answer, streamed ones event by event."""
 
 from __future__ import annotations
 
 import copy
 import functools
 
+from cde.gateway.model_info import ModelInfo
+from cde.gateway.response_schemas import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    StepChunk,
+)
 from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from cde.shared.protocol import Heartbeat
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 
@@ -16,45 +27,52 @@ def _json(schema: dict) -> dict:
     return {"application/json": {"schema": schema}}
 
 
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
 _NULLABLE_STR = {"type": ["string", "null"]}
-_ERROR = {
-    "description": "OpenAI-style error",
-    "content": _json(
-        {
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
             "type": "object",
-            "required": ["error"],
+            "required": ["message", "type", "param", "code"],
             "additionalProperties": False,
             "properties": {
-                "error": {
-                    "type": "object",
-                    "required": ["message", "type", "param", "code"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "message": {"type": "string"},
-                        "type": {"type": "string"},
-                        "param": _NULLABLE_STR,
-                        "code": _NULLABLE_STR,
-                    },
-                }
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": _NULLABLE_STR,
+                "code": _NULLABLE_STR,
             },
         }
-    ),
-}
-_GENERATION_RESPONSE = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string"},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {"type": "array", "items": {"type": "object"}},
-        "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]},
     },
 }
-# Per event, as Open API 3.1 reads an event stream's schema: `data` is a JSON chunk, or [DONE].
-_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
-_LIST = {
+_ERROR = {"description": "OpenAI-style error", "content": _json(_ref("ErrorResponse"))}
+
+
+def _event_stream(chunk: str) -> dict:
+    """One SSE event, as Open API 3.1 reads an event stream's schema (schemathesis too): its
+    `data` is `[DONE]` (the last event) or JSON, whose schema `contentSchema` gives."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [_ref(chunk), _ref("StepChunk"), _ref("ErrorResponse")]},
+    }
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            # "message" (no `event:` line): OpenAI's chunks and a late error; "step": stream_denoise.
+            "event": {"enum": ["message", "step"]},
+            "data": {"anyOf": [{"const": "[DONE]"}, json_data]},
+        },
+    }
+
+
+_LIST = {  # the concepts
     "type": "object",
     "required": ["object", "data"],
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}},
@@ -71,15 +89,15 @@ def _responses(ok: dict, *errors: int) -> dict:
     return {"200": ok, **{str(s): _ERROR for s in errors}}
 
 
-def _post(summary: str, schema: str) -> dict:
+def _post(summary: str, request: str, response: str, chunk: str) -> dict:
     ok = {
         "description": "JSON, or text/event-stream when stream is true",
-        "content": {**_json(_GENERATION_RESPONSE), "text/event-stream": {"schema": _SSE_EVENT}},
+        "content": {**_json(_ref(response)), "text/event-stream": {"schema": _event_stream(chunk)}},
     }
     return {
         "post": {
             "summary": summary,
-            "requestBody": {"required": True, "content": _json({"$ref": f"#/components/schemas/{schema}"})},
+            "requestBody": {"required": True, "content": _json(_ref(request))},
             "responses": _responses(ok, 400, *_SECURED, 404, 413, 429, 503),
         }
     }
@@ -91,20 +109,36 @@ def _query(name: str, schema: dict, where: str = "query") -> dict:
 
 @functools.cache
 def _static() -> dict:
+    requests: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+    responses: list[type[BaseModel]] = [
+        CompletionResponse,
+        CompletionChunk,
+        ChatCompletionResponse,
+        ChatCompletionChunk,
+        StepChunk,
+        ModelList,
+    ]
     _, defs = models_json_schema(
-        [(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
+        [(model, "validation") for model in requests] + [(model, "serialization") for model in responses],
         ref_template="#/components/schemas/{model}",
     )
     return {
         "openapi": "3.1.0",
         "info": {"title": "CDE, the Causal Diffusion Engine", "version": "1"},
         "paths": {
-            "/v1/completions": _post("Text completion", "CompletionRequest"),
-            "/v1/chat/completions": _post("Chat completion (instruct checkpoints)", "ChatCompletionRequest"),
+            "/v1/completions": _post("Text completion", "CompletionRequest", "CompletionResponse", "CompletionChunk"),
+            "/v1/chat/completions": _post(
+                "Chat completion (instruct checkpoints)",
+                "ChatCompletionRequest",
+                "ChatCompletionResponse",
+                "ChatCompletionChunk",
+            ),
             "/v1/models": {
                 "get": {
                     "summary": "The served model",
-                    "responses": _responses({"description": "model list", "content": _json(_LIST)}, *_SECURED),
+                    "responses": _responses(
+                        {"description": "model list", "content": _json(_ref(ModelList.__name__))}, *_SECURED
+                    ),
                 }
             },
             "/v1/models/{model}": {
@@ -112,7 +146,7 @@ def _static() -> dict:
                     "summary": "One model",
                     "parameters": [_query("model", {"type": "string"}, "path")],
                     "responses": _responses(
-                        {"description": "model", "content": _json({"type": "object"})}, *_SECURED, 404, 503
+                        {"description": "model", "content": _json(_ref(ModelCard.__name__))}, *_SECURED, 404, 503
                     ),
                 }
             },
@@ -163,7 +197,7 @@ def _static() -> dict:
                 }
             },
         },
-        "components": {"schemas": defs["$defs"]},
+        "components": {"schemas": {**defs["$defs"], "ErrorResponse": _ERROR_SCHEMA}},
     }
 
 
@@ -177,7 +211,7 @@ def _bound_ints(schema: dict, maximum: int) -> None:
                 _bound_ints(sub, maximum)
 
 
-def openapi_schema(model_name: str | None, info: Heartbeat | None, api_key: bool) -> dict:
+def openapi_schema(model_name: str | None, info: ModelInfo | None, api_key: bool) -> dict:
     doc = copy.deepcopy(_static())
     defs = doc["components"]["schemas"]
     if model_name is not None and info is not None:

@@ -10,13 +10,13 @@ from typing import Any
 
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.schemas import SamplingParams, SteeringParams
 from cde.shared.limits import LimitError, check_context, check_input_attribution_work, check_token_ids
 from cde.shared.protocol import (
     AttributionSpec,
     FlashBlockSpec,
     GenerateRequest,
-    Heartbeat,
     InputAttributionSpec,
     SteeringSpec,
 )
@@ -28,7 +28,7 @@ def stop_list(body: SamplingParams) -> list[str]:
 
 
 def check_prompt(
-    ids: list[int], max_tokens: int, info: Heartbeat, param: str, max_tokens_param: str = "max_tokens"
+    ids: list[int], max_tokens: int, info: ModelInfo, param: str, max_tokens_param: str = "max_tokens"
 ) -> None:
     """`param` names the prompt's field, `max_tokens_param` the field max_tokens came from: the
     error names the one to change (a prompt that alone fills the context: the prompt)."""
@@ -52,7 +52,7 @@ def generate_requests(
     body: SamplingParams,
     prompts: list[list[int]],
     max_tokens: int,
-    info: Heartbeat,
+    info: ModelInfo,
     labels: ConceptLabels,
     prefix: str,
     client: str = "",
@@ -144,7 +144,7 @@ def _attribution(value: Any) -> AttributionSpec | None:
     return AttributionSpec(top_k=value.top_k, per_token=value.per_token, chunking=value.chunking, inputs=inputs)
 
 
-def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dict:
+def _preset(name: str | None, info: ModelInfo, first_concept: int | None) -> dict:
     # Presets are tuned for the 32-layer 8B; on smaller models the layer is clamped to exist.
     if name == "suppress":
         if first_concept is None:
@@ -168,7 +168,7 @@ def _preset(name: str | None, info: Heartbeat, first_concept: int | None) -> dic
     )
 
 
-def _steering(s: SteeringParams, info: Heartbeat, labels: ConceptLabels) -> SteeringSpec:
+def _steering(s: SteeringParams, info: ModelInfo, labels: ConceptLabels) -> SteeringSpec:
     # Bounded by what the model can use before any entry is resolved: a longer list only repeats ids.
     for param, given in (("steering.concepts", s.concepts), ("steering.relu_logit_mask", s.relu_logit_mask or ())):
         if len(given) > info.n_concepts:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cde.gateway.errors import invalid
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.tool_format import calls_text
-from cde.shared.protocol import Heartbeat
 
 if TYPE_CHECKING:
     from cde.gateway.schemas import ChatMessage
@@ -24,7 +24,7 @@ THREAD_CHARS = 64 << 10
 MIN_MESSAGE_TOKENS = 5  # the chat template's header start, role, header end, "\n\n" and end of turn
 
 
-def _check_fits(texts: list[str], info: Heartbeat, param: str) -> None:
+def _check_fits(texts: list[str], info: ModelInfo, param: str) -> None:
     size = sum(len(t.encode("utf-8")) for t in texts)
     if size > MAX_TOKEN_BYTES * info.context_len:
         raise invalid(
@@ -39,7 +39,7 @@ async def _run(work: Callable[[], Any], chars: int) -> Any:
     return await asyncio.to_thread(work) if chars > THREAD_CHARS else work()
 
 
-async def encode_prompts(tok: Tokenizer, texts: list[str], info: Heartbeat) -> list[list[int]]:
+async def encode_prompts(tok: Tokenizer, texts: list[str], info: ModelInfo) -> list[list[int]]:
     for text in texts:
         _check_fits([text], info, "prompt")
     return await _run(lambda: [tok.encode(t) for t in texts], sum(map(len, texts)))
@@ -55,7 +55,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
 
 
 async def encode_chat(
-    tok: Tokenizer, messages: list[dict], info: Heartbeat, add_generation_prompt: bool = True
+    tok: Tokenizer, messages: list[dict], info: ModelInfo, add_generation_prompt: bool = True
 ) -> list[int]:
     if len(messages) * MIN_MESSAGE_TOKENS >= info.context_len:
         raise invalid(

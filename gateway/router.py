@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 import zmq.asyncio
 from cde.gateway.errors import ApiError
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.worker_catalogs import WorkerCatalogs
 from cde.gateway.worker_link import RequestHandle, WorkerLink
 from cde.shared.curve import CurveClient
-from cde.shared.protocol import ConceptInfo, GenerateRequest, Heartbeat
+from cde.shared.protocol import ConceptInfo, GenerateRequest
 
 if TYPE_CHECKING:
     from cde.gateway.discovery import DnsDiscovery
@@ -127,10 +128,10 @@ class Router:
         return [link for link in self.links if link.alive]
 
     @property
-    def info(self) -> Heartbeat | None:
+    def model_info(self) -> ModelInfo | None:
         """What the served model accepts, from any live worker (None: no worker is alive)."""
         alive = self.alive
-        return alive[0].info if alive else None
+        return alive[0].model if alive else None
 
     def live(self) -> list[WorkerLink]:
         """The live workers, or the API's 503 `no_worker` when none is: the one place it is raised."""
@@ -157,7 +158,7 @@ class Router:
                 code="client_overloaded",
                 headers={"Retry-After": "1"},
             )
-        if len(link.inflight) >= link.info.max_running + self.max_queue:
+        if len(link.inflight) >= link.heartbeat.max_running + self.max_queue:
             raise ApiError(
                 429,
                 "server overloaded: the request queue is full, retry later",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import anyio
 from cde.gateway.errors import ApiError, GenerationError
 from cde.gateway.json_out import dumps
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -24,15 +25,18 @@ DONE = b"data: [DONE]\n\n"
 @dataclass
 class SseEvent:
     kind: str
-    data: dict
+    data: BaseModel
 
 
-def event(obj: dict, kind: str | None = None) -> bytes:
+Chunk = BaseModel | SseEvent  # an unnamed event (OpenAI's chunks), or one of CDE's named ones
+
+
+def event(obj: BaseModel | dict, kind: str | None = None) -> bytes:
     head = b"event: " + kind.encode() + b"\n" if kind else b""
     return head + b"data: " + dumps(obj) + b"\n\n"
 
 
-async def events(chunks: AsyncIterator[dict | SseEvent]) -> AsyncIterator[bytes]:
+async def events(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
             yield event(chunk.data, chunk.kind) if isinstance(chunk, SseEvent) else event(chunk)
@@ -49,7 +53,7 @@ class EventStreamResponse(StreamingResponse):
     would only notice at the next write, which can be a whole 64-token block (or a long queue
     wait) away, holding the worker's KV pages all that time."""
 
-    def __init__(self, chunks: AsyncIterator[dict | SseEvent], on_close: Callable[[], None]):
+    def __init__(self, chunks: AsyncIterator[Chunk], on_close: Callable[[], None]):
         super().__init__(
             events(chunks),
             media_type="text/event-stream",

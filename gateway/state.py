@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
 from cde.gateway.metrics import Metrics
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.router import Router
-from cde.shared.protocol import Heartbeat
 
 
 @dataclass
@@ -25,17 +25,17 @@ class ServerState:
     @property
     def labels(self) -> ConceptLabels:
         """The gateway's own catalog when it has one, else the one the live model's workers sent."""
-        info, catalogs = self.router.info, self.router.catalogs
+        info, catalogs = self.router.model_info, self.router.catalogs
         if len(self.local_labels.catalog) or info is None or catalogs is None:
             return self.local_labels
-        return catalogs.labels(info.model, self.router.links)
+        return catalogs.labels(info.name, self.router.links)
 
     @property
     def model_name(self) -> str | None:
-        info = self.router.info
-        return self.served_model_name or (info.model if info else None)
+        info = self.router.model_info
+        return self.served_model_name or (info.name if info else None)
 
-    def model_info(self, requested: str) -> Heartbeat:
+    def model_info(self, requested: str) -> ModelInfo:
         """The live model's limits (its context capped by `max_model_len`), after checking the
         request names it."""
         info = self.live_info
@@ -44,9 +44,9 @@ class ServerState:
         return info
 
     @property
-    def live_info(self) -> Heartbeat:
+    def live_info(self) -> ModelInfo:
         """The live model's limits, its context capped by `max_model_len`; 503 without a worker."""
-        info: Heartbeat = self.router.live()[0].info  # type: ignore[assignment]  # alive: its heartbeat came
+        info: ModelInfo = self.router.live()[0].model  # type: ignore[assignment]  # alive: its heartbeat came
         if self.max_model_len is not None and self.max_model_len < info.context_len:
             info = replace(info, context_len=self.max_model_len)
         return info

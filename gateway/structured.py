@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from cde.gateway.errors import invalid
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs
 from cde.shared.grammar import (
     MAX_SCHEMA_CHARS,
@@ -22,7 +23,6 @@ from cde.shared.grammar import (
     lark_grammar,
     ll_tokenizer,
 )
-from cde.shared.protocol import Heartbeat
 
 # The first compile of a process builds the tokenizer's tables (~0.7 s); a grammar is over its
 # fuel limits well before this.
@@ -87,7 +87,7 @@ def _regex_body(regex: str, param: str) -> str:
     return regex.replace("/", "\\/")
 
 
-async def check_grammar(grammar: str, param: str, info: Heartbeat) -> None:
+async def check_grammar(grammar: str, param: str, info: ModelInfo) -> None:
     """400 naming `param` unless the worker will be able to use the grammar. Compiled on a
     thread: a complex schema must not stall the event loop."""
     try:

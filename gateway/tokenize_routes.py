@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from cde.gateway.errors import invalid
 from cde.gateway.http_utils import read_body
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import as_invalid
 from cde.gateway.prompts import encode_chat, encode_prompts, template_messages
 from cde.gateway.schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
 from cde.gateway.state import ServerState
 from cde.shared.config import BOS_ID, EOS_ID
 from cde.shared.limits import check_context, check_token_ids
-from cde.shared.protocol import Heartbeat
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 
-def _model(state: ServerState, requested: str | None) -> Heartbeat:
+def _model(state: ServerState, requested: str | None) -> ModelInfo:
     return state.model_info(requested if requested is not None else (state.model_name or ""))
 
 

@@ -3,17 +3,19 @@ and the answer is calls (gateway/tools.py's format), whole or streamed."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from cde.gateway.response_schemas import AssistantMessage, ChatDelta, DeltaToolCall, FinishReason, MessageToolCall
 from cde.gateway.tool_format import CALL_OPEN, parse_calls
 
 
-def answer_message(text: str, finish_reason: str | None, tools: bool) -> tuple[dict[str, Any], str | None]:
+def answer_message(
+    text: str, finish_reason: FinishReason | None, tools: bool
+) -> tuple[AssistantMessage, FinishReason | None]:
     """(message, finish_reason) of a whole answer: calls become tool_calls, finishing "tool_calls"."""
     calls = parse_calls(text) if tools else None
     if calls is None:
-        return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+        return AssistantMessage(role="assistant", content=text), finish_reason
+    tool_calls = [MessageToolCall.model_validate(call) for call in calls]
+    return AssistantMessage(role="assistant", content=None, tool_calls=tool_calls), "tool_calls"
 
 
 class StreamedAnswer:
@@ -26,17 +28,18 @@ class StreamedAnswer:
         self.held = ""
         self.calls: bool | None = None if tools else False  # None: not known yet
 
-    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    def delta(self, text: str, finish_reason: FinishReason | None) -> tuple[ChatDelta, FinishReason | None]:
         self.held += text
         if self.calls is None and not CALL_OPEN.startswith(self.held):
             self.calls = self.held.startswith(CALL_OPEN)
         if self.calls is False or (self.calls is None and finish_reason is not None):
             out, self.held = self.held, ""
-            return ({"content": out} if out else {}), finish_reason
+            return (ChatDelta(content=out) if out else ChatDelta()), finish_reason
         if finish_reason is None:
-            return {}, None
-        message, reason = answer_message(self.held, finish_reason, True)
-        self.held = ""
-        if "tool_calls" not in message:  # calls cut short (max_tokens): the text as it is
-            return {"content": message["content"]}, reason
-        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}, reason
+            return ChatDelta(), None
+        held, self.held = self.held, ""
+        calls = parse_calls(held)
+        if calls is None:  # calls cut short (max_tokens): the text as it is
+            return ChatDelta(content=held), finish_reason
+        streamed = [DeltaToolCall.model_validate({"index": i, **call}) for i, call in enumerate(calls)]
+        return ChatDelta(tool_calls=streamed), "tool_calls"

@@ -59,7 +59,7 @@ class WorkerCatalogs:
         """From the router's monitor loop: fetch what is new, log what disagrees."""
         by_model: dict[str, set[str]] = {}
         for link in links:
-            hb = link.info
+            hb = link.heartbeat
             if not link.alive or hb is None or not hb.catalog_digest:
                 continue
             by_model.setdefault(hb.model, set()).add(hb.catalog_digest)
@@ -74,13 +74,8 @@ class WorkerCatalogs:
             self._disagreeing[model] = ordered if len(ordered) > 1 else []
 
     def labels(self, model: str, links: list[WorkerLink]) -> ConceptLabels:
-        digests = sorted(
-            {
-                link.info.catalog_digest
-                for link in links
-                if link.alive and link.info is not None and link.info.model == model and link.info.catalog_digest
-            }
-        )
+        beats = [link.heartbeat for link in links if link.alive and link.heartbeat is not None]
+        digests = sorted({hb.catalog_digest for hb in beats if hb.model == model and hb.catalog_digest})
         if len(digests) > 1:
             return DisagreeingLabels(model, digests)
         return self._held.get(digests[0], _NONE) if digests else _NONE
@@ -88,7 +83,7 @@ class WorkerCatalogs:
     def pending(self, links: list[WorkerLink]) -> bool:
         """Whether a live worker's catalog is still to come (for a gateway waiting at startup)."""
         return any(
-            link.alive and link.info and link.info.catalog_digest not in (*self._held, *self._failed_at, "")
+            link.alive and link.heartbeat and link.heartbeat.catalog_digest not in (*self._held, *self._failed_at, "")
             for link in links
         )
 

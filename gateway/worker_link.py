@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from cde.gateway.model_info import ModelInfo
 from cde.shared.curve import CurveClient
 from cde.shared.limits import clip
 from cde.shared.protocol import (
@@ -101,7 +102,8 @@ class WorkerLink:
         self.inflight: dict[str, RequestHandle] = {}
         self.queries: dict[str, asyncio.Future[ConceptInfo]] = {}
         self._catalog_part: asyncio.Future[CatalogPart] | None = None  # one fetch at a time (worker_catalogs)
-        self.info: Heartbeat | None = None
+        self.heartbeat: Heartbeat | None = None  # the last one: the worker's identity and load
+        self.model: ModelInfo | None = None  # what it serves, as the routes read it
         self.alive = False
         self.last_seen = -math.inf
         self.down_reason: str | None = "not connected yet"
@@ -200,9 +202,10 @@ class WorkerLink:
         if hb.protocol_version != PROTOCOL_VERSION:
             self.mark_down(f"speaks protocol {hb.protocol_version}, gateway speaks {PROTOCOL_VERSION}")
             return
-        if self.info is not None and hb.boot_id != self.info.boot_id:
+        if self.heartbeat is not None and hb.boot_id != self.heartbeat.boot_id:
             self.fail_all(f"{self.name} restarted; the request was lost")
-        self.info = hb
+        self.heartbeat = hb
+        self.model = ModelInfo.from_heartbeat(hb)
         self.last_seen = time.monotonic()
         if not self.alive and self.exit_code() is None:
             log.info("%s is up (%s, %d running)", self.name, hb.model, hb.running)

@@ -137,9 +137,9 @@ def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int])
     from cde.commands.gateway import concept_labels
     from cde.gateway.attribution_render import renderer
     from cde.gateway.errors import ApiError, from_validation_error
+    from cde.gateway.model_info import ModelInfo
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest
-    from cde.shared.protocol import Heartbeat
 
     body = {"model": "cli", "prompt": prompt_ids}
     for field in ("steering", "attribution"):
@@ -149,17 +149,7 @@ def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int])
                 body[field] = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"cde generate: --{field} is not JSON: {exc}") from None
-    cfg = engine.cfg
-    info = Heartbeat(
-        boot_id="cli",
-        model="cli",
-        context_len=cfg.context_len,
-        vocab_size=cfg.vocab_size,
-        instruct=cfg.instruct,
-        n_layers=cfg.n_layers,
-        n_concepts=cfg.n_concepts,
-        max_running=1,
-    )
+    info = ModelInfo.from_config("cli", engine.cfg)
     labels = concept_labels(args, args.model)
     try:
         try:

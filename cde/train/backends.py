@@ -36,21 +36,12 @@ class EngineBackend:
 
     def __init__(self, model_dir: str, device: str = "cpu", max_running: int = 64, cuda_graphs: bool = False):
         from cde.gateway.concepts import ConceptLabels
-        from cde.shared.protocol import Heartbeat
+        from cde.gateway.model_info import ModelInfo
         from cde.worker.engine import Engine, EngineArgs
 
         self.engine = Engine(EngineArgs(model_dir, device=device, max_running=max_running, cuda_graphs=cuda_graphs))
         cfg = self.engine.cfg
-        self.info = Heartbeat(
-            boot_id="eval",
-            model="eval",
-            context_len=cfg.context_len,
-            vocab_size=cfg.vocab_size,
-            instruct=cfg.instruct,
-            n_layers=cfg.n_layers,
-            n_concepts=cfg.n_concepts,
-            max_running=max_running,
-        )
+        self.info = ModelInfo.from_config("eval", cfg)
         self.labels = ConceptLabels.load(model_dir)
         self.cfg = cfg
 

@@ -99,13 +99,11 @@ def recipe(name: str, concepts: list[int], n_layers: int = N_LAYERS):
 def preset_spec(name: str, concepts: list[int], n_layers: int) -> SteeringSpec:
     """What the gateway makes of `{"concepts": concepts, "preset": name}` on a model of n_layers."""
     from cde.gateway.concepts import ConceptLabels
+    from cde.gateway.model_info import ModelInfo
     from cde.gateway.params import generate_requests
     from cde.gateway.schemas import CompletionRequest
-    from cde.shared.protocol import Heartbeat
 
-    info = Heartbeat(
-        "b", "m", context_len=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100, max_running=16
-    )
+    info = ModelInfo("m", context_len=4096, vocab_size=100281, instruct=False, n_layers=n_layers, n_concepts=100)
     body = CompletionRequest(model="m", prompt="x", steering={"concepts": concepts, "preset": name})
     (req,) = generate_requests(body, [[1]], 16, info, ConceptLabels(), "c")
     return req.steering

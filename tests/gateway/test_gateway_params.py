@@ -3,14 +3,13 @@
 import pytest
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests
 from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog
-from cde.shared.protocol import AttributionSpec, Heartbeat
+from cde.shared.protocol import AttributionSpec
 
-INFO = Heartbeat(
-    "b", "m", context_len=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100, max_running=16
-)
+INFO = ModelInfo("m", context_len=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100)
 LABELS = ConceptLabels(
     Catalog.from_rows(
         [

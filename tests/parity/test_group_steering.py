@@ -10,10 +10,10 @@ import openai
 import pytest
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
+from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests
 from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog, write_catalog
-from cde.shared.protocol import Heartbeat
 
 from tests.api_server import ServerProcess
 from tests.catalog_fixture import N_KNOWN, SHARED_NAME, catalog_rows
@@ -22,9 +22,7 @@ from tests.parity.test_steering_parity import N_NEW, reference_steered
 pytestmark = pytest.mark.reference
 
 PROMPT = [random.Random(7).randrange(100000) for _ in range(64)]  # one full block: decodes as the reference
-INFO = Heartbeat(
-    "b", "m", context_len=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN, max_running=16
-)
+INFO = ModelInfo("m", context_len=1024, vocab_size=100281, instruct=False, n_layers=2, n_concepts=N_KNOWN)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,118 @@
+"""The response objects of one /v1/chat/completions request: its SSE chunks (the role first, then
+the choices' deltas, tool calls whole in a choice's last one, then the usage chunk) or its JSON
+body."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cde.gateway.completion_flow import ResponseHead, include_usage
+from cde.gateway.denoise import StepDelta
+from cde.gateway.generation import Choice, Delta, TokenLogprob
+from cde.gateway.logprobs_render import chat_logprobs
+from cde.gateway.response_schemas import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatStreamChoice,
+    Usage,
+)
+from cde.gateway.schemas import ChatCompletionRequest
+from cde.gateway.sse import SseEvent
+from cde.gateway.tool_output import StreamedAnswer, answer_message
+
+if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
+
+
+class ChatRenderer:
+    def __init__(
+        self, body: ChatCompletionRequest, head: ResponseHead, prompt: list[int], tools: bool, tokenizer: Tokenizer
+    ) -> None:
+        """`tools`: the request has tools, so an answer may be calls (gateway/tool_output.py)."""
+        self.body, self.head, self.prompt, self.tools, self.tokenizer = body, head, prompt, tools, tokenizer
+        self.answers = [StreamedAnswer(tools) for _ in range(body.n)]
+        self.with_usage = include_usage(body)
+
+    def opening(self) -> list[ChatCompletionChunk]:
+        """Each choice's role; as vLLM, the prompt's ids on the response's first chunk."""
+        chunks = []
+        for i in range(self.body.n):
+            role = ChatStreamChoice(
+                index=i, delta=ChatDelta(role="assistant", content=""), logprobs=None, finish_reason=None
+            )
+            chunks.append(self._chunk(role, self._prompt_ids() if i == 0 else None))
+        return chunks
+
+    def chunk(self, d: Delta) -> ChatCompletionChunk:
+        delta, finish_reason = self.answers[d.index].delta(d.text, d.finish_reason)
+        choice = ChatStreamChoice(
+            index=d.index,
+            delta=delta,
+            logprobs=self._logprobs(d.token_ids, d.logprobs),
+            finish_reason=finish_reason,
+            token_ids=d.token_ids if self.body.return_token_ids else None,
+            attribution=d.attribution,
+        )
+        return self._chunk(choice)
+
+    def step(self, d: StepDelta) -> SseEvent:
+        return self.head.step_event("chat.completion.step", d)
+
+    def last_chunk(self, completion_tokens: int) -> ChatCompletionChunk | None:
+        if not self.with_usage:
+            return None
+        h = self.head
+        return ChatCompletionChunk(
+            id=h.id,
+            object="chat.completion.chunk",
+            created=h.created,
+            model=h.model,
+            choices=[],
+            usage=Usage.of(len(self.prompt), completion_tokens),
+        )
+
+    def response(self, choices: list[Choice], completion_tokens: int) -> ChatCompletionResponse:
+        h = self.head
+        return ChatCompletionResponse(
+            id=h.id,
+            object="chat.completion",
+            created=h.created,
+            model=h.model,
+            choices=[self._choice(c) for c in choices],
+            usage=Usage.of(len(self.prompt), completion_tokens),
+            prompt_token_ids=self._prompt_ids(),
+        )
+
+    def _choice(self, c: Choice) -> ChatChoice:
+        message, finish_reason = answer_message(c.text, c.finish_reason, self.tools)
+        return ChatChoice(
+            index=c.index,
+            message=message,
+            logprobs=self._logprobs(c.token_ids, c.logprobs),
+            finish_reason=finish_reason,
+            token_ids=c.token_ids if self.body.return_token_ids else None,
+            attribution=c.attribution,
+        )
+
+    def _chunk(self, choice: ChatStreamChoice, prompt_token_ids: list[int] | None = None) -> ChatCompletionChunk:
+        h = self.head
+        chunk = ChatCompletionChunk(
+            id=h.id,
+            object="chat.completion.chunk",
+            created=h.created,
+            model=h.model,
+            choices=[choice],
+            prompt_token_ids=prompt_token_ids,
+        )
+        if self.with_usage:
+            chunk.usage = None  # set: written as null on every chunk before the usage chunk
+        return chunk
+
+    def _logprobs(self, token_ids: list[int], rows: list[TokenLogprob] | None) -> ChatLogprobs | None:
+        return None if rows is None else chat_logprobs(self.tokenizer, token_ids, rows)
+
+    def _prompt_ids(self) -> list[int] | None:
+        return self.prompt if self.body.return_token_ids else None
