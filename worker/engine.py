@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass
 
 import torch
+from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 from cde.shared.grammar import ll_tokenizer
 from cde.shared.protocol import BlockResult, EngineResult, FlashBlockSpec, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
@@ -43,7 +44,7 @@ class EngineArgs:
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
     kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
     quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
-    fp8_weight_only_rows: int = fp8.DEFAULT_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
+    fp8_weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
 
 
 @dataclass
@@ -102,13 +103,11 @@ class Engine:
         self._failed: list[BlockResult] = []  # requests failed alone since the last step() returned
 
     # ---- requests ---------------------------------------------------------------------------
-    def validate(self, req: GenerateRequest) -> None:
-        """Raise ValueError for a request the engine cannot run (the gateway checks the same)."""
-        check_generate_request(req, self.cfg)
-        self.inputs.check(req)
-
     def add_request(self, req: GenerateRequest) -> None:
-        self.validate(req)  # before the server's default fills in: the flags have their own check
+        """Raise LimitError (a ValueError) for a request the engine cannot run, checked by the
+        rules the gateway checks too, before the server's defaults fill in (the flags have their
+        own check); else queue it."""
+        check_generate_request(req, self.cfg, input_attribution=self.args.quantization != "fp8")
         if req.flashblock is None:
             req.flashblock = self.args.flashblock
         if req.seed is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from cde.shared.config import ENDOFCHUNK_ID, MASK_ID, PAGE, ModelConfig
-from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, InputAttribution, InputAttributionSpec
+from cde.shared.protocol import BlockResult, EngineResult, InputAttribution, InputAttributionSpec
 from cde.worker.input_attribution import InputAttributionJob, build_targets
 from cde.worker.model import SteerlingModel
 from cde.worker.sequence import Sequence
@@ -71,13 +71,6 @@ class InputAttributionRunner:
         self._wait = 0.0  # decoding time still owed before the next chunk
         self._last = time.perf_counter()
         self.seconds = 0.0  # spent on input attribution (benchmarks)
-        # FP8 linear layers (--quantization fp8) have no backward on their scaled-GEMM path.
-        self.unsupported = any(type(m).__name__ == "Fp8Linear" for m in model.modules())
-
-    def check(self, req: GenerateRequest) -> None:
-        """Raise ValueError for input attribution this engine cannot run (its bounds: shared/request_bounds.py)."""
-        if self.unsupported and req.attribution is not None and req.attribution.inputs is not None:
-            raise ValueError("input attribution needs the unquantized model (this worker serves --quantization fp8)")
 
     # ---- requests ---------------------------------------------------------------------------
     def track(self, seq: Sequence) -> None:

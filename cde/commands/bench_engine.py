@@ -18,6 +18,7 @@ from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
+from cde.shared.limits import MAX_TOKENS_PER_STEP
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs, resolve_device
@@ -185,7 +186,7 @@ def _compile_count() -> int:
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     check_quantization_device(args, device)
-    tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, PAGE)
+    tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, MAX_TOKENS_PER_STEP)
     if args.preset is None:
         resolve_model_args(args, "bench engine")
     model_dir = args.model

@@ -30,6 +30,7 @@ from cde.commands.worker import (
     quantization,
     quantization_flags,
 )
+from cde.shared.config import PAGE
 from cde.shared.logs import setup_logging
 
 log = logging.getLogger("cde.gateway")
@@ -177,7 +178,7 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
         return None
     # On a GPU one whole block as a client sends it (~0.4 s at 8B); on a CPU one step of 16 tokens.
     key = api_key(args)
-    return warm_up(key, 64, 1) if gpus else warm_up(key, 16, 16)
+    return warm_up(key, PAGE, 1) if gpus else warm_up(key, 16, 16)
 
 
 def run(args: argparse.Namespace) -> int:

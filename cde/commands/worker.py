@@ -189,10 +189,9 @@ def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
     return spec
 
 
-MAX_KV_SPLITS = 64  # a 4096-token context is 64 pages: more shares than pages would stay empty
-
-
 def kv_splits(args: argparse.Namespace) -> int:
+    from cde.shared.limits import MAX_KV_SPLITS
+
     if not 1 <= args.kv_splits <= MAX_KV_SPLITS:
         raise SystemExit(f"--kv-splits must be in [1, {MAX_KV_SPLITS}]")
     return args.kv_splits
