@@ -175,9 +175,7 @@ class InputAttributionParams(_Body):
         le=MAX_INPUT_ATTRIBUTION_STEPS,
         description="interpolation steps (right Riemann; 1: input x gradient)",
     )
-    scope: Literal["prompt", "all"] = Field(
-        InputAttributionSpec.scope, description="all: the generated tokens seen count too"
-    )
+    scope: Literal["prompt", "all"] = Field("prompt", description="all: the generated tokens seen count too")
 
 
 class AttributionParams(_Body):
