@@ -12,8 +12,9 @@ from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
-from cde.gateway.schemas import MAX_CHOICES, CompletionRequest
+from cde.gateway.schemas import CompletionRequest
 from cde.gateway.structured import check_grammar, format_grammar
+from cde.shared.limits import MAX_CHOICES
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
 from starlette.requests import Request
 from starlette.responses import Response

@@ -1,6 +1,7 @@
-"""API request -> engine `GenerateRequest`s: the semantic checks that need the model (context
-length, vocabulary, layers, concepts) and the steering presets. The worker re-checks the same
-rules, but answering here gives the client a 400 naming the field instead of a failed stream."""
+"""API request -> engine `GenerateRequest`s: the steering presets and concept labels, then the
+checks that need the model (context length, vocabulary, layers, concepts) by the function the
+worker's admission runs too (shared/request_bounds.py): answering here gives the client a 400
+naming the field instead of a failed stream."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.schemas import SamplingParams, SteeringParams
-from cde.shared.limits import LimitError, check_context, check_input_attribution_work, check_token_ids
+from cde.shared.limits import LimitError, check_context, check_token_ids
 from cde.shared.protocol import (
     AttributionSpec,
     FlashBlockSpec,
@@ -20,7 +21,7 @@ from cde.shared.protocol import (
     InputAttributionSpec,
     SteeringSpec,
 )
-from cde.shared.request_bounds import check_logit_bias, check_min_tokens
+from cde.shared.request_bounds import check_generate_request
 
 
 def stop_list(body: SamplingParams) -> list[str]:
@@ -58,22 +59,15 @@ def generate_requests(
     client: str = "",
     grammar: str | None = None,
 ) -> list[GenerateRequest]:
-    """One engine request per (prompt, choice), in OpenAI choice order (prompt-major)."""
-    with as_invalid():
-        check_token_ids(body.stop_token_ids or [], info.vocab_size, "stop_token_ids")
+    """One engine request per (prompt, choice), in OpenAI choice order (prompt-major), each
+    checked by the worker's rules."""
     if body.stream_denoise and not body.stream:
         raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
     attribution = _attribution(body.attribution)
     logit_bias = _logit_bias(body.logit_bias)
-    with as_invalid():  # the worker's rules (shared/request_bounds.py), as a 400 naming the entry
-        check_logit_bias(logit_bias, info)
-        check_min_tokens(body.min_tokens, max_tokens)
     out = []
     for p, ids in enumerate(prompts):
-        if attribution is not None and attribution.inputs is not None:
-            with as_invalid():
-                check_input_attribution_work(attribution.inputs.steps, len(ids), max_tokens, "attribution.inputs.steps")
         for i in range(body.n):
             out.append(
                 GenerateRequest(
@@ -106,6 +100,9 @@ def generate_requests(
                     grammar=grammar,
                 )
             )
+            if i == 0:  # the choices of one prompt differ only in their id and seed
+                with as_invalid():
+                    check_generate_request(out[-1], info)
     return out
 
 
@@ -157,13 +154,14 @@ def _preset(name: str | None, info: ModelInfo, first_concept: int | None) -> dic
             cutoff_tokens=32,
             relu_logit_mask={first_concept: 20.0},
         )
-    # "amplify", and the defaults when no preset is named.
+    # "amplify", and the defaults when no preset is named: the wire's own (SteeringSpec).
+    amplify = SteeringSpec(concepts=[])
     return dict(
-        strength=8.0,
-        normalize=True,
-        inject_layer=min(8, info.n_layers),
-        schedule="hard_cutoff",
-        cutoff_tokens=32,
+        strength=amplify.strength,
+        normalize=amplify.normalize,
+        inject_layer=min(amplify.inject_layer, info.n_layers),
+        schedule=amplify.schedule,
+        cutoff_tokens=amplify.cutoff_tokens,
         relu_logit_mask={},
     )
 
@@ -189,6 +187,4 @@ def _steering(s: SteeringParams, info: ModelInfo, labels: ConceptLabels) -> Stee
     spec.update(explicit)
     if mask is not None:
         spec["relu_logit_mask"] = mask
-    if not 0 <= spec["inject_layer"] <= info.n_layers:
-        raise invalid(f"inject_layer must be in [0, {info.n_layers}]", "steering.inject_layer")
     return SteeringSpec(concepts=concepts, **spec)

@@ -16,17 +16,33 @@ from cde.gateway.body import Body
 from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs, ToolCall, ToolChoice, ToolSpec
 from cde.shared.limits import (
     INT_MAX,
+    MAX_ATTRIBUTION_TOP_K,
+    MAX_CHOICES,
     MAX_COMPLETION_LOGPROBS,
     MAX_CONCEPT_LIST,
     MAX_FLASHBLOCK_KNOB,
+    MAX_INPUT_ATTRIBUTION_STEPS,
+    MAX_INPUT_ATTRIBUTION_TOP_K,
     MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE_CHARS,
+    MAX_N,
     MAX_PENALTY,
     MAX_STEERING_STRENGTH,
     MAX_STOP_CHARS,
     MAX_STOP_TOKEN_IDS,
     MAX_STOPS,
+    MAX_TEMPERATURE,
+    MAX_TOKENS_PER_STEP,
+    MAX_TOOL_CALL_ID_CHARS,
+    MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
 )
+from cde.shared.protocol import AttributionSpec, FlashBlockSpec, InputAttributionSpec
 from pydantic import (
     Discriminator,
     Field,
@@ -41,8 +57,6 @@ if TYPE_CHECKING:
     from pydantic import ValidationInfo
 
 T = TypeVar("T")
-# Choices (prompts x n) one request may ask for: a single body must not flood the workers' queues.
-MAX_CHOICES = 64
 
 
 _Body = Body
@@ -84,9 +98,8 @@ _STOP = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
 
 
 _NonEmpty = Annotated[list[T], Field(min_length=1)]
-# OpenAI's bounds on metadata: 16 pairs, keys of 64 and values of 512 characters.
-_MetadataKey = Annotated[str, StringConstraints(max_length=64)]
-_MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+_MetadataKey = Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY_CHARS)]
+_MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]
 _Batch = Annotated[list[T], Field(min_length=1, max_length=MAX_CHOICES)]
 
 
@@ -150,13 +163,23 @@ class SteeringParams(_Body):
 class InputAttributionParams(_Body):
     """Input attribution: integrated gradients over the snapshot each token was committed from."""
 
-    top_k: int = Field(10, ge=1, le=256, description="input positions listed per token and per chunk")
-    steps: int = Field(8, ge=1, le=64, description="interpolation steps (right Riemann; 1: input x gradient)")
+    top_k: int = Field(
+        InputAttributionSpec.top_k,
+        ge=1,
+        le=MAX_INPUT_ATTRIBUTION_TOP_K,
+        description="input positions listed per token and per chunk",
+    )
+    steps: int = Field(
+        InputAttributionSpec.steps,
+        ge=1,
+        le=MAX_INPUT_ATTRIBUTION_STEPS,
+        description="interpolation steps (right Riemann; 1: input x gradient)",
+    )
     scope: Literal["prompt", "all"] = Field("prompt", description="all: the generated tokens seen count too")
 
 
 class AttributionParams(_Body):
-    top_k: int = Field(10, ge=1, le=128)
+    top_k: int = Field(AttributionSpec.top_k, ge=1, le=MAX_ATTRIBUTION_TOP_K)
     per_token: bool = False
     chunking: Literal["block", "endofchunk"] = "block"
     inputs: InputAttributionParams | None = None
@@ -166,33 +189,40 @@ class FlashBlockParams(_Body):
     """FlashBlock: reuse the attention to the cached pages across the steps of a block."""
 
     tau: int = Field(
-        2, ge=0, le=MAX_FLASHBLOCK_KNOB, description="recompute after a step that unmasked at least tau tokens"
+        FlashBlockSpec.tau,
+        ge=0,
+        le=MAX_FLASHBLOCK_KNOB,
+        description="recompute after a step that unmasked at least tau tokens",
     )
-    max_reuse: int = Field(16, ge=0, le=MAX_FLASHBLOCK_KNOB, description="recompute after this many reuses in a row")
+    max_reuse: int = Field(
+        FlashBlockSpec.max_reuse, ge=0, le=MAX_FLASHBLOCK_KNOB, description="recompute after this many reuses in a row"
+    )
 
 
 class SamplingParams(_Body):
     model: str
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=16)
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(
         None,
         **documented_as({"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": MAX_STOPS}, {"type": "null"}]}),
     )
-    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float | None = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float | None = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: dict[str, float] | None = Field(
-        None, max_length=MAX_LOGIT_BIAS, description="token id (a decimal string) -> bias in [-100, 100]"
+        None,
+        max_length=MAX_LOGIT_BIAS,
+        description=f"token id (a decimal string) -> bias in [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]",
     )
     # Accepted and ignored: they change nothing about the output (OpenAI's bookkeeping, caching
     # and abuse-monitoring hints).
     user: str | None = None
-    metadata: dict[_MetadataKey, _MetadataValue] | None = Field(None, max_length=16)
+    metadata: dict[_MetadataKey, _MetadataValue] | None = Field(None, max_length=MAX_METADATA_PAIRS)
     store: bool | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
@@ -201,7 +231,7 @@ class SamplingParams(_Body):
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
-    tokens_per_step: int = Field(1, ge=1, le=64, description="tokens unmasked per denoising step")
+    tokens_per_step: int = Field(1, ge=1, le=MAX_TOKENS_PER_STEP, description="tokens unmasked per denoising step")
     confidence_threshold: float | None = Field(None, gt=0.0, le=1.0)
     entropy_sampling: bool = False
     return_token_ids: bool = False
@@ -243,7 +273,7 @@ class CompletionRequest(SamplingParams):
     max_tokens: int | None = Field(16, ge=1, le=INT_MAX)
     echo: bool = False
     suffix: str | None = Field(None, **only(None, ""))
-    best_of: int | None = Field(None, ge=1, le=16)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     _no_suffix = _reject("suffix")
@@ -270,7 +300,7 @@ class ChatMessage(_Body):
     refusal: str | None = None
     annotations: list[dict[str, Any]] | None = None
     tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_CHOICES)  # assistant turns
-    tool_call_id: str | None = Field(None, max_length=256)  # tool turns
+    tool_call_id: str | None = Field(None, max_length=MAX_TOOL_CALL_ID_CHARS)  # tool turns
 
     @model_validator(mode="before")
     @classmethod
@@ -314,7 +344,7 @@ class ChatCompletionRequest(SamplingParams):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[ToolSpec] | None = Field(None, max_length=128)
+    tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from cde.gateway.body import Body
+from cde.shared.limits import MAX_NAME_CHARS, MAX_STRUCTURED_CHOICES, MAX_TOOL_CALL_ID_CHARS
 from pydantic import Field, model_validator
 
-_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for schema and function names
+_NAME = rf"^[A-Za-z0-9_-]{{1,{MAX_NAME_CHARS}}}$"  # OpenAI's rule for schema and function names
 
 
 class JsonSchemaSpec(Body):
@@ -35,7 +36,7 @@ class StructuredOutputs(Body):
     json_: dict[str, Any] | None = Field(None, alias="json", description="a JSON schema")
     json_object: bool | None = Field(None, description="any JSON object")
     regex: str | None = None
-    choice: list[str] | None = Field(None, min_length=1, max_length=256)
+    choice: list[str] | None = Field(None, min_length=1, max_length=MAX_STRUCTURED_CHOICES)
     grammar: str | None = Field(None, description="a Lark grammar in llguidance's syntax")
 
     @model_validator(mode="after")
@@ -77,6 +78,6 @@ class CalledFunction(Body):
 
 
 class ToolCall(Body):
-    id: str = Field(max_length=256)
+    id: str = Field(max_length=MAX_TOOL_CALL_ID_CHARS)
     type: Literal["function"]
     function: CalledFunction

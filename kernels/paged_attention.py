@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from cde.kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
 from cde.kernels.flex_paged_attention import flex_paged_attention
-from cde.shared.config import ATTN_EXACT
+from cde.shared.config import ATTN_EXACT, PAGE
 from torch.nn.attention.flex_attention import BlockMask
 
 
@@ -85,7 +85,7 @@ def sdpa_paged_attention(
     return out
 
 
-def dense_block_causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 64) -> torch.Tensor:
+def dense_block_causal_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = PAGE) -> torch.Tensor:
     """Ground truth for tests: full-sequence block-causal attention. q: [B, H, T, D], k/v: [B, KVH, T, D]."""
     t = q.shape[-2]
     idx = torch.arange(t, device=q.device)

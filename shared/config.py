@@ -55,7 +55,7 @@ class ModelConfig:
     # Context length (positions). The published config.json calls it `block_size`; CDE reads and
     # writes that key, but keeps "block" for the 64-token diffusion block.
     context_len: int = 4096
-    diff_block_size: int = 64
+    diff_block_size: int = PAGE
     vocab_size: int = BASE_VOCAB
     intermediate_size: int | None = None  # default mlp_ratio * n_embd
     mlp_ratio: int = 4
@@ -167,7 +167,9 @@ class ModelConfig:
         if self.n_head % self.n_kv_heads:
             raise ConfigError(f"n_head ({self.n_head}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         if self.diff_block_size != PAGE:
-            raise ConfigError(f"unsupported architecture value diff_block_size={self.diff_block_size} (CDE serves 64)")
+            raise ConfigError(
+                f"unsupported architecture value diff_block_size={self.diff_block_size} (CDE serves {PAGE})"
+            )
         if self.norm_order not in ("pre", "post"):
             raise ConfigError(f"unsupported architecture value norm_order={self.norm_order!r}")
         if self.vocab_size <= MASK_ID:

@@ -1,10 +1,14 @@
-"""Bounds on what one generation request may carry. The gateway's schemas state them (a 400
-naming the field); the worker re-checks every GenerateRequest that reaches its socket, since a
-peer on the worker port need not be our gateway. Lists are bounded by what the model can use,
-so that no request costs more to encode, send or check than the model could ever act on."""
+"""Bounds on what one generation request may carry: each rule is defined here once. The
+gateway's schemas state them (a 400 naming the field); the worker re-checks every
+GenerateRequest that reaches its socket (shared/request_bounds.py), since a peer on the worker
+port need not be our gateway; the CLI's flags use the same numbers. Lists are bounded by what the
+model can use, so that no request costs more to encode, send or check than the model could ever
+act on. tests/shared/test_limits_single_source.py fails when one of these numbers is written out
+again elsewhere."""
 
 from __future__ import annotations
 
+from cde.shared.config import PAGE
 from cde.shared.protocol import FlashBlockSpec
 
 MAX_STOPS = 16
@@ -17,11 +21,13 @@ MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range: -100 bans a token, 100 all but f
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range [-2, 2]
 # Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
 INT_MAX = (1 << 31) - 1
+# A seed is any 64-bit integer, signed or not (the worker stages seed & 0xFFFFFFFF).
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 MAX_TEMPERATURE = 2.0
 # Alternatives per generated token (OpenAI's bounds): chat top_logprobs, completions logprobs.
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
-MAX_TOKENS_PER_STEP = 64  # a block's positions
+MAX_TOKENS_PER_STEP = PAGE  # a block's positions
 MAX_ATTRIBUTION_TOP_K = 128
 MAX_INPUT_ATTRIBUTION_STEPS = 64
 MAX_INPUT_ATTRIBUTION_TOP_K = 256
@@ -42,6 +48,24 @@ MAX_CONCEPT_LIST = 1 << 16
 # work on at most this many characters.
 MAX_CONCEPT_LABEL_CHARS = 256
 MAX_SEARCH_CHARS = 1000
+# FlashBlock's knobs (tau, max_reuse): a block has PAGE positions, so neither a larger tau nor a
+# larger max_reuse changes anything.
+MAX_FLASHBLOCK_KNOB = PAGE
+# `--kv-splits`: a 4096-token context is 64 pages, and more shares than pages would stay empty.
+MAX_KV_SPLITS = 64
+
+# The API's own bounds (gateway/schemas.py, gateway/structured_schemas.py): what one HTTP body may
+# ask for before any of it reaches a worker.
+MAX_CHOICES = 64  # choices (prompts x n) of one request: one body must not flood the workers' queues
+MAX_N = 16  # n and best_of
+MAX_TOOLS = 128  # tools offered in one chat request
+MAX_TOOL_CALL_ID_CHARS = 256
+MAX_STRUCTURED_CHOICES = 256  # structured_outputs.choice: the strings the output may be
+MAX_NAME_CHARS = 64  # OpenAI's rule for schema and function names
+# OpenAI's bounds on metadata: 16 pairs, keys of 64 and values of 512 characters.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 class LimitError(ValueError):
@@ -87,11 +111,6 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise LimitError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", param)
-
-
-# The API's cap on FlashBlock's knobs (gateway/schemas.py): a block has 64 positions, so neither a
-# larger tau nor a larger max_reuse changes anything.
-MAX_FLASHBLOCK_KNOB = 64
 
 
 def check_flashblock(spec: FlashBlockSpec) -> None:

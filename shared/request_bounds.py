@@ -34,6 +34,8 @@ from cde.shared.limits import (
     MAX_TEMPERATURE,
     MAX_TOKENS_PER_STEP,
     MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
     LimitError,
     check_context,
     check_input_attribution_work,
@@ -168,7 +170,7 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "top_k": _range(0, INT_MAX),
         "entropy_sampling": _any,
         "repetition_penalty": _range(0, math.inf, above_lo=True),
-        "seed": _optional(_range(-(1 << 63), (1 << 64) - 1)),  # staged as seed & 0xFFFFFFFF
+        "seed": _optional(_range(SEED_MIN, SEED_MAX)),
         "tokens_per_step": _range(1, MAX_TOKENS_PER_STEP),
         "confidence_threshold": _optional(_range(0, 1)),
         "stop": _stops,
@@ -225,13 +227,21 @@ def check_fields(message: object, model: ModelBounds, prefix: str = "") -> None:
             check_fields(value, model, param + ".")
 
 
-def check_generate_request(req: GenerateRequest, model: ModelBounds) -> None:
+def check_generate_request(req: GenerateRequest, model: ModelBounds, input_attribution: bool = True) -> None:
     """Raise LimitError (a ValueError) naming the first field of `req` outside what `model`
-    accepts. Cheap: lists are checked by length before they are walked, the prompt last."""
+    accepts: every rule a request must pass, the one entry point of the worker's admission and of
+    the gateway's model-dependent checks. `input_attribution`: whether the server can run it (not
+    over FP8 weights, whose linear layers have no backward). Cheap: lists are checked by length
+    before they are walked, the prompt last."""
     check_fields(req, model)
     check_context(len(req.prompt_ids), req.max_tokens, model.context_len)
     check_min_tokens(req.min_tokens, req.max_tokens)
     inputs = req.attribution.inputs if req.attribution is not None else None
     if inputs is not None:
+        if not input_attribution:
+            raise LimitError(
+                "input attribution needs the unquantized model (this worker serves --quantization fp8)",
+                "attribution.inputs",
+            )
         check_input_attribution_work(inputs.steps, len(req.prompt_ids), req.max_tokens, "attribution.inputs.steps")
     check_token_ids(req.prompt_ids, model.vocab_size, "prompt")

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.grammar import ll_tokenizer
-from cde.shared.protocol import BlockResult, EngineResult, FlashBlockSpec, GenerateRequest
+from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
+from cde.shared.settings import EngineArgs
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8, isolation
 from cde.worker.checkpoint import DTYPES, load_checkpoint
@@ -28,22 +29,6 @@ from cde.worker.steering import concept_top_tokens
 
 log = logging.getLogger("cde.worker")
 REQUEST_FAILED = "engine error on this request (the others in flight go on)"
-
-
-@dataclass
-class EngineArgs:
-    model: str
-    device: str = "cpu"
-    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
-    max_running: int = 16
-    max_running_per_client: int | None = None  # slots one client may hold (worker/fair_share.py); None: all
-    num_pages: int | None = None  # default: every running request at full context
-    max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
-    cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
-    flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
-    kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
-    quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
-    fp8_weight_only_rows: int = fp8.DEFAULT_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
 
 
 @dataclass
@@ -83,7 +68,10 @@ class Engine:
             args.max_running_per_client,
         )
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
-        self.inputs = InputAttributionRunner(model, self.cfg)  # input attribution, for requests that ask
+        # input attribution, for requests that ask
+        self.inputs = InputAttributionRunner(
+            model, self.cfg, args.input_attribution_tokens, args.input_attribution_share
+        )
         if device == "cuda":
             # llguidance's token tables (~0.7 s, once per process) are built beside the warm-up, not
             # in the step of the first constrained request, where they stalled every request (the
@@ -102,13 +90,11 @@ class Engine:
         self._failed: list[BlockResult] = []  # requests failed alone since the last step() returned
 
     # ---- requests ---------------------------------------------------------------------------
-    def validate(self, req: GenerateRequest) -> None:
-        """Raise ValueError for a request the engine cannot run (the gateway checks the same)."""
-        check_generate_request(req, self.cfg)
-        self.inputs.check(req)
-
     def add_request(self, req: GenerateRequest) -> None:
-        self.validate(req)  # before the server's default fills in: the flags have their own check
+        """Raise LimitError (a ValueError) for a request the engine cannot run, checked by the
+        rules the gateway checks too, before the server's defaults fill in (the flags have their
+        own check); else queue it."""
+        check_generate_request(req, self.cfg, input_attribution=self.args.quantization != "fp8")
         if req.flashblock is None:
             req.flashblock = self.args.flashblock
         if req.seed is None:

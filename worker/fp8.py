@@ -26,10 +26,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize
-from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
+from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
+from cde.worker.cuda_graphs import BUCKETS
 
 QUANTIZATIONS = ("none", "fp8")
-DEFAULT_WEIGHT_ONLY_ROWS = FP8_WEIGHT_ONLY_ROWS  # measured: cde/shared/config.py
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
 # At most this many rows (one request) go through the Triton GEMM (kernels/fp8_triton.py), more
@@ -49,7 +49,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 class Fp8Linear(nn.Module):
     """A bias-free linear layer with an e4m3 weight [N, K] and per-output-channel float32 scales [N]."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS):
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
@@ -59,7 +59,7 @@ class Fp8Linear(nn.Module):
         self.emulate = weight.device.type != "cuda"
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS) -> Fp8Linear:
+    def from_linear(cls, linear: nn.Linear, weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS) -> Fp8Linear:
         if linear.bias is not None:
             raise ValueError("Fp8Linear has no bias")
         with torch.no_grad():
@@ -123,13 +123,13 @@ def path_for_rows(rows: int, weight_only_rows: int, in_features: int = TRITON_K_
     return "cublas"
 
 
-def path_table(weight_only_rows: int, buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> dict[int, str]:
+def path_table(weight_only_rows: int, buckets: tuple[int, ...] = BUCKETS) -> dict[int, str]:
     """The path each batch bucket (items of 64 rows) runs."""
-    return {n: path_for_rows(64 * n, weight_only_rows) for n in buckets}
+    return {n: path_for_rows(PAGE * n, weight_only_rows) for n in buckets}
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, weight_only_rows: int = DEFAULT_WEIGHT_ONLY_ROWS) -> nn.Module:
+def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS) -> nn.Module:
     """Replaces every transformer block's linear layers by Fp8Linear, in place, one at a time (the
     bfloat16 weight is freed as its replacement is made). Returns the model."""
     if weight_only_rows < 0:

@@ -14,7 +14,6 @@ allocator after each chunk and returned to the device when no job is left.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,13 +21,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from cde.shared.config import ENDOFCHUNK_ID, MASK_ID, PAGE, ModelConfig
-from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, InputAttribution, InputAttributionSpec
+from cde.shared.protocol import BlockResult, EngineResult, InputAttribution, InputAttributionSpec
+from cde.shared.settings import INPUT_ATTRIBUTION_SHARE
 from cde.worker.input_attribution import InputAttributionJob, build_targets
 from cde.worker.model import SteerlingModel
 from cde.worker.sequence import Sequence
 from cde.worker.steering import SteeringState, prepare_steering
-
-DEFAULT_SHARE = 0.1  # of the wall time while other requests decode
 
 
 @dataclass
@@ -61,23 +59,22 @@ class _Request:
 
 
 class InputAttributionRunner:
-    def __init__(self, model: SteerlingModel, cfg: ModelConfig, token_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        model: SteerlingModel,
+        cfg: ModelConfig,
+        token_budget: int | None = None,
+        share: float = INPUT_ATTRIBUTION_SHARE,
+    ) -> None:
+        """token_budget: tokens per chunk (None: the device's default); share: of the wall time
+        while other requests decode (EngineArgs, from the CLI's settings)."""
         self.model, self.cfg = model, cfg
         self.device = next(model.parameters()).device
-        env = os.environ.get("CDE_INPUT_ATTRIBUTION_TOKENS")
-        self.token_budget = token_budget or (int(env) if env else None)
-        self.share = float(os.environ.get("CDE_INPUT_ATTRIBUTION_SHARE", DEFAULT_SHARE))
+        self.token_budget, self.share = token_budget, share
         self.requests: dict[str, _Request] = {}
         self._wait = 0.0  # decoding time still owed before the next chunk
         self._last = time.perf_counter()
         self.seconds = 0.0  # spent on input attribution (benchmarks)
-        # FP8 linear layers (--quantization fp8) have no backward on their scaled-GEMM path.
-        self.unsupported = any(type(m).__name__ == "Fp8Linear" for m in model.modules())
-
-    def check(self, req: GenerateRequest) -> None:
-        """Raise ValueError for input attribution this engine cannot run (its bounds: shared/request_bounds.py)."""
-        if self.unsupported and req.attribution is not None and req.attribution.inputs is not None:
-            raise ValueError("input attribution needs the unquantized model (this worker serves --quantization fp8)")
 
     # ---- requests ---------------------------------------------------------------------------
     def track(self, seq: Sequence) -> None:

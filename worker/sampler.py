@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.kernels.row_confidence import row_confidence
+from cde.shared.config import PAGE
 from cde.worker.constraint import apply_bitmask
 from cde.worker.logit_rules import LogitRules
 
@@ -141,7 +142,7 @@ def sample_rows(rows: torch.Tensor, item: torch.Tensor, positions: torch.Tensor,
     if sb.any_entropy:
         temp = torch.where(ent, entropy_temperature(rows, top_p), temp)
     logp = filtered_log_probs(rows, temp, top_p, top_k)
-    stream = sb.step[item] * 64 + positions
+    stream = sb.step[item] * PAGE + positions
     gumbel = -torch.log(-torch.log(counter_uniform(sb.seed[item], stream, rows.shape[-1])))
     return (logp.double() + gumbel).argmax(-1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -16,11 +17,13 @@ from cde.commands import bench_constrained, bench_flashblock
 from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.settings import engine_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
+from cde.shared.limits import MAX_TOKENS_PER_STEP
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
-from cde.worker.engine import Engine, EngineArgs, resolve_device
+from cde.worker.engine import Engine, resolve_device
 
 if TYPE_CHECKING:
     from cde.shared.protocol import FlashBlockSpec
@@ -184,8 +187,10 @@ def _compile_count() -> int:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    check_quantization_device(args, device)
-    tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, PAGE)
+    # The bench's own --kv-splits; its FlashBlock knobs are per request (bench_flashblock).
+    engine_settings = engine_args(args, device=device, cuda_graphs=not args.no_cuda_graphs, kv_splits=args.kv_splits)
+    check_quantization_device(engine_settings.quantization, device)
+    tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, MAX_TOKENS_PER_STEP)
     if args.preset is None:
         resolve_model_args(args, "bench engine")
     model_dir = args.model
@@ -206,18 +211,7 @@ def run(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
     t0 = time.perf_counter()
-    engine = Engine(
-        EngineArgs(
-            model_dir,
-            device=device,
-            dtype=args.dtype,
-            max_running=max(levels),
-            cuda_graphs=not args.no_cuda_graphs,
-            kv_splits=args.kv_splits,
-            quantization=args.quantization,
-            fp8_weight_only_rows=args.fp8_weight_only_rows,
-        )
-    )
+    engine = Engine(dataclasses.replace(engine_settings, model=model_dir, max_running=max(levels)))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     args.steer_layer = engine.cfg.n_layers // 4  # layer 8 of the 8B's 32
     results = []

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cde.shared.config import PAGE
+
 if TYPE_CHECKING:
     from cde.shared.protocol import GenerateRequest
     from cde.worker.engine import Engine
@@ -99,7 +101,7 @@ def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> Non
     for r in reqs:
         engine.add_request(r)
     tables = []
-    for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", 64 - 40 + 8)):
+    for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", PAGE - 40 + 8)):
         for _ in range(skip):
             engine.step()
         t0 = time.perf_counter()

@@ -56,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
+    from cde.commands.settings import engine_args
     from cde.train.backends import EngineBackend, HttpBackend
 
     if args.url is not None:
@@ -65,7 +66,7 @@ def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
     if args.model is not None and not args.model.strip():
         raise SystemExit("cde eval: --model is empty (give a checkpoint directory, or leave it out for cde-reference)")
     resolve_model_args(args, "eval")
-    return EngineBackend(args.model, device=_device(args), max_running=args.max_running, cuda_graphs=args.cuda_graphs)
+    return EngineBackend(engine_args(args, device=_device(args), cuda_graphs=args.cuda_graphs))
 
 
 def _device(args: argparse.Namespace) -> str:

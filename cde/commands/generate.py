@@ -4,11 +4,13 @@ take the JSON of the API's `steering` and `attribution` fields, checked by the g
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.settings import engine_args
 from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, add_thread_arguments, check_quantization_device
 
 if TYPE_CHECKING:
@@ -62,25 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
     from cde.shared.protocol import BlockResult, GenerateRequest
-    from cde.worker.engine import Engine, EngineArgs, resolve_device
+    from cde.worker.engine import Engine, resolve_device
 
-    device = resolve_device(args.device)
-    check_quantization_device(args, device)
+    settings = engine_args(args, max_running=1)
+    device = resolve_device(settings.device)
+    check_quantization_device(settings.quantization, device)
     resolve_model_args(args, "generate")
     if device == "cpu":
         from cde.worker.cpu_threads import set_cpu_threads
 
         set_cpu_threads(args.threads)
-    engine = Engine(
-        EngineArgs(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_running=1,
-            quantization=args.quantization,
-            fp8_weight_only_rows=args.fp8_weight_only_rows,
-        )
-    )
+    engine = Engine(dataclasses.replace(settings, model=args.model))
     tok = engine.tokenizer
     if args.prompt is not None:
         prompt_ids = tok.encode(args.prompt)

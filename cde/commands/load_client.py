@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from cde.shared.config import PAGE
+
 
 @dataclass
 class Outcome:
@@ -41,7 +43,7 @@ class Outcome:
     token_times: list[tuple[float, int]] = field(default_factory=list)
     latency: float = 0.0
 
-    def block_times(self, page: int = 64) -> list[float]:
+    def block_times(self, page: int = PAGE) -> list[float]:
         """Seconds from sending until each block of the answer was complete: the first chunk
         whose token ids reach the block's end (the first block is the prompt's tail block, the
         last one ends with the answer). Needs `return_token_ids` and the usage's prompt_tokens;

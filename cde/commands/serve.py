@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from cde.commands.gateway import add_http_arguments, api_key, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.settings import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
     DTYPE_HELP,
@@ -23,14 +25,10 @@ from cde.commands.worker import (
     add_fair_share_arguments,
     add_quantization_arguments,
     add_thread_arguments,
-    attention_flags,
-    flashblock_default,
-    kv_splits,
-    max_running_per_client,
-    quantization,
-    quantization_flags,
 )
+from cde.shared.config import PAGE
 from cde.shared.logs import setup_logging
+from cde.shared.settings import WorkerSettings
 
 log = logging.getLogger("cde.gateway")
 
@@ -70,9 +68,8 @@ def _gpus(device: str) -> list[str]:
     return gpus
 
 
-def _spawn(
-    args: argparse.Namespace, model: str, n: int, gpus: list[str], sockdir: str
-) -> tuple[list[str], list[subprocess.Popen]]:
+def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str) -> tuple[list[str], list[subprocess.Popen]]:
+    """n workers, each given `settings` (its own endpoint) as one message."""
     endpoints, procs = [], []
     for i in range(n):
         endpoint = f"ipc://{sockdir}/worker-{i}"
@@ -80,36 +77,8 @@ def _spawn(
         env.pop("CDE_API_KEY", None)  # a worker needs no gateway secret
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        cmd = [
-            sys.executable,
-            "-m",
-            "cde",
-            "worker",
-            "--model",
-            model,
-            "--bind",
-            endpoint,
-            "--device",
-            "cuda" if gpus else "cpu",
-            "--dtype",
-            args.dtype,
-            "--max-running",
-            str(args.max_running),
-            "--max-running-per-client",
-            str(max_running_per_client(args)),
-            "--parent-pid",
-            str(os.getpid()),
-            # CPU workers share the cores: each sets its threads from them (worker.cpu_threads).
-            "--host-workers",
-            str(n),
-            *(["--threads", str(args.threads)] if args.threads else []),
-            *attention_flags(args),
-            *quantization_flags(args),
-        ]
-        if args.served_model_name:
-            cmd += ["--served-model-name", args.served_model_name]
-        if args.concept_labels:  # the catalog other gateways fetch from these workers too
-            cmd += ["--concept-labels", args.concept_labels]
+        message = dataclasses.replace(settings, bind=endpoint).to_json()
+        cmd = [sys.executable, "-m", "cde", "worker", "--settings-json", message]
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the workers after
         # the gateway has drained its requests.
         procs.append(subprocess.Popen(cmd, env=env, process_group=0))
@@ -177,7 +146,7 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
         return None
     # On a GPU one whole block as a client sends it (~0.4 s at 8B); on a CPU one step of 16 tokens.
     key = api_key(args)
-    return warm_up(key, 64, 1) if gpus else warm_up(key, 16, 16)
+    return warm_up(key, PAGE, 1) if gpus else warm_up(key, 16, 16)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,11 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from cde.gateway.server import serve_http
 
     setup_logging("gateway", args.log_level)
-    # Bad flags fail here, before any model work, not in every worker.
-    flashblock_default(args)
-    kv_splits(args)
-    max_running_per_client(args)
-    quantization(args)
+    engine = engine_args(args)  # bad flags fail here, before any model work, not in every worker
     # Resolved once here (one download, one progress bar); the workers get the local directory.
     hub_id = resolve_model_args(args, "serve")
     args.served_model_name = args.served_model_name or hub_id
@@ -199,8 +164,17 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or Path(args.model).resolve().name
     gpus = _gpus(args.device)
     n = args.workers or max(len(gpus), 1)
+    settings = WorkerSettings(
+        engine=dataclasses.replace(engine, model=args.model, device="cuda" if gpus else "cpu"),
+        bind="",  # each worker's own, set by _spawn
+        served_model_name=args.served_model_name,
+        parent_pid=os.getpid(),
+        host_workers=n,  # CPU workers share the cores: each sets its threads from them (worker.cpu_threads)
+        threads=args.threads,
+        concept_labels=args.concept_labels,  # the catalog other gateways fetch from these workers too
+    )
     sockdir = tempfile.mkdtemp(prefix="cde-")
-    endpoints, procs = _spawn(args, args.model, n, gpus, sockdir)
+    endpoints, procs = _spawn(settings, n, gpus, sockdir)
     try:
         state = build_state(args, endpoints, procs, model_dir=args.model, model_root=hub_id)
         app = create_app(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -11,12 +12,21 @@ import time
 from typing import TYPE_CHECKING
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
+from cde.commands.settings import (
+    ATTENTION_FLAGS,
+    FAIR_SHARE_FLAGS,
+    QUANTIZATION_FLAGS,
+    engine_args,
+    worker_settings,
+)
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 from cde.shared.logs import setup_logging
+from cde.shared.protocol import FlashBlockSpec
+from cde.shared.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from cde.shared.catalog_file import CatalogFile
-    from cde.shared.protocol import FlashBlockSpec
+    from cde.shared.curve import CurveServer
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
 DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
@@ -53,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="concept catalog sent to the gateways that connect (default: as `cde serve` finds it: "
         "$STEERLING_CONCEPTS_PATH, concept_labels.* in the model directory, the Hub cache)",
     )
+    # `cde serve` passes every setting of a worker it starts as one message (shared/settings.py).
+    p.add_argument("--settings-json", help=argparse.SUPPRESS)
     p.add_argument(
         "--parent-pid",
         type=int,
@@ -78,17 +90,7 @@ def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:
         help="slots one client (API key or address) may hold, so that others find one free "
         "(default: 3/4 of --max-running); admission is round-robin over clients",
     )
-
-
-def max_running_per_client(args: argparse.Namespace) -> int:
-    from cde.worker.fair_share import default_per_client
-
-    n = args.max_running_per_client
-    if n is None:
-        return default_per_client(args.max_running)
-    if not 1 <= n <= args.max_running:
-        raise SystemExit(f"--max-running-per-client must be in [1, --max-running ({args.max_running})]")
-    return n
+    p.set_defaults(**{FAIR_SHARE_FLAGS: True})
 
 
 def add_thread_arguments(p: argparse.ArgumentParser, workers: bool = True) -> None:
@@ -119,7 +121,13 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
             "(default: off, exact)"
         ),
     )
-    p.add_argument("--flashblock-max-reuse", type=int, default=16, help="FlashBlock: recompute after M reuses in a row")
+    p.add_argument(
+        "--flashblock-max-reuse",
+        type=int,
+        default=FlashBlockSpec.max_reuse,
+        help="FlashBlock: recompute after M reuses in a row",
+    )
+    p.set_defaults(**{ATTENTION_FLAGS: True})
 
 
 def add_quantization_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,83 +148,30 @@ def add_quantization_arguments(p: argparse.ArgumentParser) -> None:
         help="fp8: passes of at most N rows (64 per item) dequantize the weights to bfloat16 in the graph; "
         "larger ones quantize the activations per token for FP8 GEMMs (default: %(default)s, FP8 GEMMs at every size)",
     )
+    p.set_defaults(**{QUANTIZATION_FLAGS: True})
 
 
-def quantization(args: argparse.Namespace) -> str:
-    """The --quantization choice, with the flags it needs checked before any model work."""
-    if args.fp8_weight_only_rows < 0:
-        raise SystemExit("--fp8-weight-only-rows must be >= 0")
-    if args.quantization == "fp8" and args.dtype not in ("auto", "bfloat16"):
-        raise SystemExit(
-            f"--quantization fp8 computes in bfloat16 (its FP8 GEMMs write bfloat16), not {args.dtype}: "
-            "use --dtype bfloat16 or --dtype auto"
-        )
-    return args.quantization
-
-
-def check_quantization_device(args: argparse.Namespace, device: str) -> None:
+def check_quantization_device(quantization: str, device: str) -> None:
     """Refuses --quantization fp8 on a device that cannot run it (a GPU without FP8 tensor cores,
     an accelerator other than CUDA) before the weights load. Imports torch."""
-    if quantization(args) == "none":
+    if quantization == "none":
         return
     import torch
 
     from cde.worker.fp8 import check_quantization
 
     try:
-        check_quantization(args.quantization, device, torch.bfloat16)
+        check_quantization(quantization, device, torch.bfloat16)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
 
-def quantization_flags(args: argparse.Namespace) -> list[str]:
-    """The same flags again, for a worker process `cde serve` starts."""
-    return ["--quantization", quantization(args), "--fp8-weight-only-rows", str(args.fp8_weight_only_rows)]
-
-
-def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
-    """The server's FlashBlock default from the flags (None: exact attention)."""
-    from cde.shared.limits import check_flashblock
-    from cde.shared.protocol import FlashBlockSpec
-
-    if args.flashblock_tau is None:
-        return None
-    spec = FlashBlockSpec(tau=args.flashblock_tau, max_reuse=args.flashblock_max_reuse)
-    try:
-        check_flashblock(spec)
-    except ValueError:
-        raise SystemExit("--flashblock-tau and --flashblock-max-reuse must be >= 0") from None
-    return spec
-
-
-MAX_KV_SPLITS = 64  # a 4096-token context is 64 pages: more shares than pages would stay empty
-
-
-def kv_splits(args: argparse.Namespace) -> int:
-    if not 1 <= args.kv_splits <= MAX_KV_SPLITS:
-        raise SystemExit(f"--kv-splits must be in [1, {MAX_KV_SPLITS}]")
-    return args.kv_splits
-
-
-def attention_flags(args: argparse.Namespace) -> list[str]:
-    """The same flags again, for a worker process `cde serve` starts."""
-    flags = ["--kv-splits", str(kv_splits(args))]
-    if args.flashblock_tau is None:
-        return flags
-    return flags + [
-        "--flashblock-tau",
-        str(args.flashblock_tau),
-        "--flashblock-max-reuse",
-        str(args.flashblock_max_reuse),
-    ]
-
-
-def catalog_file(args: argparse.Namespace) -> CatalogFile | None:
+def catalog_file(settings: WorkerSettings) -> CatalogFile | None:
     """The concept catalog this worker sends to its gateways, found as a gateway finds its own."""
     from cde.shared.catalog import find_catalog
     from cde.shared.catalog_file import CatalogFile
 
-    path = find_catalog(args.concept_labels, args.model, getattr(args, "model_from_hub", False))
+    path = find_catalog(settings.concept_labels, settings.engine.model, settings.model_from_hub)
     if path is None:
         return None
     catalog = CatalogFile.read(path)
@@ -224,51 +179,49 @@ def catalog_file(args: argparse.Namespace) -> CatalogFile | None:
     return catalog
 
 
-def run(args: argparse.Namespace) -> int:
-    from cde.cli import STARTED
+def curve_server(secret_key: str | None, authorized_keys: str | None) -> CurveServer | None:
     from cde.shared.curve import CurveKeyError, CurveServer
-    from cde.worker.engine import Engine, EngineArgs
-    from cde.worker.server import run_worker
 
-    if bool(args.curve_secret_key) != bool(args.curve_authorized_keys):
+    if bool(secret_key) != bool(authorized_keys):
         raise SystemExit("cde worker: --curve-secret-key and --curve-authorized-keys go together")
-    try:  # before loading the model: a bad key path should not take minutes to report
-        curve = (
-            CurveServer.from_files(args.curve_secret_key, args.curve_authorized_keys) if args.curve_secret_key else None
-        )
+    if not secret_key or not authorized_keys:
+        return None
+    try:
+        return CurveServer.from_files(secret_key, authorized_keys)
     except CurveKeyError as exc:
         raise SystemExit(f"cde worker: {exc}") from None
-    splits, flashblock = kv_splits(args), flashblock_default(args)  # bad flags fail before any model work
-    per_client = max_running_per_client(args)
-    quantization(args)
-    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
-    served = resolve_model_args(args, "worker")
-    catalog = catalog_file(args)  # a bad path fails before the weights load
-    from cde.worker.engine import resolve_device
 
-    device = resolve_device(args.device)
-    check_quantization_device(args, device)
+
+def run(args: argparse.Namespace) -> int:
+    from cde.cli import STARTED
+    from cde.worker.engine import Engine, resolve_device
+    from cde.worker.server import run_worker
+
+    if args.settings_json is not None:  # from the `cde serve` that started this process
+        try:
+            settings = WorkerSettings.from_json(args.settings_json)
+        except ValueError as exc:
+            raise SystemExit(f"cde worker: --settings-json: {exc}") from None
+        curve = curve_server(settings.curve_secret_key, settings.curve_authorized_keys)
+    else:
+        # Keys and flags before the model resolves: a bad one should not take minutes to report.
+        curve = curve_server(args.curve_secret_key, args.curve_authorized_keys)
+        given = engine_args(args)
+        served = resolve_model_args(args, "worker")  # the model as a local directory
+        settings = worker_settings(args, dataclasses.replace(given, model=args.model), served)
+    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
+    catalog = catalog_file(settings)  # a bad path fails before the weights load
+    device = resolve_device(settings.engine.device)
+    check_quantization_device(settings.engine.quantization, device)
     if device == "cpu":
         from cde.worker.cpu_threads import set_cpu_threads
 
-        set_cpu_threads(args.threads, args.host_workers)
-    engine = Engine(
-        EngineArgs(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_running=args.max_running,
-            max_running_per_client=per_client,
-            flashblock=flashblock,
-            kv_splits=splits,
-            quantization=args.quantization,
-            fp8_weight_only_rows=args.fp8_weight_only_rows,
-        )
-    )
+        set_cpu_threads(settings.threads, settings.host_workers)
+    engine = Engine(settings.engine)
     # From the process's start: imports, weights, compilation and graph capture.
     ready_s = time.monotonic() - STARTED
     logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})
-    run_worker(engine, args.bind, args.served_model_name or served, args.parent_pid, curve, catalog)
+    run_worker(engine, settings.bind, settings.served_model_name, settings.parent_pid, curve, catalog)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cde.shared.packed_attribution import PackedAttribution
+    from cde.shared.settings import EngineArgs
 
 
 @dataclass
@@ -34,12 +35,13 @@ class Batch:
 class EngineBackend:
     """An Engine in this process; bodies go through the gateway's own request parsing."""
 
-    def __init__(self, model_dir: str, device: str = "cpu", max_running: int = 64, cuda_graphs: bool = False):
+    def __init__(self, settings: EngineArgs):
         from cde.gateway.concepts import ConceptLabels
         from cde.gateway.model_info import ModelInfo
-        from cde.worker.engine import Engine, EngineArgs
+        from cde.worker.engine import Engine
 
-        self.engine = Engine(EngineArgs(model_dir, device=device, max_running=max_running, cuda_graphs=cuda_graphs))
+        self.engine = Engine(settings)
+        model_dir = settings.model
         cfg = self.engine.cfg
         self.info = ModelInfo.from_config("eval", cfg)
         self.labels = ConceptLabels.load(model_dir)

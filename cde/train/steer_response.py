@@ -12,13 +12,12 @@ from typing import cast
 import torch
 
 from cde.shared.config import MASK_ID, PAGE
+from cde.shared.protocol import SteeringSpec
 from cde.shared.tokenizer import get_tokenizer
 from cde.train.concepts import topic_concept
 from cde.train.model import TrainModel, block_causal_mask
 from cde.train.samples import NEUTRAL_PROMPTS
 from cde.train.vocab import TOPICS
-
-AMPLIFY_LAYER = 8  # the amplify preset's inject_layer (gateway/params.py), clamped to the model's layers
 
 
 @torch.no_grad()
@@ -32,7 +31,9 @@ def logits_per_strength(model: TrainModel, strength: float = 8.0) -> float:
     mask = block_causal_mask(torch.zeros_like(ids))
     masked = ids[0] == MASK_ID
     layers = model.cfg.n_layers
-    gates = (torch.arange(1, layers + 1, device=ids.device) >= min(AMPLIFY_LAYER, layers)).float()[:, None]
+    # the amplify preset's inject_layer (gateway/params.py: SteeringSpec's), clamped to the model's layers
+    amplify_layer = min(SteeringSpec.inject_layer, layers)
+    gates = (torch.arange(1, layers + 1, device=ids.device) >= amplify_layer).float()[:, None]
     # the used ids only: the last column is the constant logit of all unused ids
     base = model.logits(model.hidden(ids, pos, mask)[0, masked].float())[:, :-1]
     emb = model.known_head.concept_embedding.weight.float()

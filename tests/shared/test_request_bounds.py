@@ -154,3 +154,13 @@ def test_input_attribution_work_is_bounded():
     # 8 steps over 64 tokens after 64: 65,536, far inside.
     ok = AttributionSpec(inputs=InputAttributionSpec(steps=8))
     check_generate_request(GenerateRequest("r", [1] * 64, max_tokens=64, attribution=ok), big)
+
+
+def test_input_attribution_needs_a_server_that_can_run_it():
+    """Over FP8 weights (`--quantization fp8`) the engine passes input_attribution=False: the
+    same entry point refuses it, naming the field; a request that does not ask passes."""
+    ia = AttributionSpec(inputs=InputAttributionSpec(steps=1))
+    with pytest.raises(LimitError, match="unquantized") as caught:
+        check_generate_request(GenerateRequest("r", [1] * 8, max_tokens=8, attribution=ia), MODEL, False)
+    assert caught.value.param == "attribution.inputs"
+    check_generate_request(GenerateRequest("r", [1] * 8, max_tokens=8, attribution=AttributionSpec()), MODEL, False)

@@ -12,7 +12,6 @@ from cde.shared.config import MASK_ID
 from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, InputAttributionSpec
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.input_attribution import attribute, build_targets
-from cde.worker.input_attribution_runner import InputAttributionRunner
 
 PROMPT = [(7919 * i) % 100000 for i in range(64)]
 
@@ -128,14 +127,12 @@ def test_bad_specs_are_refused(engine):
     assert not engine.has_work()
 
 
-def test_quantized_models_refuse_input_attribution(engine):
-    class Fp8Linear(torch.nn.Module):  # stands for worker/fp8.py's: no backward on its scaled GEMM
-        pass
-
-    runner = InputAttributionRunner(torch.nn.Sequential(torch.nn.Linear(2, 2), Fp8Linear()), engine.cfg)
+def test_quantized_models_refuse_input_attribution(tiny_dir):
+    """worker/fp8.py's linear layers have no backward on their scaled GEMM (emulated on the CPU)."""
+    engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=1))
     with pytest.raises(ValueError, match="unquantized"):
-        runner.check(asking("q", 8))
-    runner.check(GenerateRequest("p", PROMPT, max_tokens=8))
+        engine.add_request(asking("q", 8))
+    engine.add_request(GenerateRequest("p", PROMPT, max_tokens=8))
 
 
 def test_attribution_yields_to_waiting_requests(tiny_dir, monkeypatch):
