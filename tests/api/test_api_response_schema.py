@@ -49,7 +49,7 @@ COMPLETIONS = {
 CHAT = {
     "plain": {"messages": ASK, **FAST},
     "everything": {"messages": ASK, "n": 2, "logprobs": True, "top_logprobs": 2, "return_token_ids": True, **FAST},
-    "tool calls": {"messages": ASK, "tools": TOOLS, "tool_choice": "required", **FAST, "max_tokens": 48},
+    "tool calls": {"messages": ASK, "tools": TOOLS, "tool_choice": "required", **FAST, "max_tokens": 96},
     "attribution": {"messages": ASK, "attribution": ATTRIBUTION, **FAST},
     "stream": {"messages": ASK, "logprobs": True, "top_logprobs": 1, "return_token_ids": True, **STREAM, **FAST},
     "stream tool calls": {
@@ -58,7 +58,7 @@ CHAT = {
         "tool_choice": "required",
         **STREAM,
         **FAST,
-        "max_tokens": 48,
+        "max_tokens": 96,
     },
     "stream denoise": {
         "messages": ASK,
