@@ -13,7 +13,7 @@ still says what the pass computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cde.shared.config import ATTN_EXACT
 
@@ -65,9 +65,10 @@ class NewRequest:
     flashblock: bool  # may split its attention (the runner allocates FlashBlock's cache rows)
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedItem:
-    """One 64-token block of one request in the pass."""
+class PlannedItem(NamedTuple):
+    """One 64-token block of one request in the pass. (A named tuple, not a frozen dataclass:
+    the scheduler builds one per item per pass, and a frozen dataclass's __init__ took three
+    times as long, 0.2 ms of host time per pass at 32 requests.)"""
 
     slot: int  # the request's row of the runner's per-request state
     request: RequestParams

@@ -178,7 +178,8 @@ class Scheduler:
         requests that stream tokens a PrefixResult when a step grew their block's committed left
         prefix without completing the block (whose BlockResult then carries the rest). A request
         whose block completes moves on to its next block (or finishes: EOT, a stop token id, its
-        length); stop strings and attribution are the output stage's (worker/outputs.py)."""
+        length); stop strings and attribution are the output stage's (worker/outputs.py), which
+        gets a `Placed` for every step item that has results or wants its attribution."""
         placed: list[Placed] = []
         for n, (item, pick) in enumerate(zip(plan.step_items, picks)):
             seq = self._by_slot.get(item.slot)
@@ -190,22 +191,24 @@ class Scheduler:
                 seq.block_logprobs.update(zip(positions, pick.logprobs))
             ended_by_eot = seq.place(positions, tokens)
             self.flashblock.unmasked(seq.slot, seq.last_unmasked)
-            out = Placed(n, seq, seq.last_unmasked)
-            placed.append(out)
             if positions and seq.last_unmasked == 0:  # a grammar refused its own bitmask's pick
-                out.results.append(
-                    BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick")
-                )
+                refused = BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick")
+                placed.append(Placed(n, seq, 0, [refused]))
                 self._finish(seq, "error")
                 continue
+            done = ended_by_eot or seq.block_done()
+            if not (done or seq.req.stream_denoise or seq.req.stream_tokens or seq.params.attribution):
+                continue  # the common step: nothing to say (a Placed per item costs host time)
+            out = Placed(n, seq, seq.last_unmasked)
+            placed.append(out)
             if seq.req.stream_denoise:
                 out.step_result = self._step_result(seq, positions, tokens)
                 out.results.append(out.step_result)
-            if seq.req.stream_tokens and not (ended_by_eot or seq.block_done()):
+            if seq.req.stream_tokens and not done:
                 prefix = self._prefix_result(seq)
                 if prefix is not None:
                     out.results.append(prefix)
-            if ended_by_eot or seq.block_done():
+            if done:
                 self._complete_block(seq, ended_by_eot, out)
                 out.results.append(out.block_result)
         return placed

@@ -11,7 +11,6 @@ by the run's measured mix of refreshed and reused steps, times the number of lay
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -80,7 +79,7 @@ class Deviation:
         self.runner.launch = measured
 
     def _measure(self, plan: StepPlan) -> None:
-        exact = StepPlan(tuple(dataclasses.replace(it, attention=ATTN_EXACT) for it in plan.items))
+        exact = StepPlan(tuple(it._replace(attention=ATTN_EXACT) for it in plan.items))
         reference, _ = self.runner.step_logits(exact)
         logits, row_item = self.runner.step_logits(plan)
         reused = [r for r, i in enumerate(row_item) if plan.items[i].attention == ATTN_REUSE]

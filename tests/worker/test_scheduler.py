@@ -6,7 +6,7 @@ import random
 
 import pytest
 from cde.shared.config import MASK_ID, PAGE
-from cde.shared.protocol import BlockResult, GenerateRequest
+from cde.shared.protocol import BlockResult, FlashBlockSpec, GenerateRequest
 from cde.worker.kv_pages import PageAllocator
 from cde.worker.plan import Picks, StepPlan
 from cde.worker.scheduler import Scheduler
@@ -234,3 +234,21 @@ def test_an_ended_requests_step_in_flight_is_dropped():
     assert s.place(in_flight, first_eligible(in_flight)) == []
     s.add(GenerateRequest("next", [2] * 10, max_tokens=8))
     assert [new.slot for new in s.schedule().new] == [0]
+
+
+def test_flashblock_modes_follow_the_reuse_rule_through_the_plans():
+    """The scheduler consults FlashBlock's policy once per planned step and tells it what each
+    step kept and when a block completes (the rule alone: tests/kernels/test_flashblock.py)."""
+    s = Scheduler(num_pages=4, max_running=2, max_items=8, eot_id=None)
+    s.add(GenerateRequest("fb", [1] * 62, max_tokens=10, flashblock=FlashBlockSpec(tau=2, max_reuse=3)))
+    s.add(GenerateRequest("exact", [1] * 62, max_tokens=10, flashblock=False))
+    modes: dict[str, str] = {"fb": "", "exact": ""}
+    per_step = [1, 1, 2, 1, 1, 1, 1, 1, 1]  # the first block has two positions: two steps, then block 1
+    for n in per_step:
+        plan = s.schedule()
+        for it in plan.step_items:
+            modes[it.request.request_id] += "ERU"[it.attention]
+        s.place(plan, [Picks([i for i, ok in enumerate(it.eligible) if ok][:n], [5] * n) for it in plan.step_items])
+    # block 0: R U; block 1 starts by refreshing, its first step kept 2 >= tau (refresh), then
+    # three reuses (max_reuse), a refresh, a reuse
+    assert modes == {"fb": "RURRUUURU", "exact": "EEEEEEEEE"}
