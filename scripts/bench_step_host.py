@@ -6,13 +6,14 @@ Each measurement is a fresh process running one checkout's engine (PYTHONPATH=<c
 same random-weight checkpoint, on the CPU; the checkouts take turns, round after round, so a
 change in the machine's load hits both alike. Per engine step it records:
 
-- step: the wall time of `Engine.step()`;
-- host: the step less its numeric work (the model's forward, the LM head, selection and
-  attribution: what a GPU computes, the same functions in every version): the scheduler, the
-  output stage, the engine's bookkeeping and the runner's staging of the plan into tensors;
-- critical: the host part of the time from a pass's picks to the end of the next launch, what
-  the device waits for on a GPU (on the CPU the next pass cannot overlap it, but its length is
-  the same code's).
+- step: the wall time of `Engine.step()` (on the CPU mostly the forward pass itself);
+- host: the time in the step's host work, each version's by name: the scheduler (`schedule`,
+  and `update` + `attach` before / `place` after), the output stage (`OutputStage.finish`;
+  before: input attribution's `process`), the runner's staging of the pass (the step inputs'
+  `build`, `_steering_inputs`, `_split_inputs`) and its reading of the results (`picks`,
+  `records`);
+- critical: the part of it from a pass's picks to the end of the next launch, which a GPU waits
+  for (on the CPU nothing overlaps, but it is the same code).
 
     python scripts/bench_step_host.py --tree base=/tmp/cde-base --tree new=. --concurrency 1,32
 
@@ -35,45 +36,51 @@ from pathlib import Path
 
 def child(args: argparse.Namespace) -> None:
     """One measurement in this process: the engine of the checkout on PYTHONPATH."""
-    import cde.worker.model_runner as model_runner
     from cde.shared.protocol import AttributionSpec, GenerateRequest
     from cde.worker.engine import Engine, EngineArgs
 
     engine = Engine(EngineArgs(args.model, max_running=max(args.level, 1)))
     runner = engine.runner
-    compute = [0.0]  # seconds of numeric work (the device's, on a GPU) in the current step
-    marks: dict[str, float] = {}
+    host = [0.0, 0.0]  # seconds of host work in the current step: all, and between picks and launch
+    window = [False]  # between a pass's picks and the end of the next launch
 
-    def numeric(fn):
-        def timed(*a, **kw):
+    def timed(owner: object, name: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **kw):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
-                compute[0] += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                host[0] += spent
+                host[1] += spent if window[0] or name == "picks" else 0.0
+                if name == "picks":  # what follows up to the end of the next launch, the device waits for
+                    window[0] = True
 
-        return timed
+        setattr(owner, name, wrapper)
 
-    # The forward, the LM head, selection and attribution: the same functions in every version.
-    runner.model.forward = numeric(runner.model.forward)
-    runner._logits = numeric(runner._logits)
-    runner.attribution.launch = numeric(runner.attribution.launch)
-    for name in ("adjust_logits", "select_and_sample_adjusted"):
-        setattr(model_runner, name, numeric(getattr(model_runner, name)))
-    picks, launch = runner.picks, runner.launch
+    # The host work of each version, by name: the scheduler, the output stage (before: the
+    # scheduler's update/attach and input attribution's process) and the runner's staging.
+    for owner, names in (
+        (engine.scheduler, ("schedule", "update", "attach", "place")),
+        (getattr(engine, "outputs", None), ("finish",)),
+        (getattr(engine, "inputs", None), ("process",)),
+        (getattr(runner, "step_inputs", None) or runner.inputs, ("build",)),
+        (runner, ("_steering_inputs", "_split_inputs", "picks", "records")),
+    ):
+        for name in names:
+            if owner is not None and hasattr(owner, name):
+                timed(owner, name)
+    launch = runner.launch
 
-    def timed_picks(p):
-        out = picks(p)
-        marks["picked"], marks["compute"] = time.perf_counter(), compute[0]
-        return out
+    def launch_closing_the_window(plan):
+        try:
+            return launch(plan)
+        finally:
+            window[0] = False
 
-    def timed_launch(plan):
-        out = launch(plan)
-        if "picked" in marks and "critical" not in marks:  # the first launch after the picks
-            marks["critical"] = time.perf_counter() - marks["picked"] - (compute[0] - marks["compute"])
-        return out
-
-    runner.picks, runner.launch = timed_picks, timed_launch
+    runner.launch = launch_closing_the_window
 
     def requests(tag: str) -> list:
         return [
@@ -89,24 +96,21 @@ def child(args: argparse.Namespace) -> None:
         ]
 
     engine.generate(requests("warm"))
-    steps, host, critical = [], [], []
+    steps, hosts, critical = [], [], []
     for r in requests("run"):
         engine.add_request(r)
     while engine.has_work():
-        compute[0] = 0.0
-        marks.clear()
+        host[0] = host[1] = 0.0
         t0 = time.perf_counter()
         engine.step()
-        wall = time.perf_counter() - t0
-        steps.append(wall)
-        host.append(wall - compute[0])
-        if "critical" in marks:
-            critical.append(marks["critical"])
+        steps.append(time.perf_counter() - t0)
+        hosts.append(host[0])
+        critical.append(host[1])
 
     def ms(xs: list[float]) -> float:
         return round(statistics.median(xs) * 1e3, 4)
 
-    print(json.dumps({"steps": len(steps), "step_ms": ms(steps), "host_ms": ms(host), "critical_ms": ms(critical)}))
+    print(json.dumps({"steps": len(steps), "step_ms": ms(steps), "host_ms": ms(hosts), "critical_ms": ms(critical)}))
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ class NewRequest:
 class PlannedItem(NamedTuple):
     """One 64-token block of one request in the pass. (A named tuple, not a frozen dataclass:
     the scheduler builds one per item per pass, and a frozen dataclass's __init__ took three
-    times as long, 0.2 ms of host time per pass at 32 requests.)"""
+    times as long, about 0.25 ms of host time per pass at 32 requests: docs/benchmarks.md.)"""
 
     slot: int  # the request's row of the runner's per-request state
     request: RequestParams
