@@ -8,7 +8,7 @@ part comes with its log-sum-exp, and the two merge exactly:
 
 The external part (A_out, L_out) is cached per request slot and layer and may be reused by later
 steps of the same block instead of being recomputed (the scheduler decides per item: see
-`Sequence.next_attention_mode`). Items in ATTN_EXACT mode never touch the split or the cache.
+worker/flashblock_policy.py). Items in ATTN_EXACT mode never touch the split or the cache.
 """
 
 from __future__ import annotations

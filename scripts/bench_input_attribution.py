@@ -37,7 +37,7 @@ def run(engine: Engine, reqs: list[GenerateRequest]) -> dict[str, float]:
             for r in reqs:
                 engine.abort(r.request_id)
             break
-        pending = engine.inputs.has_work()
+        pending = engine.outputs.input_attribution.has_work()
         results = engine.step()
         if window is not None:
             steps += 1
@@ -76,12 +76,12 @@ def main() -> None:
     for steps in [int(s) for s in args.steps.split(",")]:
         n_attr = 64 * args.blocks
         # Alone: the attribution runs back to back.
-        engine.inputs.seconds = 0.0
+        engine.outputs.input_attribution.seconds = 0.0
         run(engine, [request("alone", prompt, n_attr, steps)])
-        per_block = engine.inputs.seconds / args.blocks
+        per_block = engine.outputs.input_attribution.seconds / args.blocks
         # With others decoding: their throughput with the request not asking, then asking.
         plain = run(engine, [*others(args, prompt), request("x", prompt, n_attr, None)])
-        engine.inputs.seconds = 0.0
+        engine.outputs.input_attribution.seconds = 0.0
         attributed = run(engine, [*others(args, prompt), request("x", prompt, n_attr, steps)])
         drop = 1 - attributed["tok_s"] / plain["tok_s"]
         row = {
@@ -92,8 +92,8 @@ def main() -> None:
             "others_tok_s_with_attribution": round(attributed["tok_s"], 1),
             "drop_pct": round(100 * drop, 1),
             "attribution_pending_share_of_steps": round(attributed["pending_share"], 3),
-            "attribution_seconds_under_load": round(engine.inputs.seconds, 2),
-            "share": engine.inputs.share,
+            "attribution_seconds_under_load": round(engine.outputs.input_attribution.seconds, 2),
+            "share": engine.outputs.input_attribution.share,
         }
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -17,20 +17,29 @@ from cde.worker.model_runner import ModelRunner
 LAUNCH_FAULT, SYNC_FAULT, ADMIT_FAULT = 99_991, 99_992, 99_993
 
 
-def _faulty(pass_or_batch, token: int) -> bool:
-    return any(it.is_step and it.seq.req.prompt_ids[:1] == [token] for it in pass_or_batch.items)
+# The runner sees plans, not prompts: the slots whose request's prompt starts with a fault token,
+# noted when the request takes its slot.
+_marked: dict[int, int] = {}
+
+
+def _faulty(plan, token: int) -> bool:
+    return any(it.is_step and _marked.get(it.slot) == token for it in plan.items)
 
 
 def _plant() -> None:
-    launch, picks, validate = ModelRunner.launch, ModelRunner.picks, Engine.validate
+    start, launch, picks, validate = ModelRunner.start, ModelRunner.launch, ModelRunner.picks, Engine.validate
 
-    def failing_launch(self, batch):
-        if _faulty(batch, LAUNCH_FAULT):
+    def marking_start(self, new):
+        _marked[new.slot] = new.prompt_ids[0] if new.prompt_ids else None
+        return start(self, new)
+
+    def failing_launch(self, plan):
+        if _faulty(plan, LAUNCH_FAULT):
             raise RuntimeError("planted fault while launching a pass")
-        return launch(self, batch)
+        return launch(self, plan)
 
     def failing_picks(self, p):
-        if _faulty(p.batch, SYNC_FAULT):
+        if _faulty(p.plan, SYNC_FAULT):
             raise RuntimeError("planted fault while reading a pass's picks")
         return picks(self, p)
 
@@ -39,7 +48,8 @@ def _plant() -> None:
             raise KeyError("planted fault while checking a request")
         return validate(self, req)
 
-    ModelRunner.launch, ModelRunner.picks, Engine.validate = failing_launch, failing_picks, failing_validate
+    ModelRunner.start, ModelRunner.launch, ModelRunner.picks = marking_start, failing_launch, failing_picks
+    Engine.validate = failing_validate
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from llguidance import LLMatcher
 
 if TYPE_CHECKING:
     from cde.worker.sampler import SamplingBatch
-    from cde.worker.sequence import Sequence
 
 
 class Constraint:
@@ -55,21 +54,22 @@ class GrammarInputs:
         self.host: torch.Tensor | None = None
         self.copied: torch.cuda.Event | None = None
 
-    def add_to(self, sampling: SamplingBatch, seqs: list[Sequence], grid: list[int]) -> None:
-        """Set the sampling batch's grammar fields for the step items `seqs` (grid: the [S * 64]
-        logits row of each position, -1 where none): which items take their leftmost positions,
-        and the bitmask of each one's leftmost eligible row."""
-        constrained = [n for n, s in enumerate(seqs) if s.constraint is not None]
+    def add_to(self, sampling: SamplingBatch, constraints: list[Constraint | None], grid: list[int]) -> None:
+        """Set the sampling batch's grammar fields for the step items whose matchers are
+        `constraints` (None: unconstrained; grid: the [S * 64] logits row of each position, -1
+        where none): which items take their leftmost positions, and the bitmask of each one's
+        leftmost eligible row."""
+        constrained = [n for n, c in enumerate(constraints) if c is not None]
         rows = [next(r for r in grid[n * PAGE : (n + 1) * PAGE] if r >= 0) for n in constrained]
         if self.copied is not None:
             self.copied.synchronize()
         if self.host is None or self.host.shape[0] < len(rows):
             self.host = torch.empty(max(len(rows), 8), self.words, dtype=torch.int32, pin_memory=self.cuda)
         for n, row in zip(constrained, self.host):
-            constraint = seqs[n].constraint
+            constraint = constraints[n]
             assert constraint is not None  # `constrained` holds only those
             constraint.fill(row)
-        leftmost = [s.constraint is not None for s in seqs]
+        leftmost = [c is not None for c in constraints]
         host = torch.tensor(rows + leftmost, dtype=torch.int64, pin_memory=self.cuda)
         dev = host.to(self.device, non_blocking=True)
         sampling.grammar_rows = dev[: len(rows)]

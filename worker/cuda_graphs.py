@@ -73,7 +73,7 @@ def pack(
         split = FlashBlockSplit([ATTN_EXACT] * real, [scratch_slot] * real, [scratch_slot] * real)
     flat = [t for row in tokens for t in row] + [MASK_ID] * (PAGE * pad)
     for p in pages:
-        flat += p + [scratch_page] * (width - len(p))
+        flat += [*p, *[scratch_page] * (width - len(p))]
     flat += [scratch_page] * (width * pad)
     for column, fill in (
         (blocks, 0),

@@ -23,8 +23,8 @@ from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
+from cde.worker.outputs import OutputStage
 from cde.worker.scheduler import Scheduler
-from cde.worker.sequence import Sequence
 from cde.worker.steering import concept_top_tokens
 
 log = logging.getLogger("cde.worker")
@@ -60,18 +60,12 @@ class Engine:
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         self.scheduler = Scheduler(
-            num_pages,
-            args.max_running,
-            args.max_items,
-            self.cfg.eot_id,
-            self.tokenizer.decode,
-            args.max_running_per_client,
+            num_pages, args.max_running, args.max_items, self.cfg.eot_id, args.max_running_per_client
         )
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
-        # input attribution, for requests that ask
-        self.inputs = InputAttributionRunner(
-            model, self.cfg, args.input_attribution_tokens, args.input_attribution_share
-        )
+        # Stop strings, attribution records and input attribution (for requests that ask) of each pass.
+        inputs = InputAttributionRunner(model, self.cfg, args.input_attribution_tokens, args.input_attribution_share)
+        self.outputs = OutputStage(self.scheduler, self.tokenizer.decode, inputs)
         if device == "cuda":
             # llguidance's token tables (~0.7 s, once per process) are built beside the warm-up, not
             # in the step of the first constrained request, where they stalled every request (the
@@ -101,16 +95,14 @@ class Engine:
             req.seed = random.getrandbits(32)
         # Built before the request queues: a grammar the worker cannot use refuses it alone.
         constraint = Constraint(req.grammar, self.cfg.instruct, self.cfg.vocab_size) if req.grammar else None
-        seq = self.scheduler.add(req)
-        seq.constraint = constraint
-        self.inputs.track(seq)
+        self.outputs.track(self.scheduler.add(req, constraint))
 
     def abort(self, request_id: str) -> bool:
-        dropped = self.inputs.abort(request_id)
+        dropped = self.outputs.abort(request_id)
         return self.scheduler.abort(request_id) or dropped
 
     def has_work(self) -> bool:
-        return self._in_flight is not None or self.scheduler.has_work() or self.inputs.has_work()
+        return self._in_flight is not None or self.scheduler.has_work() or self.outputs.has_work()
 
     def concept_top_tokens(self, concept_id: int, k: int) -> tuple[list[int], list[float]]:
         """Raise ValueError for an id or k the model cannot answer (the gateway checks the same)."""
@@ -125,10 +117,10 @@ class Engine:
         """Finish one forward pass: the blocks it completed, preceded by the step events of
         requests with `stream_denoise`.
 
-        Pipelined: as soon as the pass's picks are on the host and applied, the next pass is
-        scheduled and launched, and only then is this pass's attribution read (it ran on a side
-        stream), turned into records and returned. The GPU starts the next step while the host
-        finishes this one, instead of idling through attribution and the host's bookkeeping."""
+        Pipelined: as soon as the pass's picks are on the host and placed, the next pass is
+        planned and launched, and only then does the output stage finish this pass's results:
+        stop strings, and the attribution that ran on a side stream. The GPU starts the next
+        step while the host finishes this one, instead of idling through the host's bookkeeping."""
         with self.runner.on_stream():
             results = self._step()
         failed, self._failed = self._failed, []
@@ -140,7 +132,7 @@ class Engine:
         # the worker then fails, instead of being read (and failing) again at every later step.
         self._in_flight = None
         if current is None:
-            return self.inputs.process([], decoding=False)
+            return self.outputs.idle()
         picks = self.runner.picks(current)
         # From here to the next launch the GPU waits for the host: a garbage collection landing
         # here (a full one scans every attribution record still held) would stall it. The
@@ -148,50 +140,47 @@ class Engine:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            results = self.scheduler.update(current.batch, picks)
+            placed = self.scheduler.place(current.plan, picks)
             self.forward_passes += 1
             self._in_flight = self._launch()
         finally:
             if collecting:
                 gc.enable()
-        self.scheduler.attach(self.runner.records(current))
-        # Input attribution yields to other requests (a share of the time), not to its own: to those
-        # decoding, and to those waiting for a slot (which a full chunk per step would starve).
-        others = bool(self.inputs.requests) and (
-            bool(self.scheduler.waiting) or any(seq.id not in self.inputs.requests for seq in self.scheduler.running)
-        )
-        return self.inputs.process(results, decoding=others)
+        return self.outputs.finish(placed, self.runner.records(current))
 
     def _launch(self) -> Pass | None:
         """The next pass, launched. A request whose own setup or values make it fail is dropped
         from it and failed alone (worker/isolation.py); a failure no single request explains
         propagates, and the worker fails every request in flight."""
-        scheduled = self.scheduler.schedule()
-        failed = []
-        for seq in scheduled.admitted:
+        plan = self.scheduler.schedule()
+        failed = set()
+        for new in plan.new:
             try:
-                self.runner.start(seq)
+                self.runner.start(new)
             except Exception:
-                log.error("request %s fails its setup:\n%s", seq.id[:100], traceback.format_exc())
-                failed.append(seq)
-        batch = isolation.without(scheduled.batch, failed)
+                log.error("request %s fails its setup:\n%s", new.params.request_id[:100], traceback.format_exc())
+                failed.add(new.slot)
+        plan = plan.without(failed)
         while True:
-            for seq in failed:
-                self._fail(seq)
-            if not batch.items:
+            for slot in failed:
+                self._fail(slot)
+            if not plan.items:
                 return None
             try:
-                return self.runner.launch(batch)
+                return self.runner.launch(plan)
             except Exception:
-                failed = isolation.culprits(self.runner, batch)
+                failed = isolation.culprits(self.runner, plan)
                 if not failed:
                     raise
-                batch = isolation.without(batch, failed)
+                plan = plan.without(failed)
 
-    def _fail(self, seq: Sequence) -> None:
-        """End one request with an error, at once, leaving the others to run."""
-        self.inputs.abort(seq.id)
-        if self.scheduler.fail(seq):
+    def _fail(self, slot: int) -> None:
+        """End the request in the slot with an error, at once, leaving the others to run."""
+        seq = self.scheduler.running_in(slot)
+        if seq is None:
+            return
+        self.outputs.abort(seq.id)
+        if self.scheduler.end(seq, "error"):
             self._failed.append(
                 BlockResult(seq.id, [], True, "error", error=REQUEST_FAILED, prompt_tokens=seq.prompt_len)
             )

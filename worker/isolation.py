@@ -15,34 +15,27 @@ import logging
 import traceback
 
 from cde.worker.model_runner import ModelRunner
-from cde.worker.scheduler import Batch
-from cde.worker.sequence import Sequence
+from cde.worker.plan import StepPlan
 
 log = logging.getLogger("cde.worker")
 
 
-def without(batch: Batch, dropped: list[Sequence]) -> Batch:
-    """The batch without any item of `dropped`."""
-    ids = {id(s) for s in dropped}
-    return Batch([it for it in batch.items if id(it.seq) not in ids])
-
-
-def culprits(runner: ModelRunner, batch: Batch) -> list[Sequence]:
-    """The requests of `batch` whose items alone fail to launch (an empty list: the failure is
-    not one request's, and the caller fails them all as before)."""
-    seqs = list({id(it.seq): it.seq for it in batch.items}.values())
-    if len(seqs) < 2:  # alone already
-        log.error("request %s fails its pass alone", seqs[0].id[:100] if seqs else None)
-        return seqs
+def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
+    """The slots of the requests of `plan` whose items alone fail to launch (an empty set: the
+    failure is not one request's, and the caller fails them all as before)."""
+    slots = {it.slot: it.request.request_id for it in plan.items}
+    if len(slots) < 2:  # alone already
+        log.error("request %s fails its pass alone", next(iter(slots.values()), "")[:100])
+        return set(slots)
     seen = runner.seen.clone()
-    found = []
+    found = set()
     try:
-        for seq in seqs:
+        for slot, request_id in slots.items():
             try:
-                runner.picks(runner.launch(Batch([it for it in batch.items if it.seq is seq])))
+                runner.picks(runner.launch(plan.without(set(slots) - {slot})))
             except Exception:
-                log.error("request %s fails its pass alone:\n%s", seq.id[:100], traceback.format_exc())
-                found.append(seq)
+                log.error("request %s fails its pass alone:\n%s", request_id[:100], traceback.format_exc())
+                found.add(slot)
     finally:
         runner.seen.copy_(seen)
     return found

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.config import MASK_ID, PAGE
-from cde.worker.sequence import Sequence
+from cde.worker.plan import PlannedItem, RequestParams
 from cde.worker.staging import Staging
 
 
@@ -44,26 +44,22 @@ class LogitRules:
         return x
 
 
-def _penalized(seq: Sequence) -> bool:
-    return seq.req.frequency_penalty != 0.0 or seq.req.presence_penalty != 0.0
-
-
-def end_bans(seq: Sequence, rows: list[int]) -> list[tuple[int, int]]:
+def end_bans(item: PlannedItem, rows: list[int]) -> list[tuple[int, int]]:
     """(logits row, token) pairs min_tokens bans for one step item; rows[p] is the logits row of
     block position p (-1: not eligible). A position is free once min_tokens generated tokens are
     unmasked before it (counted at the start of the step, so a pick of the same step never
     lifts a ban early)."""
-    req = seq.req
-    ends = ([] if seq.eot_id is None else [seq.eot_id]) + list(req.stop_token_ids)
-    before = len(seq.generated)
+    req = item.request
+    ends = req.end_ids
+    before = item.generated
     if not ends or before >= req.min_tokens:
         return []
-    start = max(seq.prompt_len - seq.block * PAGE, 0)
+    start = max(req.prompt_len - item.block * PAGE, 0)
     out = []
     for p in range(start, PAGE):
         if rows[p] >= 0 and before < req.min_tokens:
             out += [(rows[p], t) for t in ends]
-        before += seq.tokens[p] != MASK_ID
+        before += item.tokens[p] != MASK_ID
     return out
 
 
@@ -76,32 +72,36 @@ class RequestLogitRules:
         self.ints = Staging(device, torch.int64)
         self.floats = Staging(device, torch.float32)
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, slot: int, params: RequestParams) -> None:
         """A request takes its slot: a fresh count row when it has a penalty (only such requests read it)."""
-        if not _penalized(seq):
+        if not params.penalized:
             return
         if self.counts is None:
             self.counts = torch.zeros(self.max_running + 1, self.width, dtype=torch.int32, device=self.device)
-        self.counts[seq.slot] = 0
+        self.counts[slot] = 0
 
-    def build(self, seqs: list[Sequence], slots: torch.Tensor, grid: list[int]) -> LogitRules | None:
-        """The pass's rules for its step items `seqs` (their `slots` on the device, `grid` the
-        [S * 64] logits row of each block position), or None when no item has any."""
-        penalized = any(_penalized(s) for s in seqs)
-        biased = [(n, t, v) for n, s in enumerate(seqs) for t, v in s.req.logit_bias.items()]
-        bans = [b for n, s in enumerate(seqs) if s.req.min_tokens for b in end_bans(s, grid[n * PAGE : (n + 1) * PAGE])]
+    def build(self, items: list[PlannedItem], slots: torch.Tensor, grid: list[int]) -> LogitRules | None:
+        """The pass's rules for its step items (their `slots` on the device, `grid` the [S * 64]
+        logits row of each block position), or None when no item has any."""
+        reqs = [it.request for it in items]
+        penalized = any(r.penalized for r in reqs)
+        biased = [(n, t, v) for n, r in enumerate(reqs) for t, v in r.logit_bias]
+        bans: list[tuple[int, int]] = []
+        for n, it in enumerate(items):
+            if it.request.min_tokens:
+                bans += end_bans(it, grid[n * PAGE : (n + 1) * PAGE])
         if not (penalized or biased or bans):
             return None
         bias_items, bias_tokens, ban_rows, ban_tokens = self.ints.stage(
             [n for n, _, _ in biased], [t for _, t, _ in biased], [r for r, _ in bans], [t for _, t in bans]
         )
         frequency, presence, bias_values = self.floats.stage(
-            [s.req.frequency_penalty for s in seqs], [s.req.presence_penalty for s in seqs], [v for _, _, v in biased]
+            [r.frequency_penalty for r in reqs], [r.presence_penalty for r in reqs], [v for _, _, v in biased]
         )
         # Per item, not per row: one [S, V] table, added to the rows in one gather.
         offset = None
         if biased:
-            offset = torch.zeros(len(seqs), self.width, device=self.device)
+            offset = torch.zeros(len(reqs), self.width, device=self.device)
             offset.index_put_((bias_items, bias_tokens), bias_values, accumulate=True)
         if penalized and self.counts is not None:
             counts = self.counts[slots].float()

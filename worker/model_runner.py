@@ -1,8 +1,9 @@
 """The one place where device tensors live: weights, the paged KV cache, rope tables and the
-per-request device state (repetition-penalty token sets, steering vectors). Turns a scheduled
-batch into tensors and launches the pass (forward, selection, attribution) without waiting for
-the GPU; its chosen positions and tokens, then its attribution, come back as asynchronous
-device-to-host copies that the engine reads when it needs them."""
+per-request state of each slot (repetition-penalty token sets, steering vectors, the grammar's
+matcher), set up from a plan's `NewRequest`s. Turns a `StepPlan` (worker/plan.py: plain data,
+no live request) into tensors and launches the pass (forward, selection, attribution) without
+waiting for the GPU; its chosen positions and tokens, then its attribution, come back as
+asynchronous device-to-host copies that the engine reads when it needs them."""
 
 from __future__ import annotations
 
@@ -17,29 +18,30 @@ from cde.kernels.flashblock import FlashBlockSplit
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from cde.shared.packed_attribution import PackedAttribution
-from cde.worker.attribution_batch import AttributionRunner
+from cde.worker.attribution_runner import AttributionRunner
 from cde.worker.concept_contributions import head_widths
+from cde.worker.constraint import Constraint
 from cde.worker.cuda_graphs import GraphedForward
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.logprobs import LogprobsRunner, unpack
 from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.plan import NewRequest, Picks, PlannedItem, StepPlan
 from cde.worker.sampler import adjust_logits, select_and_sample_adjusted
-from cde.worker.scheduler import Batch, Item, Picks
-from cde.worker.sequence import Sequence
 from cde.worker.staging import HostCopy, Staging, to_host
 from cde.worker.steering import SteeringState, alpha_now, prepare_steering
 from cde.worker.step_inputs import StepInputBuilder, eligible_rows
+
+Items = tuple[PlannedItem, ...]  # a plan's items
 
 
 @dataclass
 class Pass:
     """One launched forward pass and its results on their way to the host."""
 
-    batch: Batch
-    step_indices: list[int]  # where the step items are in batch.items
+    plan: StepPlan
+    step_indices: list[int]  # where the step items are in plan.items
     picks: HostCopy | None = None  # [3, S, K]: positions, tokens, valid
     attributed: list[int] = field(default_factory=list)  # step items (indices into step_indices) that asked
-    seq_steps: list[int] = field(default_factory=list)  # each step item's step counter when launched
     attribution: HostCopy | None = None  # [A * K, width] packed rows
     logprob_items: list[int] = field(default_factory=list)  # step items that asked for logprobs
     logprobs: HostCopy | None = None  # [L, K, 1 + 2 * logprob_top] (worker/logprobs.py)
@@ -83,10 +85,12 @@ class ModelRunner:
             self.lm_head = F.pad(self.lm_head, (0, 0, 0, -cfg.vocab_size % align))
         width = self.lm_head.shape[0]
         self.seen = torch.zeros(max_running + 1, width, dtype=torch.bool, device=self.device)
+        # Per slot, set when a request takes it: its steering and its grammar's matcher, if any.
         self.steering: dict[int, SteeringState] = {}
+        self.constraints: dict[int, Constraint] = {}
         self.banned = torch.tensor([EOS_ID, MASK_ID, PAD_ID, *range(cfg.token_vocab, width)], device=self.device)
         self.rules = RequestLogitRules(self.device, width, max_running)
-        self.inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules, cfg.vocab_size)
+        self.step_inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules, cfg.vocab_size)
         self.attr_inputs = Staging(self.device, torch.int64)
         self.logprobs = LogprobsRunner(self.device)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on
@@ -109,18 +113,23 @@ class ModelRunner:
 
     # ---- per-request state ------------------------------------------------------------------
     @torch.inference_mode()
-    def start(self, seq: Sequence) -> None:
-        self.seen[seq.slot] = False
-        if seq.req.repetition_penalty != 1.0 and seq.req.prompt_ids:
-            self.seen[seq.slot, torch.tensor(seq.req.prompt_ids, device=self.device)] = True
-        self.rules.start(seq)
-        self.steering.pop(seq.slot, None)
-        if seq.req.steering is not None:
-            state = prepare_steering(self.model, self.cfg, seq.req.steering)
+    def start(self, new: NewRequest) -> None:
+        """A request takes its slot: the slot's state is set up for it (nothing of the last one's stays)."""
+        slot, params = new.slot, new.params
+        self.seen[slot] = False
+        if params.repetition_penalty != 1.0 and new.prompt_ids:
+            self.seen[slot, torch.tensor(new.prompt_ids, device=self.device)] = True
+        self.rules.start(slot, params)
+        self.steering.pop(slot, None)
+        if new.steering is not None:
+            state = prepare_steering(self.model, self.cfg, new.steering)
             if state.relu_mask is not None:  # to the logits' padded width
                 state.relu_mask = F.pad(state.relu_mask, (0, self.seen.shape[1] - state.relu_mask.shape[0]))
-            self.steering[seq.slot] = state
-        if seq.req.flashblock and self.flashblock_cache is None:
+            self.steering[slot] = state
+        self.constraints.pop(slot, None)
+        if new.constraint is not None:
+            self.constraints[slot] = new.constraint
+        if new.flashblock and self.flashblock_cache is None:
             self._allocate_flashblock_cache()
 
     @torch.inference_mode()
@@ -154,19 +163,20 @@ class ModelRunner:
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> Pass:
-        """Queue a pass: forward, logits, selection and (on a side stream) attribution, with their
-        device-to-host copies. Never waits for the GPU, so the engine can schedule and launch the
-        next pass while this one's attribution finishes."""
-        items = batch.items
+    def launch(self, plan: StepPlan) -> Pass:
+        """Queue a pass (its new requests already started): forward, logits, selection and (on a
+        side stream) attribution, with their device-to-host copies. Never waits for the GPU, so
+        the engine can schedule and launch the next pass while this one's attribution finishes."""
+        items = plan.items
         steer_vec, steer_from = self._steering_inputs(items)
         hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
         steps = [i for i, it in enumerate(items) if it.is_step]
         if not steps:
-            return Pass(batch, steps)
-        step_seqs = [items[i].seq for i in steps]
-        relu = [self.steering[s.slot].relu_mask if s.slot in self.steering else None for s in step_seqs]
-        inp = self.inputs.build(steps, step_seqs, relu)
+            return Pass(plan, steps)
+        step_items = [items[i] for i in steps]
+        relu = [self.steering[it.slot].relu_mask if it.slot in self.steering else None for it in step_items]
+        constraints = [self.constraints[it.slot] if it.request.constrained else None for it in step_items]
+        inp = self.step_inputs.build(steps, step_items, relu, constraints)
         sb = inp.sampling
         logits = self._logits(hidden, inp.rows)
         adjusted = adjust_logits(logits, sb)
@@ -176,15 +186,14 @@ class ModelRunner:
             self.seen[slots, chosen] = True
         self.rules.record(sb.rules, inp.slots, chosen, valid)
         p = Pass(
-            batch,
+            plan,
             steps,
             picks=to_host(torch.stack([positions, chosen, valid.long()])),
-            attributed=[n for n, s in enumerate(step_seqs) if s.req.attribution is not None],
-            seq_steps=[s.step for s in step_seqs],
-            logprob_items=[n for n, s in enumerate(step_seqs) if s.req.logprobs is not None],
+            attributed=[n for n, it in enumerate(step_items) if it.request.attribution],
+            logprob_items=[n for n, it in enumerate(step_items) if it.request.logprobs is not None],
         )
         if p.logprob_items:
-            p.logprob_top = max(step_seqs[n].req.logprobs or 0 for n in p.logprob_items)
+            p.logprob_top = max(step_items[n].request.logprobs or 0 for n in p.logprob_items)
             p.logprobs = self.logprobs.launch(adjusted, sb.grid, positions, chosen, p.logprob_items, p.logprob_top)
         if p.attributed:
             p.attribution = self._attribute(
@@ -203,7 +212,7 @@ class ModelRunner:
         ]
         if p.logprobs is not None:
             for n, rows in zip(p.logprob_items, p.logprobs.tolist()):
-                wanted = p.batch.step_items[n].seq.req.logprobs or 0
+                wanted = p.plan.items[p.step_indices[n]].request.logprobs or 0
                 picks[n].logprobs = unpack(rows, p.logprob_top, wanted, host[2][n])
         return picks
 
@@ -215,17 +224,17 @@ class ModelRunner:
         return torch.cuda.stream(self.stream)
 
     @torch.inference_mode()
-    def step_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
+    def step_logits(self, plan: StepPlan) -> tuple[torch.Tensor, list[int]]:
         """For measurements, not serving (`cde bench engine --flashblock-*` compares FlashBlock's
-        reuse with the exact path): the [R, padded vocabulary] logits a pass of `batch` gives every
-        eligible position of its step items, and the item (index into batch.items) of each row.
+        reuse with the exact path): the [R, padded vocabulary] logits a pass of `plan` gives every
+        eligible position of its step items, and the item (index into plan.items) of each row.
         Nothing is selected, but it is a forward pass like `launch`'s: it writes the items' K/V and
         FlashBlock items read or refresh their cache rows as their modes say."""
-        items = batch.items
+        items = plan.items
         steer_vec, steer_from = self._steering_inputs(items)
         hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
         steps = [i for i, it in enumerate(items) if it.is_step]
-        rows, _, row_item = eligible_rows(steps, [items[i].seq for i in steps])
+        rows, _, row_item = eligible_rows(steps, [items[i] for i in steps])
         return self._logits(hidden, torch.tensor(rows, device=self.device)), [steps[n] for n in row_item]
 
     def records(self, p: Pass) -> list[PackedAttribution | None]:
@@ -242,11 +251,11 @@ class ModelRunner:
         k = picks.shape[2]
         kk, ku = head_widths(self.cfg)
         for a, n in enumerate(p.attributed):
-            base = p.batch.items[p.step_indices[n]].block * PAGE
+            item = p.plan.items[p.step_indices[n]]
             ok = picks[2, n].astype(bool)
             block_rows = rows[a * k : (a + 1) * k][ok]
             out[n] = PackedAttribution.from_rows(
-                block_rows, picks[1, n][ok], base + picks[0, n][ok], p.seq_steps[n], kk, ku
+                block_rows, picks[1, n][ok], item.block * PAGE + picks[0, n][ok], item.step, kk, ku
             )
         return out
 
@@ -255,7 +264,7 @@ class ModelRunner:
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
     def _forward(
-        self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
+        self, items: Items, steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
     ) -> torch.Tensor:
         if self.graphed is not None:
             return self.graphed(
@@ -270,19 +279,19 @@ class ModelRunner:
             )
         return self._forward_eager(items, steer_vec, steer_from, split)
 
-    def _split_inputs(self, items: list[Item]) -> FlashBlockSplit | None:
+    def _split_inputs(self, items: Items) -> FlashBlockSplit | None:
         """FlashBlock per item: its mode, cache row read and cache row written, or None when every
         item attends exactly. Rows other than the item's own go to the scratch row."""
         if all(it.attention == ATTN_EXACT for it in items):
             return None
         scratch = self.max_running
         modes = [it.attention for it in items]
-        slots = [it.seq.slot if m != ATTN_EXACT else scratch for it, m in zip(items, modes)]
-        writes = [it.seq.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
+        slots = [it.slot if m != ATTN_EXACT else scratch for it, m in zip(items, modes)]
+        writes = [it.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
         return FlashBlockSplit(modes, slots, writes)
 
     def _forward_eager(
-        self, items: list[Item], steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
+        self, items: Items, steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
     ) -> torch.Tensor:
         dev = self.device
         tokens = torch.tensor([it.tokens for it in items], device=dev)
@@ -290,7 +299,7 @@ class ModelRunner:
         max_pages = max(len(it.pages) for it in items)
         paged = PagedBatch(
             write_pages=torch.tensor([it.page for it in items], device=dev),
-            page_table=torch.tensor([it.pages + [0] * (max_pages - len(it.pages)) for it in items], device=dev),
+            page_table=torch.tensor([[*it.pages, *[0] * (max_pages - len(it.pages))] for it in items], device=dev),
             n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
             n_pages_host=[len(it.pages) for it in items],
         )
@@ -329,13 +338,13 @@ class ModelRunner:
         h = hidden.reshape(-1, self.cfg.n_embd)[rows]  # a copy: the next pass overwrites `hidden`
         return self.attribution.launch(h, tok.reshape(-1), target)
 
-    def _steering_inputs(self, items: list[Item]) -> tuple[torch.Tensor, list[int]]:
+    def _steering_inputs(self, items: Items) -> tuple[torch.Tensor, list[int]]:
         vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
         start = [self.cfg.n_layers + 1] * len(items)  # past the last layer: no injection
         for i, it in enumerate(items):
-            state = self.steering.get(it.seq.slot)
+            state = self.steering.get(it.slot)
             if it.is_step and state is not None:
-                alpha = alpha_now(state, it.seq.committed)
+                alpha = alpha_now(state, it.committed)
                 if alpha != 0.0:
                     vec[i] = alpha * state.direction
                     start[i] = state.inject_layer

@@ -10,70 +10,34 @@ while the others keep denoising; new requests join between any two steps.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
-from cde.shared.packed_attribution import PackedAttribution
+from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, PrefixResult, StepResult
-from cde.shared.stops import find_stop
 from cde.worker.fair_share import FairShare
+from cde.worker.flashblock_policy import FlashBlockPolicy
 from cde.worker.kv_pages import PageAllocator
+from cde.worker.plan import NewRequest, Picks, PlannedItem, StepPlan
 from cde.worker.sequence import Sequence, Status
 
+if TYPE_CHECKING:
+    from cde.worker.constraint import Constraint
+
 
 @dataclass
-class Item:
+class Placed:
+    """What one step item's picks did to its request (`Scheduler.place` -> the output stage,
+    worker/outputs.py, which finishes the results: stop strings, attribution)."""
+
+    index: int  # the item's place in plan.step_items (and in the pass's attribution records)
     seq: Sequence
-    block: int  # absolute block index
-    tokens: list[int]  # 64 ids
-    page: int  # page the item's K/V are written to
-    pages: list[int]  # pages attended: blocks 0..block of the request
-    is_step: bool  # a denoising step (logits, selection) vs a prefill/commit write
-    attention: int = ATTN_EXACT  # ATTN_* (shared/config.py): FlashBlock's split and reuse
-
-
-@dataclass
-class Batch:
-    items: list[Item] = field(default_factory=list)
-
-    @property
-    def step_items(self) -> list[Item]:
-        """The denoising steps of the pass, in pass order (the order of its picks)."""
-        return [it for it in self.items if it.is_step]
-
-
-@dataclass
-class Scheduled:
-    """What `Scheduler.schedule` returns: the next forward pass, and the sequences admitted for
-    it (the runner sets up their per-request device state before the pass launches)."""
-
-    batch: Batch
-    admitted: list[Sequence]
-
-
-@dataclass
-class Picks:
-    """What one step item unmasked: positions within its block (most confident first) and the
-    token placed at each."""
-
-    positions: list[int]
-    tokens: list[int]
-    # Requests with logprobs: per pick (logprob, top ids, top logprobs), worker/logprobs.py.
-    logprobs: list[tuple[float, list[int], list[float]]] | None = None
-
-
-@dataclass
-class _Awaiting:
-    """One step item of the last `update`, whose results wait for the pass's attribution."""
-
-    index: int  # the item's place in batch.step_items (and in the list `attach` receives)
-    request_id: str
-    placed: int  # picks the step kept (the others were after EOT or refused by a grammar)
-    step_result: StepResult | None  # sent for this step (stream_denoise), if any
-    block_result: BlockResult | None  # the block this step completed, if any
-    kept: set[int] | None  # that block's positions whose tokens it keeps
-    earlier: list[PackedAttribution]  # that block's attribution from its earlier steps
+    kept: int  # picks the step kept (the others were after EOT or refused by a grammar)
+    results: list[EngineResult] = field(default_factory=list)  # in order: StepResult, PrefixResult, BlockResult
+    step_result: StepResult | None = None  # sent for this step (stream_denoise), if any
+    block_result: BlockResult | None = None  # the block this step completed, if any
+    generated_before: int = 0  # that block: the request's generated tokens before it
+    block_positions: list[int] = field(default_factory=list)  # its generated tokens' absolute positions, in order
 
 
 class Scheduler:
@@ -83,24 +47,23 @@ class Scheduler:
         max_running: int,
         max_items: int,
         eot_id: int | None,
-        decode: Callable[[list[int]], str],
         max_running_per_client: int | None = None,
     ) -> None:
         self.pages = PageAllocator(num_pages)
         self.fair = FairShare(max_running_per_client)
+        self.flashblock = FlashBlockPolicy()
         self.max_running = max_running
         self.max_items = max_items
         self.eot_id = eot_id
-        self.decode = decode  # token ids -> text, for stop strings
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._by_slot: dict[int, Sequence] = {}  # the running requests
         self._free_slots = list(range(max_running - 1, -1, -1))
-        self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's
-        self._awaiting: list[_Awaiting] = []  # update() -> attach(): the last pass's results that want attribution
 
     # ---- requests in / out --------------------------------------------------------------
-    def add(self, req: GenerateRequest) -> Sequence:
-        seq = Sequence(req, None if req.ignore_eos else self.eot_id)  # ignore_eos: EOT is a plain token
+    def add(self, req: GenerateRequest, constraint: Constraint | None = None) -> Sequence:
+        """Queue a request (constraint: its grammar's matcher, when constrained)."""
+        seq = Sequence(req, None if req.ignore_eos else self.eot_id, constraint)  # ignore_eos: EOT is a plain token
         if seq.n_blocks > self.pages.num_pages:
             raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
         self.waiting.append(seq)
@@ -118,13 +81,17 @@ class Scheduler:
                 return True
         return False
 
-    def fail(self, seq: Sequence) -> bool:
-        """End a running request with an error (its pass could not be built); False when it had
-        already finished."""
+    def end(self, seq: Sequence, reason: str) -> bool:
+        """End a running request now (an error, a stop string found after its next pass was
+        launched: that pass's picks are then dropped, as an abort's); False when it had already
+        finished."""
         if seq.status is not Status.RUNNING:
             return False
-        self._finish(seq, "error")
+        self._finish(seq, reason)
         return True
+
+    def running_in(self, slot: int) -> Sequence | None:
+        return self._by_slot.get(slot)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -142,27 +109,29 @@ class Scheduler:
             seq.pages = self.pages.allocate(seq.id, seq.n_blocks)
             seq.slot = self._free_slots.pop()
             seq.status = Status.RUNNING
+            self.flashblock.start(seq.slot, seq.req.flashblock)
             self.running.append(seq)
+            self._by_slot[seq.slot] = seq
             admitted.append(seq)
         return admitted
 
-    def schedule(self) -> Scheduled:
-        """The next forward pass and the sequences admitted for it."""
+    def schedule(self) -> StepPlan:
+        """The next forward pass, with the requests admitted for it."""
         admitted = self._admit()
-        batch = Batch()
+        items: list[PlannedItem] = []
         budget = self.max_items
         # Steps first: a running request is never starved by a long prefill.
         for seq in self.running:
             if not seq.prefill_done:
                 continue
             need = 2 if seq.pending_commit else 1
-            if budget < need and batch.items:
+            if budget < need and items:
                 break
             if seq.pending_commit:
                 block, tokens = seq.pending_commit
-                batch.items.append(self._item(seq, block, tokens, is_step=False))
+                items.append(self._write(seq, block, tokens))
                 seq.pending_commit = None
-            batch.items.append(self._item(seq, seq.block, seq.tokens, is_step=True))
+            items.append(self._step(seq))
             budget -= need
         # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
         for seq in self.running:
@@ -170,75 +139,82 @@ class Scheduler:
                 continue  # stepped above, or left for the next pass when the budget ran out
             while not seq.prefill_done and budget > 0:
                 block = seq.prefilled
-                batch.items.append(self._item(seq, block, seq.prompt_block(block), is_step=False))
+                items.append(self._write(seq, block, seq.prompt_block(block)))
                 seq.prefilled += 1
                 budget -= 1
             if seq.prefill_done and budget > 0:
-                batch.items.append(self._item(seq, seq.block, seq.tokens, is_step=True))
+                items.append(self._step(seq))
                 budget -= 1
-        return Scheduled(batch, admitted)
+        return StepPlan(tuple(items), tuple(_new_request(seq) for seq in admitted))
 
     @staticmethod
-    def _item(seq: Sequence, block: int, tokens: list[int], is_step: bool) -> Item:
-        # Prefill and commit items always attend exactly: the K/V they write are final.
-        mode = seq.next_attention_mode() if is_step else ATTN_EXACT
-        return Item(seq, block, tokens, seq.pages[block], seq.pages[: block + 1], is_step, mode)
+    def _write(seq: Sequence, block: int, tokens: list[int]) -> PlannedItem:
+        """A prefill or commit item: it writes final K/V, so it always attends exactly."""
+        pages = tuple(seq.pages[: block + 1])
+        return PlannedItem(seq.slot, seq.params, block, tuple(tokens), pages[-1], pages, is_step=False)
 
-    # ---- update ---------------------------------------------------------------------------
-    def update(self, batch: Batch, picks: list[Picks]) -> list[EngineResult]:
-        """Apply the picks of each step item, in batch.step_items order.
+    def _step(self, seq: Sequence) -> PlannedItem:
+        """The next denoising step of the request's active block."""
+        pages = tuple(seq.pages[: seq.block + 1])
+        return PlannedItem(
+            seq.slot,
+            seq.params,
+            seq.block,
+            tuple(seq.tokens),
+            pages[-1],
+            pages,
+            is_step=True,
+            attention=self.flashblock.plan_step(seq.slot),
+            step=seq.step,
+            eligible=tuple(seq.eligible()),
+            committed=seq.committed,
+            generated=len(seq.generated),
+        )
+
+    # ---- place ----------------------------------------------------------------------------
+    def place(self, plan: StepPlan, picks: list[Picks]) -> list[Placed]:
+        """Apply the picks of each step item, in plan.step_items order, and say what each did.
         Requests that stream the denoising get a StepResult per step, before their BlockResult;
         requests that stream tokens a PrefixResult when a step grew their block's committed left
-        prefix without completing the block (whose BlockResult then carries the rest).
-        The results of requests that asked for attribution get it from `attach`, which the
-        engine calls once the pass's attribution has reached the host."""
-        results: list[EngineResult] = []
-        self._awaiting = []
-        for n, (item, pick) in enumerate(zip(batch.step_items, picks)):
-            seq, positions, tokens = item.seq, pick.positions, pick.tokens
-            if seq.status is not Status.RUNNING:
-                continue  # aborted while its step was in flight
+        prefix without completing the block (whose BlockResult then carries the rest). A request
+        whose block completes moves on to its next block (or finishes: EOT, a stop token id, its
+        length); stop strings and attribution are the output stage's (worker/outputs.py), which
+        gets a `Placed` for every step item that has results or wants its attribution."""
+        placed: list[Placed] = []
+        for n, (item, pick) in enumerate(zip(plan.step_items, picks)):
+            seq = self._by_slot.get(item.slot)
+            if seq is None or seq.params is not item.request:
+                continue  # aborted (or ended) while its step was in flight
+            positions, tokens = pick.positions, pick.tokens
             seq.step += 1
             if pick.logprobs is not None:
                 seq.block_logprobs.update(zip(positions, pick.logprobs))
             ended_by_eot = seq.place(positions, tokens)
+            self.flashblock.unmasked(seq.slot, seq.last_unmasked)
             if positions and seq.last_unmasked == 0:  # a grammar refused its own bitmask's pick
-                results.append(BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick"))
+                refused = BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick")
+                placed.append(Placed(n, seq, 0, [refused]))
                 self._finish(seq, "error")
                 continue
-            step_result = block_result = kept = None
-            earlier: list[PackedAttribution] = []  # a completed block's attribution from its earlier steps
+            done = ended_by_eot or seq.block_done()
+            if not (done or seq.req.stream_denoise or seq.req.stream_tokens or seq.params.attribution):
+                continue  # the common step: nothing to say (a Placed per item costs host time)
+            out = Placed(n, seq, seq.last_unmasked)
+            placed.append(out)
             if seq.req.stream_denoise:
-                step_result = self._step_result(seq, positions, tokens)
-                results.append(step_result)
-            if seq.req.stream_tokens and not (ended_by_eot or seq.block_done()):
+                out.step_result = self._step_result(seq, positions, tokens)
+                out.results.append(out.step_result)
+            if seq.req.stream_tokens and not done:
                 prefix = self._prefix_result(seq)
                 if prefix is not None:
-                    results.append(prefix)
-            if ended_by_eot or seq.block_done():
-                earlier = self.block_attribution.pop(seq.id, [])
-                block_result, kept = self._complete_block(seq, ended_by_eot)
-                results.append(block_result)
-            if seq.req.attribution is not None:
-                self._awaiting.append(_Awaiting(n, seq.id, seq.last_unmasked, step_result, block_result, kept, earlier))
-        return results
-
-    def attach(self, attribution: list[PackedAttribution | None]) -> None:
-        """The attribution of the last update's pass, per step item (packed arrays): kept with the
-        request's active block, and given to the results that update() returned for it."""
-        for waiting in self._awaiting:
-            records = attribution[waiting.index].head(waiting.placed)
-            if waiting.step_result is not None:
-                waiting.step_result.attribution = records
-            if waiting.block_result is None:
-                self.block_attribution.setdefault(waiting.request_id, []).append(records)
-            else:
-                block = PackedAttribution.join([*waiting.earlier, records])
-                waiting.block_result.attribution = block.kept(waiting.kept)
-        self._awaiting = []
+                    out.results.append(prefix)
+            if done:
+                self._complete_block(seq, ended_by_eot, out)
+                out.results.append(out.block_result)
+        return placed
 
     def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int]) -> StepResult:
-        # Picks after an EOT (or refused by a grammar) were discarded by place(); attach() cuts the records alike.
+        # Picks after an EOT (or refused by a grammar) were discarded by place(); so are their records.
         n = seq.last_unmasked
         base = seq.block * PAGE
         return StepResult(seq.id, seq.block, seq.step, [base + p for p in positions[:n]], tokens[:n])
@@ -254,9 +230,8 @@ class Scheduler:
         seq.streamed = end
         return result
 
-    def _complete_block(self, seq: Sequence, ended_by_eot: bool) -> tuple[BlockResult, set[int] | None]:
-        """The block's result, and the positions of the tokens it keeps (for attach; None when
-        the request did not ask for attribution)."""
+    def _complete_block(self, seq: Sequence, ended_by_eot: bool, out: Placed) -> None:
+        """The block's result (into `out`), then the request moves on or finishes."""
         new = seq.block_output()
         reason = None
         if ended_by_eot:  # by EOT, or by a constrained request's complete grammar
@@ -266,49 +241,41 @@ class Scheduler:
         cut = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if cut is not None:
             new, reason = new[:cut], "stop"
-        if seq.req.stop and reason is None:
-            found = find_stop(self.decode(seq.generated + new), seq.req.stop)
-            if found is not None:
-                new = _shortest_prefix_with_stop(self.decode, seq.generated, new, found)
-                reason, seq.stop_str = "stop", found[1]
+        out.generated_before = len(seq.generated)
         seq.generated.extend(new)
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
         result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
         if seq.req.logprobs is not None:
             result.logprobs = seq.output_logprobs(0, len(new))
-        kept = self._kept_positions(seq, len(new)) if seq.req.attribution is not None else None
+        base = seq.block * PAGE
+        first = max(seq.prompt_len - base, 0)
+        out.block_positions = [base + i for i in range(first, PAGE) if seq.tokens[i] != MASK_ID][: len(new)]
+        out.block_result = result
         if reason is None:
             seq.advance()
+            self.flashblock.new_block(seq.slot)
         else:
             self._finish(seq, reason)
-            result.finished, result.finish_reason, result.stop_str = True, reason, seq.stop_str
-        return result, kept
-
-    @staticmethod
-    def _kept_positions(seq: Sequence, n_kept: int) -> set[int]:
-        """The positions of the first n_kept generated tokens of the active block: whatever EOT
-        or a stop cut off gets no attribution record."""
-        base = seq.block * PAGE
-        generated = [base + i for i in range(max(seq.prompt_len - base, 0), PAGE) if seq.tokens[i] != MASK_ID]
-        return set(generated[:n_kept])
+            result.finished, result.finish_reason = True, reason
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        self.block_attribution.pop(seq.id, None)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.running.remove(seq)
+        del self._by_slot[seq.slot]
         self.fair.finished(seq)
         self.pages.free(seq.id)
+        self.flashblock.finish(seq.slot)
         self._free_slots.append(seq.slot)
 
 
-def _shortest_prefix_with_stop(
-    decode: Callable[[list[int]], str], generated: list[int], new: list[int], found: tuple[int, str]
-) -> list[int]:
-    """Keep the block's tokens up to the one that completes the stop string, so the client's
-    detokenizer sees the same stop at the same place."""
-    for n in range(len(new) + 1):
-        if find_stop(decode(generated + new[:n]), [found[1]]) is not None:
-            return new[:n]
-    return new
+def _new_request(seq: Sequence) -> NewRequest:
+    return NewRequest(
+        seq.slot,
+        seq.params,
+        tuple(seq.req.prompt_ids),
+        seq.req.steering,
+        seq.constraint,
+        flashblock=bool(seq.req.flashblock),
+    )

@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, MASK_ID, PAGE
-from cde.shared.protocol import FlashBlockSpec, GenerateRequest, TokenLogprobs
+from cde.shared.config import MASK_ID, PAGE
+from cde.shared.protocol import GenerateRequest, TokenLogprobs
+from cde.worker.plan import RequestParams
 
 if TYPE_CHECKING:
     from cde.worker.constraint import Constraint
@@ -24,10 +25,13 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, req: GenerateRequest, eot_id: int | None):
+    def __init__(self, req: GenerateRequest, eot_id: int | None, constraint: Constraint | None = None):
+        """eot_id: the token that ends the request (None: none does); constraint: its grammar's
+        matcher, when constrained."""
         self.req = req
         self.id = req.request_id
         self.eot_id = eot_id
+        self.constraint = constraint
         self.prompt_len = len(req.prompt_ids)
         self.end = self.prompt_len + req.max_tokens  # first position never generated
         self.n_blocks = -(-self.end // PAGE)
@@ -46,13 +50,8 @@ class Sequence:
         # Per position of the active block (requests with logprobs): (logprob, top ids, top logprobs).
         self.block_logprobs: dict[int, tuple[float, list[int], list[float]]] = {}
         self.finish_reason: str | None = None
-        self.stop_str: str | None = None
-        # FlashBlock state: is the cached external attention from this block, how many steps
-        # in a row reused it, and how many tokens the last step unmasked.
-        self.external_cached = False
-        self.reused = 0
-        self.last_unmasked = 0
-        self.constraint: Constraint | None = None  # the grammar's matcher, when constrained (set by the engine)
+        self.last_unmasked = 0  # picks the last step kept
+        self.params = request_params(req, eot_id, constrained=constraint is not None)
 
     @property
     def n_prompt_blocks(self) -> int:
@@ -77,19 +76,6 @@ class Sequence:
 
     def block_done(self) -> bool:
         return not any(self.eligible())
-
-    def next_attention_mode(self) -> int:
-        """How the step being scheduled attends (the FlashBlock rule; ATTN_EXACT when off). Not a
-        getter: it advances the FlashBlock state (a reuse is counted, a refresh marks the cache as
-        this block's), so it is called once per scheduled step."""
-        fb = self.req.flashblock
-        if not isinstance(fb, FlashBlockSpec):
-            return ATTN_EXACT
-        if self.external_cached and self.last_unmasked < fb.tau and self.reused < fb.max_reuse:
-            self.reused += 1
-            return ATTN_REUSE
-        self.external_cached, self.reused = True, 0
-        return ATTN_REFRESH
 
     def place(self, positions: list[int], tokens: list[int]) -> bool:
         """Unmask positions (most confident first). Returns True when EOT (or a complete grammar)
@@ -139,6 +125,29 @@ class Sequence:
         self.pending_commit = (self.block, list(self.tokens))
         self.block += 1
         self.tokens = self._block_tokens(self.block)
-        self.external_cached = False
         self.streamed = 0
         self.block_logprobs = {}
+
+
+def request_params(req: GenerateRequest, eot_id: int | None, constrained: bool) -> RequestParams:
+    """The request's fixed parameters as the runner reads them."""
+    return RequestParams(
+        request_id=req.request_id,
+        prompt_len=len(req.prompt_ids),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        entropy_sampling=req.entropy_sampling,
+        repetition_penalty=req.repetition_penalty,
+        seed=0 if req.seed is None else req.seed,  # the engine draws one; a scheduler driven alone leaves it unset
+        tokens_per_step=req.tokens_per_step,
+        confidence_threshold=req.confidence_threshold,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        logit_bias=tuple(req.logit_bias.items()),
+        min_tokens=req.min_tokens,
+        end_ids=tuple(([] if eot_id is None else [eot_id]) + list(req.stop_token_ids)),
+        logprobs=req.logprobs,
+        attribution=req.attribution is not None,
+        constrained=constrained,
+    )

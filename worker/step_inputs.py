@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 from cde.shared.config import PAGE
-from cde.worker.constraint import GrammarInputs
+from cde.worker.constraint import Constraint, GrammarInputs
 from cde.worker.logit_rules import RequestLogitRules
+from cde.worker.plan import PlannedItem
 from cde.worker.sampler import SamplingBatch
-from cde.worker.sequence import Sequence
 from cde.worker.staging import Staging
 
 
@@ -21,15 +21,15 @@ class StepInputs:
     sampling: SamplingBatch
 
 
-def eligible_rows(step_indices: list[int], seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
-    """The positions that get logits: every still-masked position of each step item (at
-    `step_indices` in the pass, of `seqs`) that may be unmasked. Returns their rows in the
-    flattened hidden states, the [S, 64] grid mapping a position to its logits row (-1: none) and
-    the step item (index into step_indices) of each row."""
+def eligible_rows(step_indices: list[int], items: list[PlannedItem]) -> tuple[list[int], list[int], list[int]]:
+    """The positions that get logits: every still-masked position of each step item (`items`, at
+    `step_indices` in the pass) that may be unmasked. Returns their rows in the flattened hidden
+    states, the [S, 64] grid mapping a position to its logits row (-1: none) and the step item
+    (index into step_indices) of each row."""
     rows: list
     rows, grid, row_item = [], [], []
-    for n, (i, seq) in enumerate(zip(step_indices, seqs)):
-        for p, ok in enumerate(seq.eligible()):
+    for n, (i, item) in enumerate(zip(step_indices, items)):
+        for p, ok in enumerate(item.eligible):
             grid.append(len(rows) if ok else -1)
             if ok:
                 rows.append(i * PAGE + p)
@@ -46,33 +46,40 @@ class StepInputBuilder:
         self.banned, self.seen, self.rules = banned, seen, rules
         self.grammar = GrammarInputs(device, vocab_size)
 
-    def build(self, step_indices: list[int], seqs: list[Sequence], relu_masks: list[torch.Tensor | None]) -> StepInputs:
-        """relu_masks: per step item, its steering ReLU logit mask (a device tensor) or None."""
-        reqs = [s.req for s in seqs]
-        rows, grid, row_item = eligible_rows(step_indices, seqs)
+    def build(
+        self,
+        step_indices: list[int],
+        items: list[PlannedItem],
+        relu_masks: list[torch.Tensor | None],
+        constraints: list[Constraint | None],
+    ) -> StepInputs:
+        """Per step item (`items`, at `step_indices` in the pass): relu_masks, its steering ReLU
+        logit mask (a device tensor) or None; constraints, its grammar's matcher or None."""
+        reqs = [it.request for it in items]
+        rows, grid, row_item = eligible_rows(step_indices, items)
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)
         (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
             rows,
-            [s.slot for s in seqs],
+            [it.slot for it in items],
             grid,
             row_item,
             [r.tokens_per_step for r in reqs],
             [r.top_k for r in reqs],
             [int(r.entropy_sampling) for r in reqs],
             [r.seed & 0xFFFFFFFF for r in reqs],
-            [s.step for s in seqs],
+            [it.step for it in items],
         )
         threshold, temperature, top_p, rep_t = self.floats.stage(
-            [2.0 if x is None or s.constraint is not None else x for x, s in zip(thresholds, seqs)],
+            [2.0 if x is None or r.constrained else x for x, r in zip(thresholds, reqs)],
             [r.temperature for r in reqs],
             [r.top_p for r in reqs],
             rep,
         )
         any_relu = any(m is not None for m in relu_masks)
         sampling = SamplingBatch(
-            grid=grid_t.view(len(seqs), PAGE),
+            grid=grid_t.view(len(items), PAGE),
             row_item=row_item_t,
             n_select=n_select,
             threshold=threshold,
@@ -84,7 +91,7 @@ class StepInputBuilder:
             step=step,
             banned=self.banned,
             max_select=PAGE
-            if any(x is not None and s.constraint is None for x, s in zip(thresholds, seqs))
+            if any(x is not None and not r.constrained for x, r in zip(thresholds, reqs))
             else max(r.tokens_per_step for r in reqs),
             any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
             any_entropy=any(r.entropy_sampling for r in reqs),
@@ -97,8 +104,8 @@ class StepInputBuilder:
                 if any_relu
                 else None
             ),
-            rules=self.rules.build(seqs, slots, grid),
+            rules=self.rules.build(items, slots, grid),
         )
-        if any(s.constraint is not None for s in seqs):
-            self.grammar.add_to(sampling, seqs, grid)
+        if any(c is not None for c in constraints):
+            self.grammar.add_to(sampling, constraints, grid)
         return StepInputs(rows_t, slots, sampling)

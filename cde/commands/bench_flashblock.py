@@ -11,7 +11,6 @@ by the run's measured mix of refreshed and reused steps, times the number of lay
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
 from cde.shared.protocol import FlashBlockSpec
 from cde.worker.cuda_graphs import bucket_splits
-from cde.worker.scheduler import Batch
+from cde.worker.plan import StepPlan
 
 if TYPE_CHECKING:
     from cde.shared.protocol import GenerateRequest
@@ -46,11 +45,11 @@ class _ModeCount:
         self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
         self.runner, self.inner = engine.runner, engine.runner.launch
 
-        def counted(batch: Batch) -> Pass:
-            for it in batch.items:
+        def counted(plan: StepPlan) -> Pass:
+            for it in plan.items:
                 if it.is_step:
                     self.counts[it.attention] += 1
-            return self.inner(batch)
+            return self.inner(plan)
 
         self.runner.launch = counted
 
@@ -63,7 +62,7 @@ class _ModeCount:
 class Deviation:
     """KL(exact || reused) of the next-token distribution at every eligible position of the step
     items that reuse FlashBlock's cache, over every pass the engine runs while it is installed.
-    Before such a pass launches, its batch is run once with every item exact and once as
+    Before such a pass launches, its plan is run once with every item exact and once as
     scheduled (`ModelRunner.step_logits`): two extra forwards per pass, so measure in a run of
     its own, not one that is timed. Both write the same K/V and cache rows the pass then writes."""
 
@@ -72,18 +71,18 @@ class Deviation:
         self.runner, self.inner = engine.runner, engine.runner.launch
         self.vocab = engine.cfg.vocab_size
 
-        def measured(batch: Batch) -> Pass:
-            if any(it.is_step and it.attention == ATTN_REUSE for it in batch.items):
-                self._measure(batch)
-            return self.inner(batch)
+        def measured(plan: StepPlan) -> Pass:
+            if any(it.is_step and it.attention == ATTN_REUSE for it in plan.items):
+                self._measure(plan)
+            return self.inner(plan)
 
         self.runner.launch = measured
 
-    def _measure(self, batch: Batch) -> None:
-        exact = Batch([dataclasses.replace(it, attention=ATTN_EXACT) for it in batch.items])
+    def _measure(self, plan: StepPlan) -> None:
+        exact = StepPlan(tuple(it._replace(attention=ATTN_EXACT) for it in plan.items))
         reference, _ = self.runner.step_logits(exact)
-        logits, row_item = self.runner.step_logits(batch)
-        reused = [r for r, i in enumerate(row_item) if batch.items[i].attention == ATTN_REUSE]
+        logits, row_item = self.runner.step_logits(plan)
+        reused = [r for r, i in enumerate(row_item) if plan.items[i].attention == ATTN_REUSE]
         idx = torch.tensor(reused, device=logits.device)
         p_log = torch.log_softmax(reference[idx, : self.vocab].float(), -1)
         q_log = torch.log_softmax(logits[idx, : self.vocab].float(), -1)

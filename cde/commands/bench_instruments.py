@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from cde.shared.protocol import GenerateRequest
     from cde.worker.engine import Engine
     from cde.worker.model_runner import Pass
-    from cde.worker.scheduler import Batch, Picks
+    from cde.worker.plan import Picks, StepPlan
 
 
 class StepClock:
@@ -36,9 +36,9 @@ class StepClock:
         self.last_decode = False  # the last finished pass held no prefill item
         self.inner = runner.launch, runner.picks
 
-        def launch(batch: Batch) -> Pass:
+        def launch(plan: StepPlan) -> Pass:
             self.starts.append(self._mark())
-            p = self.inner[0](batch)
+            p = self.inner[0](plan)
             self.queued.append(self._mark())
             return p
 
@@ -46,7 +46,7 @@ class StepClock:
             out = self.inner[1](p)
             self.end = self._mark()
             self.finished += 1
-            self.last_decode = all(it.is_step or it.block >= it.seq.n_prompt_blocks for it in p.batch.items)
+            self.last_decode = all(it.is_step or it.block >= it.request.prompt_len // PAGE for it in p.plan.items)
             return out
 
         runner.launch, runner.picks = launch, picks

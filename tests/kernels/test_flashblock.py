@@ -9,7 +9,7 @@ from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.shared.wire import decode, encode
 from cde.worker.engine import Engine, EngineArgs
-from cde.worker.sequence import Sequence
+from cde.worker.flashblock_policy import FlashBlockPolicy
 
 from cde.commands.bench_flashblock import Deviation
 
@@ -81,13 +81,14 @@ def test_batched_split_reads_and_writes_only_its_rows():
 
 
 def modes_of(spec: FlashBlockSpec, unmasked_per_step: list[int], block_ends: set[int] = frozenset()) -> str:
-    seq = Sequence(GenerateRequest("r", [1] * 64, max_tokens=64, flashblock=spec), None)
+    policy, slot = FlashBlockPolicy(), 3
+    policy.start(slot, spec)
     out = []
     for step, n in enumerate(unmasked_per_step):
-        out.append("ERU"[seq.next_attention_mode()])
-        seq.place(list(range(n)), [5] * n)
+        out.append("ERU"[policy.plan_step(slot)])
+        policy.unmasked(slot, n)
         if step in block_ends:
-            seq.advance()
+            policy.new_block(slot)
     return "".join(out)
 
 

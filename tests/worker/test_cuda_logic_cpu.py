@@ -18,7 +18,7 @@ import pytest
 import torch
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
-from cde.worker.attribution_batch import AttributionRunner, _Graph
+from cde.worker.attribution_runner import AttributionRunner, _Graph
 from cde.worker.concept_contributions import attribute, width
 from cde.worker.cuda_graphs import BUCKETS, bucket_forward, bucket_splits, pack
 from cde.worker.engine import Engine, EngineArgs
@@ -96,9 +96,9 @@ def live_pass(engine: Engine, flashblock):
         )
     for _ in range(4):
         engine.step()
-    batch = engine._in_flight.batch
-    assert len(batch.items) >= 3 and any(it.is_step for it in batch.items) and len({it.block for it in batch.items}) > 1
-    return batch.items
+    plan = engine._in_flight.plan
+    assert len(plan.items) >= 3 and any(it.is_step for it in plan.items) and len({it.block for it in plan.items}) > 1
+    return plan.items
 
 
 def clone(caches):
@@ -154,7 +154,7 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
                     assert torch.equal(k[:, page], before_kv[layer][0][:, page]), (layer, page)
                     assert torch.equal(v[:, page], before_kv[layer][1][:, page]), (layer, page)
         if flashblock:
-            refreshed = {it.seq.slot for it, w in zip(items, split.writes) if w != scratch_slot}
+            refreshed = {it.slot for it, w in zip(items, split.writes) if w != scratch_slot}
             for layer, rows in enumerate(fb_cache):
                 for slot in range(scratch_slot):
                     for ours, eager, old in zip(rows, want_fb[layer], before_fb[layer]):
@@ -163,7 +163,7 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
                         else:
                             assert torch.equal(ours[slot], old[slot]), (layer, slot)
     for it in items:  # the eager rerun rewrote what the pass had written: the engine carries on
-        engine.abort(it.seq.id)
+        engine.abort(it.request.request_id)
     while engine.has_work():
         engine.step()
 

@@ -33,13 +33,19 @@ def official_tokens(tiny_dir) -> list[int]:
 
 
 def test_a_request_that_fails_its_pass_fails_alone(tiny_dir, official_tokens, monkeypatch):
-    launch = ModelRunner.launch
+    start, launch = ModelRunner.start, ModelRunner.launch
+    marked: set[int] = set()  # the slot of the request whose prompt starts with LAUNCH_FAULT
 
-    def failing_launch(self, batch):  # the planted fault: any pass that holds the marked request's step
-        if any(it.is_step and it.seq.req.prompt_ids[:1] == [LAUNCH_FAULT] for it in batch.items):
+    def marking_start(self, new):
+        (marked.add if new.prompt_ids[:1] == (LAUNCH_FAULT,) else marked.discard)(new.slot)
+        return start(self, new)
+
+    def failing_launch(self, plan):  # the planted fault: any pass that holds the marked request's step
+        if any(it.is_step and it.slot in marked for it in plan.items):
             raise RuntimeError("planted fault while launching a pass")
-        return launch(self, batch)
+        return launch(self, plan)
 
+    monkeypatch.setattr(ModelRunner, "start", marking_start)
     monkeypatch.setattr(ModelRunner, "launch", failing_launch)
     engine = Engine(EngineArgs(str(tiny_dir), max_running=4))
     for rid in ("a", "b"):

@@ -85,7 +85,7 @@ def test_block_results_carry_input_attribution(engine, scope):
         assert ia.chunk_positions[0] == [d["input_position"] for d in ref[:top_k]]
         assert ia.chunk_scores[0] == pytest.approx([d["score"] for d in ref[:top_k]], rel=1e-5)
         assert ia.chunk_token_ids[0] == [d["input_token_id"] for d in ref[:top_k]]
-    assert not engine.inputs.requests  # released with the request
+    assert not engine.outputs.input_attribution.requests  # released with the request
 
 
 def test_other_requests_decode_while_attribution_runs(engine):
@@ -93,7 +93,7 @@ def test_other_requests_decode_while_attribution_runs(engine):
     engine.add_request(GenerateRequest("plain", PROMPT, max_tokens=192))
     order = []
     while engine.has_work():
-        pending = engine.inputs.has_work()
+        pending = engine.outputs.input_attribution.has_work()
         for r in engine.step():
             if isinstance(r, BlockResult):
                 order.append((r.request_id, pending))
@@ -106,16 +106,16 @@ def test_other_requests_decode_while_attribution_runs(engine):
 
 def test_abort_drops_the_attribution(engine):
     engine.add_request(asking("a", 64, steps=8))
-    while not engine.inputs.has_work():
+    while not engine.outputs.input_attribution.has_work():
         engine.step()
     assert engine.abort("a")
-    assert not engine.inputs.requests
+    assert not engine.outputs.input_attribution.requests
     assert all(r.request_id != "a" for r in drain(engine))
 
 
 def test_requests_that_do_not_ask_are_not_tracked(engine):
     engine.add_request(GenerateRequest("p", PROMPT, max_tokens=64, attribution=AttributionSpec()))
-    assert not engine.inputs.requests
+    assert not engine.outputs.input_attribution.requests
     results = drain(engine)
     assert results and all(getattr(r, "input_attribution", None) is None for r in results)
 

@@ -235,26 +235,26 @@ def run_checked(engine, reqs, check):
         for _ in range(200):
             if not engine.has_work():
                 break
-            scheduled = engine.scheduler.schedule()
-            batch, admitted = scheduled.batch, scheduled.admitted
-            for seq in admitted:
-                engine.runner.start(seq)
-            if not batch.items:
+            plan = engine.scheduler.schedule()
+            for new in plan.new:
+                engine.runner.start(new)
+            if not plan.items:
                 continue
-            eligible = [it.seq.eligible() for it in batch.step_items]
+            seqs = [engine.scheduler.running_in(it.slot) for it in plan.step_items]
+            eligible = [it.eligible for it in plan.step_items]
             context = [
-                list(it.seq.req.prompt_ids) + it.seq.generated + [t for t in it.seq.tokens if t != MASK_ID]
-                for it in batch.step_items
+                list(seq.req.prompt_ids) + seq.generated + [t for t in seq.tokens if t != MASK_ID] for seq in seqs
             ]
-            picks = engine.runner.picks(engine.runner.launch(batch))
+            picks = engine.runner.picks(engine.runner.launch(plan))
             hidden = captured["hidden"]
-            step_idx = [i for i, it in enumerate(batch.items) if it.is_step]
+            step_idx = [i for i, it in enumerate(plan.items) if it.is_step]
             with torch.inference_mode():
                 for n, i in enumerate(step_idx):
                     logits = model.logits(hidden[i]).float()
-                    check(batch.items[i].seq.req, logits, torch.tensor(eligible[n]), picks[n], context[n])
-            for res in engine.scheduler.update(batch, picks):
-                out[res.request_id].extend(res.token_ids)
+                    check(seqs[n].req, logits, torch.tensor(eligible[n]), picks[n], context[n])
+            for placed in engine.scheduler.place(plan, picks):
+                for res in placed.results:
+                    out[res.request_id].extend(res.token_ids)
         assert not engine.has_work(), "not finished after 200 passes"
     finally:
         handle.remove()

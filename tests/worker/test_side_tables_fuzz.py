@@ -1,7 +1,7 @@
 """State keyed by request never outlives the request: a fuzz of the engine (tiny model) with
 requests that use every per-request feature, arriving and being aborted at random, checks after
 every step that each side table holds only live requests:
-- the scheduler's attribution of active blocks: running requests only;
+- the output stage's attribution of active blocks: running requests only;
 - input-attribution jobs: waiting or running requests, or finished ones whose results still wait
   for their IG;
 - steering state: a running request's slot has it exactly when the request steers;
@@ -53,15 +53,15 @@ def random_request(rng: random.Random, i: int) -> GenerateRequest:
 
 
 def check_side_tables(engine: Engine, aborted: set[str]) -> None:
-    s, inputs = engine.scheduler, engine.inputs
+    s, outputs, inputs = engine.scheduler, engine.outputs, engine.outputs.input_attribution
     running = {seq.id: seq for seq in s.running}
     waiting = {seq.id for seq in s.waiting}
-    assert set(s.block_attribution) <= set(running), "attribution of a request that is not running"
+    assert set(outputs.block_attribution) <= set(running), "attribution of a request that is not running"
     for rid, job in inputs.requests.items():
         assert rid in running or rid in waiting or job.queue, f"input-attribution job of {rid} with nothing to do"
     for seq in running.values():
         assert (seq.slot in engine.runner.steering) == (seq.req.steering is not None), seq.id
-    left = aborted & (set(s.block_attribution) | set(inputs.requests) | set(running) | waiting)
+    left = aborted & (set(outputs.block_attribution) | set(inputs.requests) | set(running) | waiting)
     assert not left, f"aborted requests still held: {left}"
 
 
@@ -77,11 +77,11 @@ def test_side_tables_hold_only_live_requests(tiny_dir):
         live = [seq.id for seq in engine.scheduler.running + list(engine.scheduler.waiting)]
         if live and rng.random() < 0.15:
             victim = rng.choice(live)
-            held_attribution_when_aborted += victim in engine.scheduler.block_attribution
+            held_attribution_when_aborted += victim in engine.outputs.block_attribution
             engine.abort(victim)
             aborted.add(victim)
         engine.step()
         check_side_tables(engine, aborted)
     assert held_attribution_when_aborted > 0  # the fuzz aborted a request in the middle of a block
-    assert not engine.scheduler.block_attribution and not engine.inputs.requests
+    assert not engine.outputs.block_attribution and not engine.outputs.input_attribution.requests
     assert engine.stats().pages_used == 0

@@ -1,0 +1,113 @@
+"""The output stage: what a pass's results need after its picks are placed, done while the next
+pass computes (the engine calls `finish` after launching it).
+
+- Stop strings: a completed block's text is searched for the request's stops; a block that holds
+  one is cut after the token that completes it and ends the request. Its next pass is already in
+  flight by then: the scheduler ends it as an abort (`Scheduler.end`), and that pass's picks for
+  it are dropped.
+- Concept attribution: the pass's packed records go to the step's results, and are kept with the
+  request's active block until the block completes, then joined and cut to its kept tokens.
+- Input attribution (worker/input_attribution_runner.py) holds a block's result back until its
+  IG is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cde.shared.packed_attribution import PackedAttribution
+from cde.shared.protocol import EngineResult, TokenLogprobs
+from cde.shared.stops import find_stop
+from cde.worker.input_attribution_runner import InputAttributionRunner
+from cde.worker.scheduler import Placed, Scheduler
+from cde.worker.sequence import Sequence, Status
+
+
+class OutputStage:
+    def __init__(
+        self, scheduler: Scheduler, decode: Callable[[list[int]], str], input_attribution: InputAttributionRunner
+    ) -> None:
+        self.scheduler = scheduler
+        self.decode = decode  # token ids -> text, for stop strings
+        self.input_attribution = input_attribution
+        self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's
+
+    def track(self, seq: Sequence) -> None:
+        """A request was queued (input attribution follows the ones that ask)."""
+        self.input_attribution.track(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop whatever the stage holds of the request; True when it held something."""
+        attributed = self.block_attribution.pop(request_id, None) is not None
+        return self.input_attribution.abort(request_id) or attributed
+
+    def has_work(self) -> bool:
+        return self.input_attribution.has_work()
+
+    def finish(self, placed: list[Placed], records: list[PackedAttribution | None]) -> list[EngineResult]:
+        """The results of a pass whose picks were placed (`records`: its attribution per step
+        item, None where not asked), finished, and those that may leave now."""
+        results: list[EngineResult] = []
+        for p in placed:
+            if p.block_result is not None and p.seq.req.stop:
+                self._stop_strings(p)
+            if p.seq.params.attribution:
+                self._attach(p, records[p.index])
+            results += p.results
+        return self.input_attribution.process(results, decoding=self._others_decode())
+
+    def idle(self) -> list[EngineResult]:
+        """No pass ran: input attribution has the device to itself."""
+        return self.input_attribution.process([], decoding=False)
+
+    def _stop_strings(self, p: Placed) -> None:
+        """Cut the completed block after the token that completes a stop string, if one does, and
+        end the request there."""
+        seq, result = p.seq, p.block_result
+        assert result is not None
+        generated, new = seq.generated[: p.generated_before], result.token_ids
+        found = find_stop(self.decode(generated + new), seq.req.stop)
+        if found is None:
+            return
+        new = _shortest_prefix_with_stop(self.decode, generated, new, found)
+        del seq.generated[p.generated_before + len(new) :]
+        result.token_ids = new
+        if result.logprobs is not None:
+            lp, n = result.logprobs, len(new)
+            result.logprobs = TokenLogprobs(lp.logprobs[:n], lp.top_ids[:n], lp.top_logprobs[:n])
+        self.scheduler.end(seq, "stop")  # False when its length had ended it already: the stop wins
+        result.finished, result.finish_reason, result.stop_str = True, "stop", found[1]
+
+    def _attach(self, p: Placed, packed: PackedAttribution | None) -> None:
+        """The step's attribution records, per kept pick: to its StepResult, and kept with the
+        active block until the block completes, then joined and cut to the tokens it keeps."""
+        assert packed is not None, "the pass computed attribution for every request that asked"
+        records = packed.head(p.kept)
+        if p.step_result is not None:
+            p.step_result.attribution = records
+        rid = p.seq.id
+        if p.block_result is not None:
+            block = PackedAttribution.join([*self.block_attribution.pop(rid, []), records])
+            p.block_result.attribution = block.kept(set(p.block_positions[: len(p.block_result.token_ids)]))
+        elif p.seq.status is Status.RUNNING:
+            self.block_attribution.setdefault(rid, []).append(records)
+        else:  # ended by its step (a grammar's refusal) or since (a failed launch): nothing to join
+            self.block_attribution.pop(rid, None)
+
+    def _others_decode(self) -> bool:
+        """Input attribution yields to other requests (a share of the time), not to its own: to
+        those decoding, and to those waiting for a slot (which a full chunk per step would starve)."""
+        asked = self.input_attribution.requests
+        s = self.scheduler
+        return bool(asked) and (bool(s.waiting) or any(seq.id not in asked for seq in s.running))
+
+
+def _shortest_prefix_with_stop(
+    decode: Callable[[list[int]], str], generated: list[int], new: list[int], found: tuple[int, str]
+) -> list[int]:
+    """Keep the block's tokens up to the one that completes the stop string, so the client's
+    detokenizer sees the same stop at the same place."""
+    for n in range(len(new) + 1):
+        if find_stop(decode(generated + new[:n]), [found[1]]) is not None:
+            return new[:n]
+    return new
