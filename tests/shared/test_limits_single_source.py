@@ -45,7 +45,7 @@ ALLOWED: dict[str, dict[int, int]] = {
     "kernels/fp8_triton.py": {64: 2, 128: 3, 256: 3},  # Triton GEMM tiles
     "shared/catalog_file.py": {64: 1},  # 64 MiB catalog file cap
     "shared/settings.py": {256: 1},  # EngineArgs.max_items' default (64-token blocks per pass)
-    "worker/attribution_batch.py": {128: 1},  # attribution row buckets
+    "worker/attribution_runner.py": {128: 1},  # attribution row buckets
     "worker/cuda_graphs.py": {64: 2},  # the largest batch bucket; dynamo's cache size
     "worker/demo_model.py": {64: 1},  # 64 MiB unpack slack
     "worker/fp8.py": {64: 1, 256: 1},  # the Triton GEMM's row and K tiles
