@@ -114,9 +114,7 @@ async def create_chat_completion(request: Request) -> Response:
             ),
             chunk,
             set(),
-            (lambda: {**head, "choices": [], "usage": usage(len(prompt), gen.completion_tokens)})
-            if with_usage
-            else None,
+            (lambda: {**head, "choices": [], "usage": usage(gen, len(prompt), len(reqs))}) if with_usage else None,
         )
 
     def choice(c: Choice) -> dict:
@@ -134,7 +132,7 @@ async def create_chat_completion(request: Request) -> Response:
                 "created": created,
                 "model": body.model,
                 "choices": choices,
-                "usage": usage(len(prompt), gen.completion_tokens),
+                "usage": usage(gen, len(prompt), len(reqs)),
                 **prompt_ids,
             }
         )

@@ -37,11 +37,14 @@ async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, 
     return state, body, info
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(gen: Generation, prompt_tokens: int, choices_per_prompt: int) -> dict:
+    """OpenAI's usage object, once the choices have finished; cached_tokens: of the prompt tokens,
+    those the workers' prefix caches held (Generation.cached_tokens)."""
     return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": gen.completion_tokens,
+        "total_tokens": prompt_tokens + gen.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": gen.cached_tokens(choices_per_prompt)},
     }
 
 

@@ -111,7 +111,7 @@ async def create_completion(request: Request) -> Response:
             ({**head, "choices": [choice(i, tok.decode(prompt_of[i]), [], None, None, True)], **extra} for i in echoed),
             chunk,
             set(echoed),
-            (lambda: {**head, "choices": [], "usage": usage(n_prompt, gen.completion_tokens)}) if with_usage else None,
+            (lambda: {**head, "choices": [], "usage": usage(gen, n_prompt, body.n)}) if with_usage else None,
         )
 
     async def complete() -> Response:
@@ -129,6 +129,6 @@ async def create_completion(request: Request) -> Response:
             for c in results
         ]
         content.answered({c["index"]: c["text"] for c in choices})
-        return JsonResponse({**head, "choices": choices, "usage": usage(n_prompt, gen.completion_tokens)})
+        return JsonResponse({**head, "choices": choices, "usage": usage(gen, n_prompt, body.n)})
 
     return await respond_when_done(request, gen, complete)

@@ -21,12 +21,14 @@ from cde.commands.worker import (
     DTYPE_HELP,
     add_attention_arguments,
     add_fair_share_arguments,
+    add_prefix_cache_arguments,
     add_quantization_arguments,
     add_thread_arguments,
     attention_flags,
     flashblock_default,
     kv_splits,
     max_running_per_client,
+    prefix_cache_flags,
     quantization,
     quantization_flags,
 )
@@ -46,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
+    add_prefix_cache_arguments(p)
     add_http_arguments(p)
     p.add_argument(
         "--warm-up",
@@ -105,6 +108,7 @@ def _spawn(
             *(["--threads", str(args.threads)] if args.threads else []),
             *attention_flags(args),
             *quantization_flags(args),
+            *prefix_cache_flags(args),
         ]
         if args.served_model_name:
             cmd += ["--served-model-name", args.served_model_name]

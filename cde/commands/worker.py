@@ -68,6 +68,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
+    add_prefix_cache_arguments(p)
+
+
+def add_prefix_cache_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="prefill every prompt in full: no K/V pages of full 64-token prompt blocks shared between "
+        "requests, no usage.prompt_tokens_details.cached_tokens (default: the prefix cache is on)",
+    )
+
+
+def prefix_cache_flags(args: argparse.Namespace) -> list[str]:
+    """The same flag again, for a worker process `cde serve` starts."""
+    return ["--no-prefix-cache"] if args.no_prefix_cache else []
 
 
 def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
             kv_splits=splits,
             quantization=args.quantization,
             fp8_weight_only_rows=args.fp8_weight_only_rows,
+            prefix_cache=not args.no_prefix_cache,
         )
     )
     # From the process's start: imports, weights, compilation and graph capture.

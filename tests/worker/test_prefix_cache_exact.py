@@ -87,7 +87,8 @@ def assert_same(cached: list[BlockResult], plain: list[BlockResult], name: str) 
         assert (a.input_attribution is None) == (b.input_attribution is None), name
         if a.input_attribution is not None:
             ia, ib = a.input_attribution, b.input_attribution
-            assert (ia.positions, ia.top_positions, ia.top_token_ids) == (ib.positions, ib.top_positions, ib.top_token_ids)
+            for field in ("positions", "top_positions", "top_token_ids", "chunk_spans", "chunk_positions"):
+                assert getattr(ia, field) == getattr(ib, field), (name, field)
             np.testing.assert_allclose(ia.top_scores, ib.top_scores, rtol=1e-6, atol=1e-7)
 
 
