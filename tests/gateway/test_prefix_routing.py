@@ -4,8 +4,9 @@ prefix routing against round robin in one run."""
 
 import argparse
 
-from cde.commands.bench_prefix_routing import bench
 from cde.gateway.prefix_routing import PrefixAffinity
+
+from cde.commands.bench_prefix_routing import bench
 
 
 def key(n: int) -> bytes:
