@@ -18,6 +18,7 @@ import json
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.shared.config import PAGE
@@ -49,22 +50,29 @@ def tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(1000, 100000) for _ in range(n)]
 
 
-def timed(engine: Engine, reqs: list[GenerateRequest]) -> tuple[dict[str, dict], float]:
-    """Run `reqs` (arriving together) to the end: per request the seconds to its first step and
-    first block, its tokens and cached tokens; and the wall time."""
+@dataclass
+class Timing:
+    first_step_s: float = 0.0  # from the requests' arrival
+    first_block_s: float = 0.0
+    tokens: int = 0
+    cached: int = 0
+
+
+def timed(engine: Engine, reqs: list[GenerateRequest]) -> tuple[dict[str, Timing], float]:
+    """Run `reqs` (arriving together) to the end: per request its Timing, and the wall time."""
     t0 = time.perf_counter()
     for r in reqs:
         engine.add_request(r)
-    out = {r.request_id: {"first_step_s": None, "first_block_s": None, "tokens": [], "cached": 0} for r in reqs}
+    out = {r.request_id: Timing() for r in reqs}
     while engine.has_work():
         for res in engine.step():
             o, now = out[res.request_id], time.perf_counter() - t0
-            if isinstance(res, StepResult) and o["first_step_s"] is None:
-                o["first_step_s"] = now
+            if isinstance(res, StepResult) and not o.first_step_s:
+                o.first_step_s = now
             if isinstance(res, BlockResult):
-                o["first_block_s"] = o["first_block_s"] or now
-                o["tokens"] += res.token_ids
-                o["cached"] = res.cached_tokens
+                o.first_block_s = o.first_block_s or now
+                o.tokens += len(res.token_ids)
+                o.cached = res.cached_tokens
     return out, time.perf_counter() - t0
 
 
@@ -78,10 +86,10 @@ def shared_prefix(engine: Engine, args: argparse.Namespace, rng: random.Random, 
     n = len(out)
     return {
         "workload": "shared prefix",
-        "first_step_s": sum(o["first_step_s"] for o in out.values()) / n,
-        "first_block_s": sum(o["first_block_s"] for o in out.values()) / n,
-        "tok_per_s": sum(len(o["tokens"]) for o in out.values()) / wall,
-        "cached_tokens": sum(o["cached"] for o in out.values()),
+        "first_step_s": sum(o.first_step_s for o in out.values()) / n,
+        "first_block_s": sum(o.first_block_s for o in out.values()) / n,
+        "tok_per_s": sum(o.tokens for o in out.values()) / wall,
+        "cached_tokens": sum(o.cached for o in out.values()),
     }
 
 
@@ -93,10 +101,10 @@ def second_turn(engine: Engine, args: argparse.Namespace, rng: random.Random, ta
     o = out[f"{tag}-turn2"]
     return {
         "workload": "second turn",
-        "first_step_s": o["first_step_s"],
-        "first_block_s": o["first_block_s"],
+        "first_step_s": o.first_step_s,
+        "first_block_s": o.first_block_s,
         "tok_per_s": None,
-        "cached_tokens": o["cached"],
+        "cached_tokens": o.cached,
     }
 
 

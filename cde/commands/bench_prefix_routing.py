@@ -69,7 +69,7 @@ def prompts(args: argparse.Namespace, seed: int) -> list[list[int]]:
 
 async def run_policy(endpoints: list[str], policy: str, reqs: list[list[int]], args: argparse.Namespace) -> dict:
     from cde.gateway.router import Router
-    from cde.shared.protocol import GenerateRequest
+    from cde.shared.protocol import BlockResult, GenerateRequest
     from cde.shared.wire import encode
 
     router = Router(endpoints, routing=policy, fetch_catalogs=False)
@@ -85,10 +85,10 @@ async def run_policy(endpoints: list[str], policy: str, reqs: list[list[int]], a
                 req = GenerateRequest(f"{policy}-{i}", prompt, max_tokens=args.max_tokens, tokens_per_step=4)
                 handle = router.submit(req, encode(req))
                 served.append(handle.link.name)
-                results = [r async for r in handle.results()]
-                if results[-1].finish_reason not in ("length", "stop"):
-                    raise RuntimeError(f"request {i} ended with {results[-1].finish_reason}: {results[-1].error}")
-                cached.append(results[-1].cached_tokens)
+                last = [r async for r in handle.results()][-1]
+                if not isinstance(last, BlockResult) or last.finish_reason not in ("length", "stop"):
+                    raise RuntimeError(f"request {i} ended with {last}")
+                cached.append(last.cached_tokens)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i, p) for i, p in enumerate(reqs)))
