@@ -61,7 +61,7 @@ class ChatRenderer:
     def step(self, d: StepDelta) -> SseEvent:
         return self.head.step_event("chat.completion.step", d)
 
-    def last_chunk(self, completion_tokens: int) -> ChatCompletionChunk | None:
+    def last_chunk(self, completion_tokens: int, cached_tokens: int) -> ChatCompletionChunk | None:
         if not self.with_usage:
             return None
         h = self.head
@@ -71,10 +71,10 @@ class ChatRenderer:
             created=h.created,
             model=h.model,
             choices=[],
-            usage=Usage.of(len(self.prompt), completion_tokens),
+            usage=Usage.of(len(self.prompt), completion_tokens, cached_tokens),
         )
 
-    def response(self, choices: list[Choice], completion_tokens: int) -> ChatCompletionResponse:
+    def response(self, choices: list[Choice], completion_tokens: int, cached_tokens: int) -> ChatCompletionResponse:
         h = self.head
         return ChatCompletionResponse(
             id=h.id,
@@ -82,7 +82,7 @@ class ChatRenderer:
             created=h.created,
             model=h.model,
             choices=[self._choice(c) for c in choices],
-            usage=Usage.of(len(self.prompt), completion_tokens),
+            usage=Usage.of(len(self.prompt), completion_tokens, cached_tokens),
             prompt_token_ids=self._prompt_ids(),
         )
 

@@ -99,11 +99,13 @@ class Renderer(Protocol):
 
     def step(self, delta: StepDelta) -> SseEvent: ...
 
-    def last_chunk(self, completion_tokens: int) -> ResponseModel | None:
+    def last_chunk(self, completion_tokens: int, cached_tokens: int) -> ResponseModel | None:
         """The usage chunk that ends a stream which asked for it."""
         ...
 
-    def response(self, choices: list[Choice], completion_tokens: int) -> CompletionResponse | ChatCompletionResponse:
+    def response(
+        self, choices: list[Choice], completion_tokens: int, cached_tokens: int
+    ) -> CompletionResponse | ChatCompletionResponse:
         """The JSON body of the whole answer."""
         ...
 
@@ -111,11 +113,11 @@ class Renderer(Protocol):
 async def answer(request: Request, body: SamplingParams, gen: Generation, content: ContentLog, r: Renderer) -> Response:
     """An SSE stream of `r`'s chunks when the body asked for one, else its JSON body."""
     if body.stream:
-        return _stream(gen, content, r)
-    return await _respond_when_done(request, gen, content, r)
+        return _stream(gen, content, r, body.n)
+    return await _respond_when_done(request, gen, content, r, body.n)  # n: choices per prompt (usage)
 
 
-def _stream(gen: Generation, content: ContentLog, r: Renderer) -> Response:
+def _stream(gen: Generation, content: ContentLog, r: Renderer, n: int) -> Response:
     """The `opening` chunks, then one chunk per delta of the choices as they come, with a step
     event per denoising step, then the usage chunk, if any."""
 
@@ -124,19 +126,20 @@ def _stream(gen: Generation, content: ContentLog, r: Renderer) -> Response:
             yield c
         async for d in gen.stream():
             yield r.step(d) if isinstance(d, StepDelta) else r.chunk(d)
-        last = r.last_chunk(gen.completion_tokens)
+        last = r.last_chunk(gen.completion_tokens, gen.cached_tokens(n))
         if last is not None:
             yield last
 
     return EventStreamResponse(content.streamed(chunks()), on_close=gen.close)
 
 
-async def _respond_when_done(request: Request, gen: Generation, content: ContentLog, r: Renderer) -> Response:
+async def _respond_when_done(request: Request, gen: Generation, content: ContentLog, r: Renderer, n: int) -> Response:
     """The JSON answer once every choice finished, unless the client hangs up first; the choices
     still running then are aborted."""
 
     async def complete() -> Response:
-        response = r.response(await gen.collect(), gen.completion_tokens)
+        choices = await gen.collect()
+        response = r.response(choices, gen.completion_tokens, gen.cached_tokens(n))
         content.answered(response)
         return JsonResponse(response)
 

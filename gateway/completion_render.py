@@ -49,16 +49,16 @@ class CompletionRenderer:
     def step(self, d: StepDelta) -> SseEvent:
         return self.head.step_event("text_completion.step", d)
 
-    def last_chunk(self, completion_tokens: int) -> CompletionChunk | None:
+    def last_chunk(self, completion_tokens: int, cached_tokens: int) -> CompletionChunk | None:
         if not self.with_usage:
             return None
         h = self.head
-        usage = Usage.of(self.prompt_tokens, completion_tokens)
+        usage = Usage.of(self.prompt_tokens, completion_tokens, cached_tokens)
         return CompletionChunk(
             id=h.id, object="text_completion", created=h.created, model=h.model, choices=[], usage=usage
         )
 
-    def response(self, choices: list[Choice], completion_tokens: int) -> CompletionResponse:
+    def response(self, choices: list[Choice], completion_tokens: int, cached_tokens: int) -> CompletionResponse:
         h = self.head
         return CompletionResponse(
             id=h.id,
@@ -66,7 +66,7 @@ class CompletionRenderer:
             created=h.created,
             model=h.model,
             choices=[self._whole(c) for c in choices],
-            usage=Usage.of(self.prompt_tokens, completion_tokens),
+            usage=Usage.of(self.prompt_tokens, completion_tokens, cached_tokens),
         )
 
     def _whole(self, c: Choice) -> CompletionChoice:

@@ -90,6 +90,7 @@ class Generation:
         self._reqs = reqs
         self.started = time.monotonic()
         self.completion_tokens = 0
+        self._cached = [0] * len(reqs)  # per choice: prompt tokens its worker found cached
         self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
         self._handles: list[RequestHandle] = []
         try:
@@ -103,6 +104,13 @@ class Generation:
         """Abort whatever is still generating (client gone, error, shutdown); idempotent."""
         for handle in self._handles:
             handle.abort()
+
+    def cached_tokens(self, choices_per_prompt: int) -> int:
+        """usage.prompt_tokens_details.cached_tokens: like prompt_tokens, each prompt counts once,
+        with what all of its choices found cached (the n choices of one prompt share its pages,
+        so only the first to be admitted prefills them: that prompt was computed once)."""
+        c, n = self._cached, choices_per_prompt
+        return sum(min(c[i : i + n]) for i in range(0, len(c), n))
 
     async def _choice(self, index: int) -> AsyncIterator[Delta | StepDelta]:
         handle, text, m, view = self._handles[index], self._texts[index], self.metrics, self._views[index]
@@ -128,6 +136,7 @@ class Generation:
                     now = time.monotonic()
                     (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
                     last = now
+                    self._cached[index] = res.cached_tokens
                     if res.finish_reason == "error":
                         raise GenerationError(res.error or "generation failed")
                     if res.attribution is not None:

@@ -40,6 +40,21 @@ class Metrics:
             "cde_worker_refused_frames", "Frames the worker dropped unread past its inbox budget", w, registry=r
         )
         self.pages_total = Gauge("cde_worker_kv_pages_total", "KV cache pages (64 tokens) in all", w, registry=r)
+        # The prefix cache (worker/prefix_cache.py): counts since the worker started, and pages now.
+        self.cache = {
+            "cache_query_tokens": Gauge(
+                "cde_worker_prefix_cache_query_tokens", "Tokens of full prompt pages looked up", w, registry=r
+            ),
+            "cache_hit_tokens": Gauge(
+                "cde_worker_prefix_cache_hit_tokens", "Of them, found cached instead of prefilled", w, registry=r
+            ),
+            "cache_evictions": Gauge(
+                "cde_worker_prefix_cache_evictions", "Cached pages taken back for other requests", w, registry=r
+            ),
+            "cache_pages": Gauge(
+                "cde_worker_prefix_cache_pages", "Pages the prefix cache holds, in use or not", w, registry=r
+            ),
+        }
         self.ttfb = Histogram(
             "cde_time_to_first_block_seconds", "Request arrival to its first block", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -73,4 +88,6 @@ class Metrics:
             self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
             self.refused_frames.labels(link.name).set(hb.refused_frames if hb else 0)
             self.pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)
+            for field, gauge in self.cache.items():
+                gauge.labels(link.name).set(getattr(hb, field) if hb else 0)
         return generate_latest(self.registry)

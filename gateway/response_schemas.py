@@ -44,17 +44,23 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null")
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int  # of the prompt tokens, those the workers' prefix caches held (docs/api.md)
+
+
 class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int  # the tokens of the returned text (docs/api.md)
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 

@@ -1,4 +1,5 @@
-"""The worker pool: liveness (heartbeats + process exit), and least-outstanding-requests routing."""
+"""The worker pool: liveness (heartbeats + process exit), and routing: by prompt prefix
+(gateway/prefix_routing.py), least outstanding requests, or round robin."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import TYPE_CHECKING
 import zmq.asyncio
 from cde.gateway.errors import ApiError
 from cde.gateway.model_info import ModelInfo
+from cde.gateway.prefix_routing import PrefixAffinity
 from cde.gateway.worker_catalogs import WorkerCatalogs
 from cde.gateway.worker_link import RequestHandle, WorkerLink
+from cde.shared.config import PAGE
 from cde.shared.curve import CurveClient
+from cde.shared.prefix_hash import page_keys
 from cde.shared.protocol import ConceptInfo, GenerateRequest
 
 if TYPE_CHECKING:
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cde.gateway")
 
 QUERY_TIMEOUT_S = 60.0  # a query waits for the engine thread to finish its current step
+ROUTING = ("prefix", "least-loaded", "round-robin")  # --routing
 
 
 class Router:
@@ -38,7 +43,12 @@ class Router:
         curve: CurveClient | None = None,
         discovery: DnsDiscovery | None = None,
         fetch_catalogs: bool = True,
+        routing: str = "prefix",
     ) -> None:
+        if routing not in ROUTING:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING)}, not {routing!r}")
+        self.routing = routing
+        self.affinity = PrefixAffinity()
         self.endpoints = endpoints
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval
@@ -147,9 +157,21 @@ class Router:
         order = alive[self._turn :] + alive[: self._turn]
         return min(order, key=lambda w: len(w.inflight))
 
+    def _route(self, req: GenerateRequest) -> WorkerLink:
+        if self.routing == "round-robin":
+            alive = self.live()
+            self._turn = (self._turn + 1) % len(alive)
+            return alive[self._turn]
+        if self.routing == "least-loaded" or len(req.prompt_ids) < PAGE:  # no full page to find cached
+            return self._least_loaded()
+        alive = self.live()
+        key = page_keys(req.prompt_ids, 1)[0]  # one hash of 256 bytes: nothing to take off the event loop
+        slack = alive[0].heartbeat.max_running  # busy: a whole batch more outstanding than the least loaded
+        return self.affinity.choose(key, alive, lambda w: w.endpoint, lambda w: len(w.inflight), slack)
+
     def submit(self, req: GenerateRequest, frame: bytes) -> RequestHandle:
         """`frame`: `req` encoded (`shared.wire.encode_all`)."""
-        link = self._least_loaded()
+        link = self._route(req)
         if self._in_flight_of(req.client) >= self.max_queued_per_client:
             raise ApiError(
                 429,

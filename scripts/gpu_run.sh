@@ -5,7 +5,7 @@
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
-# plain, issue 26)
+# plain, issue 26; `prefix`: the prefix cache off vs on, issue 30)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
-  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*|*" structured "*)
+  *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*|*" structured "*|*" prefix "*)
     [[ -f /tmp/m8b/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda /tmp/m8b > /dev/null ;;
 esac
 for STAGE in $STAGES; do
@@ -129,6 +129,9 @@ for STAGE in $STAGES; do
     # throughput of 16 other requests while one request's input attribution runs (~5 min)
     python3 scripts/bench_input_attribution.py --model /tmp/m8b --steps "${IA_STEPS:-1,32}" --others 16 \
       --max-tokens 256 --json "$OUT/input_attribution.json" 2>&1 | tee "$OUT/input_attribution.log" ;;
+  prefix)  # issue 30: 32 requests sharing a 3,840-token prefix (64-token tails, 256 new tokens) and a second turn
+    # resending a 3,008-token history, prefix cache off then on, one engine (~3 min)
+    python3 -m cde bench prefix-cache --model /tmp/m8b --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix_cache.log" ;;
   fp8kernels)  # issue 16: the Triton FP8 GEMM, activation quantization and confidence kernels vs before (~3 min)
     python3 scripts/bench_fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.log" ;;
   official)  # the official generator on the same GPU and checkpoint

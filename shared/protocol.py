@@ -18,7 +18,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 7: PrefixResult, GenerateRequest.stream_tokens and .logprobs, TokenLogprobs
 # 8: GenerateRequest's logit rules (penalties, logit_bias, min_tokens, ignore_eos)
 # 9: GenerateRequest.grammar
-PROTOCOL_VERSION = 9
+# 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
+PROTOCOL_VERSION = 10
 
 
 @dataclass
@@ -149,6 +150,7 @@ class BlockResult:
     stop_str: str | None = None
     error: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens in pages the prefix cache held (usage.prompt_tokens_details)
     attribution: PackedAttribution | None = None  # of the committed tokens, when asked
     input_attribution: InputAttribution | None = None  # of this block's tokens, when asked
     logprobs: TokenLogprobs | None = None  # of token_ids, when asked
@@ -207,6 +209,12 @@ class Heartbeat:
     pages_free: int = 0
     steps_per_s: float = 0.0
     forward_passes: int = 0
+    # The prefix cache (worker/prefix_cache.py), since the worker started: tokens of full prompt pages
+    # looked up and found, pages evicted; and the pages it holds now.
+    cache_query_tokens: int = 0
+    cache_hit_tokens: int = 0
+    cache_evictions: int = 0
+    cache_pages: int = 0
     rss_bytes: int = 0  # resident memory of the worker process (0 where /proc is missing)
     refused_frames: int = 0  # dropped unread past the worker's inbox budget (worker/inbox_budget.py)
     catalog_digest: str = ""  # sha256 of the worker's concept catalog file ("": it has none)

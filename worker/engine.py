@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass
 
 import torch
+from cde.shared.config import PAGE
 from cde.shared.grammar import ll_tokenizer
 from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
@@ -24,6 +25,7 @@ from cde.worker.constraint import Constraint
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.outputs import OutputStage
+from cde.worker.prefix_cache import PrefixCache
 from cde.worker.scheduler import Scheduler
 from cde.worker.steering import concept_top_tokens
 
@@ -38,8 +40,12 @@ class EngineStats:
     running: int  # requests being decoded
     waiting: int  # requests queued for pages or a slot
     pages_used: int  # KV cache pages held by running requests
-    pages_free: int
+    pages_free: int  # free, or cached and held by no request
     forward_passes: int  # since the engine started
+    cache_query_tokens: int = 0  # the prefix cache's figures (PrefixCacheStats), since the engine started
+    cache_hit_tokens: int = 0
+    cache_evictions: int = 0
+    cache_pages: int = 0  # pages the prefix cache holds now, referenced or not
 
 
 def resolve_device(device: str) -> str:
@@ -59,8 +65,15 @@ class Engine:
             fp8.quantize_model(model, args.fp8_weight_only_rows)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
+        # The K/V of a prompt page depend on its tokens and on the weights as run: model, dtype, quantization.
+        namespace = f"{args.model}|{dtype}|{args.quantization}"
         self.scheduler = Scheduler(
-            num_pages, args.max_running, args.max_items, self.cfg.eot_id, args.max_running_per_client
+            num_pages,
+            args.max_running,
+            args.max_items,
+            self.cfg.eot_id,
+            args.max_running_per_client,
+            PrefixCache(namespace) if args.prefix_cache else None,
         )
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
         # Stop strings, attribution records and input attribution (for requests that ask) of each pass.
@@ -182,7 +195,15 @@ class Engine:
         self.outputs.abort(seq.id)
         if self.scheduler.end(seq, "error"):
             self._failed.append(
-                BlockResult(seq.id, [], True, "error", error=REQUEST_FAILED, prompt_tokens=seq.prompt_len)
+                BlockResult(
+                    seq.id,
+                    [],
+                    True,
+                    "error",
+                    error=REQUEST_FAILED,
+                    prompt_tokens=seq.prompt_len,
+                    cached_tokens=seq.cached_pages * PAGE,
+                )
             )
 
     def generate(self, requests: list[GenerateRequest]) -> dict[str, list[int]]:
@@ -197,11 +218,15 @@ class Engine:
         return out
 
     def stats(self) -> EngineStats:
-        s = self.scheduler
-        return EngineStats(
+        s, cache = self.scheduler, self.scheduler.prefix_cache
+        stats = EngineStats(
             running=len(s.running),
             waiting=len(s.waiting),
             pages_used=s.pages.num_used,
             pages_free=s.pages.num_free,
             forward_passes=self.forward_passes,
         )
+        if cache is not None:
+            stats.cache_query_tokens, stats.cache_hit_tokens = cache.stats.query_tokens, cache.stats.hit_tokens
+            stats.cache_evictions, stats.cache_pages = cache.stats.evictions, cache.pages_held
+        return stats

@@ -19,6 +19,7 @@ from cde.worker.fair_share import FairShare
 from cde.worker.flashblock_policy import FlashBlockPolicy
 from cde.worker.kv_pages import PageAllocator
 from cde.worker.plan import NewRequest, Picks, PlannedItem, StepPlan
+from cde.worker.prefix_cache import PrefixCache
 from cde.worker.sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -48,8 +49,10 @@ class Scheduler:
         max_items: int,
         eot_id: int | None,
         max_running_per_client: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
-        self.pages = PageAllocator(num_pages)
+        self.prefix_cache = prefix_cache
+        self.pages = PageAllocator(num_pages, prefix_cache)
         self.fair = FairShare(max_running_per_client)
         self.flashblock = FlashBlockPolicy()
         self.max_running = max_running
@@ -66,6 +69,8 @@ class Scheduler:
         seq = Sequence(req, None if req.ignore_eos else self.eot_id, constraint)  # ignore_eos: EOT is a plain token
         if seq.n_blocks > self.pages.num_pages:
             raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
+        if self.prefix_cache is not None:
+            seq.page_keys = self.prefix_cache.keys(req.prompt_ids)
         self.waiting.append(seq)
         return seq
 
@@ -101,12 +106,17 @@ class Scheduler:
         admitted = []
         while self.waiting and self._free_slots:
             seq = self.fair.pick(self.waiting)
+            if seq is None:
+                break
+            shared = self.prefix_cache.match(seq.page_keys) if self.prefix_cache is not None else []
             # The chosen one waits for pages rather than be passed by smaller ones: no starvation.
-            if seq is None or not self.pages.can_allocate(seq.n_blocks):
+            if not self.pages.can_allocate(seq.n_blocks, shared):
                 break
             self.waiting.remove(seq)
             self.fair.admitted(seq)
-            seq.pages = self.pages.allocate(seq.id, seq.n_blocks)
+            seq.pages = self.pages.allocate(seq.id, seq.n_blocks, shared)
+            if self.prefix_cache is not None:
+                self.prefix_cache.admitted(seq.page_keys, seq.pages)
             seq.slot = self._free_slots.pop()
             seq.status = Status.RUNNING
             self.flashblock.start(seq.slot, seq.req.flashblock)
@@ -134,14 +144,26 @@ class Scheduler:
             items.append(self._step(seq))
             budget -= need
         # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
+        # A page another request wrote in an earlier pass is skipped (prefix cache); one another
+        # request writes in this pass is waited for: read in the same pass, it would be garbage if
+        # its writer's items were dropped (worker/isolation.py).
+        writing: set[int] = set()
         for seq in self.running:
             if seq.prefill_done:
                 continue  # stepped above, or left for the next pass when the budget ran out
             while not seq.prefill_done and budget > 0:
                 block = seq.prefilled
-                items.append(self._write(seq, block, seq.prompt_block(block)))
+                page = seq.pages[block]
+                if self.prefix_cache is not None and self.prefix_cache.is_written(page):
+                    seq.cached_pages += 1
+                    self.prefix_cache.stats.hit_tokens += PAGE
+                elif page in writing:
+                    break
+                else:
+                    writing.add(page)
+                    items.append(self._write(seq, block, seq.prompt_block(block)))
+                    budget -= 1
                 seq.prefilled += 1
-                budget -= 1
             if seq.prefill_done and budget > 0:
                 items.append(self._step(seq))
                 budget -= 1
@@ -181,6 +203,10 @@ class Scheduler:
         length); stop strings and attribution are the output stage's (worker/outputs.py), which
         gets a `Placed` for every step item that has results or wants its attribution."""
         placed: list[Placed] = []
+        if self.prefix_cache is not None:  # the pass has run: later passes may read what it prefilled
+            for item in plan.items:
+                if not item.is_step and item.block < item.request.prompt_len // PAGE:
+                    self.prefix_cache.written(item.page)
         for n, (item, pick) in enumerate(zip(plan.step_items, picks)):
             seq = self._by_slot.get(item.slot)
             if seq is None or seq.params is not item.request:
@@ -245,7 +271,7 @@ class Scheduler:
         seq.generated.extend(new)
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
-        result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len)
+        result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len, cached_tokens=seq.cached_pages * PAGE)
         if seq.req.logprobs is not None:
             result.logprobs = seq.output_logprobs(0, len(new))
         base = seq.block * PAGE

@@ -39,6 +39,8 @@ class Sequence:
         self.slot = -1  # row of the runner's per-request device state
         self.pages: list[int] = []
         self.prefilled = 0  # full prompt blocks already in the cache
+        self.page_keys: list[bytes] = []  # of the full prompt pages, when the prefix cache is on
+        self.cached_pages = 0  # full prompt pages found written by others (usage's cached_tokens)
         self.block = self.prompt_len // PAGE  # active block (absolute index)
         self.tokens = self._block_tokens(self.block)
         self.pending_commit: tuple[int, list[int]] | None = None  # (block, tokens) to write

@@ -12,6 +12,8 @@ from typing import Any
 SUBCOMMANDS = {
     "engine": ("bench_engine", "offline engine benchmark: latency and throughput per concurrency"),
     "serve": ("bench_serve", "HTTP load generator against a running server (vllm bench serve style)"),
+    "prefix-cache": ("bench_prefix_cache", "offline engine: shared prefixes and a second turn, prefix cache off vs on"),
+    "prefix-routing": ("bench_prefix_routing", "prefix cache hit rate and balance over workers, per routing policy"),
     "soak": ("soak", "mixed requests against a running server for a while, then pass/fail checks"),
 }
 

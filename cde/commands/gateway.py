@@ -45,6 +45,14 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds without a heartbeat before a worker counts as dead",
     )
     p.add_argument(
+        "--routing",
+        default="prefix",
+        choices=["prefix", "least-loaded", "round-robin"],
+        help="prefix: a prompt goes to the worker that holds its first page in its prefix cache, unless that "
+        "worker has a whole batch more requests than the least loaded; least-loaded: fewest outstanding "
+        "requests; round-robin: in turn (default: %(default)s)",
+    )
+    p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown"
     )
     p.add_argument(
@@ -160,6 +168,7 @@ def build_state(
         heartbeat_timeout=args.heartbeat_timeout,
         max_queue=args.max_queue,
         max_queued_per_client=args.max_queued_per_client,
+        routing=args.routing,
         fetch_catalogs=not len(labels.catalog),  # the workers' catalogs, for a gateway without one
         **router_options,
     )

@@ -23,6 +23,7 @@ from cde.commands.worker import (
     DTYPE_HELP,
     add_attention_arguments,
     add_fair_share_arguments,
+    add_prefix_cache_arguments,
     add_quantization_arguments,
     add_thread_arguments,
 )
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
+    add_prefix_cache_arguments(p)
     add_http_arguments(p)
     p.add_argument(
         "--warm-up",

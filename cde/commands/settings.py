@@ -19,6 +19,7 @@ INPUT_ATTRIBUTION_SHARE_ENV = "CDE_INPUT_ATTRIBUTION_SHARE"
 # Set by a flag group (cde/commands/worker.py's add_*_arguments) on the parser it joins: which of
 # EngineArgs' fields the command's flags give.
 ATTENTION_FLAGS, FAIR_SHARE_FLAGS, QUANTIZATION_FLAGS = "_attention_flags", "_fair_share_flags", "_quantization_flags"
+PREFIX_CACHE_FLAGS = "_prefix_cache_flags"
 
 
 def engine_args(args: argparse.Namespace, **given: Any) -> EngineArgs:
@@ -33,6 +34,8 @@ def engine_args(args: argparse.Namespace, **given: Any) -> EngineArgs:
         fields |= {"kv_splits": kv_splits(args), "flashblock": flashblock_default(args)}
     if getattr(args, QUANTIZATION_FLAGS, False):
         fields |= {"quantization": quantization(args), "fp8_weight_only_rows": args.fp8_weight_only_rows}
+    if getattr(args, PREFIX_CACHE_FLAGS, False):
+        fields["prefix_cache"] = not args.no_prefix_cache
     return EngineArgs(**(fields | given))
 
 

@@ -15,6 +15,7 @@ from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings import (
     ATTENTION_FLAGS,
     FAIR_SHARE_FLAGS,
+    PREFIX_CACHE_FLAGS,
     QUANTIZATION_FLAGS,
     engine_args,
     worker_settings,
@@ -80,6 +81,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
+    add_prefix_cache_arguments(p)
+
+
+def add_prefix_cache_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="prefill every prompt in full: no K/V pages of full 64-token prompt blocks shared between "
+        "requests, no usage.prompt_tokens_details.cached_tokens (default: the prefix cache is on)",
+    )
+    p.set_defaults(**{PREFIX_CACHE_FLAGS: True})
 
 
 def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:

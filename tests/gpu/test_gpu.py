@@ -349,3 +349,21 @@ def test_attribution_overlapped_on_gpu_equals_the_uncaptured_path(tiny_dir):
                     torch.tensor([t[1:] for t in g[head]]), torch.tensor([t[1:] for t in e[head]]), rtol=1e-4, atol=1e-5
                 )
             assert abs(g["target_logit"] - e["target_logit"]) < 1e-4 and abs(g["epsilon"] - e["epsilon"]) < 1e-3
+
+
+def test_prefix_cache_on_equals_off_through_cuda_graphs(small_dir):
+    """Issue 30 through the CUDA-graph path (float32): the CPU test's requests (shares of 0, some and
+    all full pages; steered, attributed, input-attributed, FlashBlock, constrained, sampled) give
+    with the prefix cache what they give without it, in one batch and again later."""
+    from tests.worker.test_prefix_cache_exact import assert_same, requests, run
+
+    def engine(cache: bool) -> Engine:
+        return Engine(EngineArgs(str(small_dir), device="cuda", dtype="float32", max_running=8, prefix_cache=cache))
+
+    plain = run(engine(False), requests(0))
+    cached = engine(True)
+    for round_ in (1, 2):
+        got = run(cached, requests(round_))
+        for name, blocks in plain.items():
+            assert_same(got[name], blocks, f"{name}, round {round_}")
+    assert cached.stats().cache_hit_tokens > 0
