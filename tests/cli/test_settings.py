@@ -3,6 +3,7 @@ environment (cde/commands/settings.py): the parsers `cde` builds, the builder, a
 message `cde serve` hands each worker process it starts."""
 
 import argparse
+import dataclasses
 
 import pytest
 from cde.shared.protocol import FlashBlockSpec
@@ -59,6 +60,19 @@ def test_a_command_without_a_flag_group_keeps_the_engine_defaults(monkeypatch):
 def test_bad_flags_fail_in_the_builder(flags, message):
     with pytest.raises(SystemExit, match=message.replace("[", r"\[")):
         engine_args(parse("serve", *flags))
+
+
+def test_no_prefix_cache_reaches_the_workers_as_a_setting(monkeypatch):
+    """`--no-prefix-cache` is EngineArgs.prefix_cache: `cde serve` hands it to the workers it starts
+    in their settings message, not as a flag rendered again."""
+    monkeypatch.delenv(INPUT_ATTRIBUTION_TOKENS_ENV, raising=False)
+    monkeypatch.delenv(INPUT_ATTRIBUTION_SHARE_ENV, raising=False)
+    on = engine_args(parse("serve", "--model", "m"))
+    off = engine_args(parse("serve", "--model", "m", "--no-prefix-cache"))
+    assert on.prefix_cache and off == dataclasses.replace(on, prefix_cache=False)  # that field only
+    assert engine_args(parse("worker", "--model", "m", "--no-prefix-cache")).prefix_cache is False
+    message = WorkerSettings(off, bind="ipc:///tmp/w-0").to_json()
+    assert WorkerSettings.from_json(message).engine.prefix_cache is False
 
 
 def test_worker_settings_cross_as_one_json_message():

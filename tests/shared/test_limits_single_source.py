@@ -29,6 +29,8 @@ WATCHED = (64, 128, 256)
 ALLOWED: dict[str, dict[int, int]] = {
     "shared/config.py": {64: 3, 128: 2, 256: 3},  # PAGE itself; the presets' model shapes
     "cde/commands/bench_engine.py": {256: 1},  # --max-tokens' default
+    "cde/commands/bench_prefix_cache.py": {64: 1, 256: 1},  # --tail-tokens' and --max-tokens' defaults
+    "cde/commands/bench_prefix_routing.py": {64: 1},  # --requests' default
     "cde/commands/bench_serve.py": {64: 1},  # --max-tokens' default
     "cde/commands/eval.py": {64: 1},  # --max-running's default
     "cde/commands/gateway.py": {128: 1, 256: 1},  # --max-queue and --max-queued-per-client defaults

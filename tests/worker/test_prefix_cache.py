@@ -14,7 +14,7 @@ from cde.worker.prefix_cache import PrefixCache
 from cde.worker.scheduler import Scheduler
 from cde.worker.sequence import Status
 
-from tests.worker.test_kv_pages import fake_picks
+from tests.worker.test_scheduler import fake_picks, results
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -113,20 +113,22 @@ def expected_content(seq, block: int):
 
 def run_pass(s: Scheduler, content: dict):
     """Schedule a pass and "run" it: check what it reads, then record what it writes."""
-    batch = s.schedule().batch
+    plan = s.schedule()
+    seqs = [s.running_in(it.slot) for it in plan.items]  # as the plan was made
     written_by = {}
-    for it in batch.items:
+    for it, seq in zip(plan.items, seqs):
+        assert seq is not None and seq.params is it.request
         assert it.page not in written_by, "two items write one page"
-        written_by[it.page] = it.seq.id
-        if not it.is_step and it.block < it.seq.n_prompt_blocks:
-            assert it.tokens == it.seq.req.prompt_ids[it.block * PAGE : (it.block + 1) * PAGE]
-        content[it.page] = expected_content(it.seq, it.block)
-    for it in batch.items:
+        written_by[it.page] = seq.id
+        if not it.is_step and it.block < seq.n_prompt_blocks:
+            assert list(it.tokens) == seq.req.prompt_ids[it.block * PAGE : (it.block + 1) * PAGE]
+        content[it.page] = expected_content(seq, it.block)
+    for it, seq in zip(plan.items, seqs):
         for block, page in enumerate(it.pages):
             # read after this pass's writes, which only its own request's items may provide
-            assert written_by.get(page, it.seq.id) == it.seq.id, "reads a page another request writes in this pass"
-            assert content.get(page) == expected_content(it.seq, block), "reads a page holding something else"
-    return batch
+            assert written_by.get(page, seq.id) == seq.id, "reads a page another request writes in this pass"
+            assert content.get(page) == expected_content(seq, block), "reads a page holding something else"
+    return plan
 
 
 def check_pages(s: Scheduler):
@@ -152,9 +154,7 @@ def test_scheduler_fuzz_with_shared_prefixes():
     for seed in range(30):
         rng = random.Random(seed)
         num_pages, max_running = rng.randint(4, 30), rng.randint(1, 5)
-        s = Scheduler(
-            num_pages, max_running, rng.randint(1, 10), None, decode=lambda ids: "", prefix_cache=PrefixCache("m")
-        )
+        s = Scheduler(num_pages, max_running, rng.randint(1, 10), None, prefix_cache=PrefixCache("m"))
         stems = [tokens(4 * PAGE, 100 * seed + i) for i in range(3)]
         content: dict = {}
         live, counter, hits = {}, 0, 0
@@ -173,15 +173,15 @@ def test_scheduler_fuzz_with_shared_prefixes():
                 assert s.abort(rid)
                 del live[rid]
             else:
-                batch = run_pass(s, content)
+                plan = run_pass(s, content)
                 if s.waiting and s._free_slots:  # the head waits only when it would not fit without the cache
                     assert s.waiting[0].n_blocks > s.pages.num_free
-                picks = fake_picks(batch, rng, None)
-                if batch.step_items and rng.random() < 0.1:  # aborted while its pass runs
-                    rid = rng.choice([it.seq.id for it in batch.step_items])
+                picks = fake_picks(plan, rng, None)
+                if plan.step_items and rng.random() < 0.1:  # aborted while its pass runs
+                    rid = rng.choice([it.request.request_id for it in plan.step_items])
                     assert s.abort(rid)
                     live.pop(rid)
-                for res in s.update(batch, picks):
+                for res in results(s.place(plan, picks)):
                     if res.finished:
                         hits += res.cached_tokens
                         live.pop(res.request_id)
