@@ -27,7 +27,7 @@ def _faulty(plan, token: int) -> bool:
 
 
 def _plant() -> None:
-    start, launch, picks, validate = ModelRunner.start, ModelRunner.launch, ModelRunner.picks, Engine.validate
+    start, launch, picks, add = ModelRunner.start, ModelRunner.launch, ModelRunner.picks, Engine.add_request
 
     def marking_start(self, new):
         _marked[new.slot] = new.prompt_ids[0] if new.prompt_ids else None
@@ -43,13 +43,13 @@ def _plant() -> None:
             raise RuntimeError("planted fault while reading a pass's picks")
         return picks(self, p)
 
-    def failing_validate(self, req):
+    def failing_add(self, req):
         if req.prompt_ids[:1] == [ADMIT_FAULT]:
             raise KeyError("planted fault while checking a request")
-        return validate(self, req)
+        return add(self, req)
 
     ModelRunner.start, ModelRunner.launch, ModelRunner.picks = marking_start, failing_launch, failing_picks
-    Engine.validate = failing_validate
+    Engine.add_request = failing_add
 
 
 if __name__ == "__main__":
