@@ -62,6 +62,9 @@ def test_padded_lm_head_never_changes_a_pick(tmp_path):
     ]
     plain = run(engine, reqs())
     assert engine.runner.lm_head.shape[0] == vocab
+    # A fresh engine on the same checkpoint: the first one's prefix cache names pages of the
+    # runner it computed them with, so its runner cannot be swapped under it.
+    engine = Engine(EngineArgs(engine.args.model, max_running=4))
     engine.runner = ModelRunner(
         engine.runner.model, engine.cfg, engine.scheduler.pages.num_pages, engine.args.max_running, vocab_align=128
     )
