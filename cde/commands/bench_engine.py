@@ -16,6 +16,7 @@ import torch
 from cde.commands import bench_constrained, bench_flashblock
 from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
+from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings import engine_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
@@ -69,13 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also profile 32 steps in each of the first two blocks of every level; op tables to "
         "DIR/profile-c{N}.txt (default: off)",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --preset: override a config value, e.g. --set n_layers=4 --set block_size=131072",
-    )
+    add_config_overrides(p)  # with --preset
     add_quantization_arguments(p)
     bench_flashblock.add_arguments(p)
     bench_constrained.add_arguments(p)
@@ -198,15 +193,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")
         dtype = "bfloat16" if device == "cuda" else "float32"
         t0 = time.perf_counter()
-        overrides = dict(kv.split("=", 1) for kv in args.set)
-        make_model(
-            args.preset,
-            model_dir,
-            seed=0,
-            dtype=dtype,
-            device=device,
-            overrides={k: int(v) if v.lstrip("-").isdigit() else v for k, v in overrides.items()},
-        )
+        make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device, overrides=config_overrides(args))
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.shared.config import PRESETS
 
 
@@ -17,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster for 8b)")
     p.add_argument("--max-shard-gb", type=float, default=4.0, help="largest safetensors shard, in GiB")
+    add_config_overrides(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         instruct=args.instruct,
         max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
         device=args.device,
+        overrides=config_overrides(args),
     )
     print(out)
     return 0
