@@ -21,6 +21,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # steerling declares Python >= 3.13; its code runs on the image's 3.12.
+rm -rf /tmp/site  # a warm machine keeps the last call's: a wheel taken out of .whl/ must not linger
 python3 -m pip install -q --no-index --no-deps --no-compile --ignore-requires-python --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b

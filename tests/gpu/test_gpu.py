@@ -365,5 +365,7 @@ def test_prefix_cache_on_equals_off_through_cuda_graphs(small_dir):
     for round_ in (1, 2):
         got = run(cached, requests(round_))
         for name, blocks in plain.items():
-            assert_same(got[name], blocks, f"{name}, round {round_}")
+            # 1e-5: a shared page's K/V was written by another request's prefill, and cuBLAS's
+            # float32 GEMMs round differently for another row count (measured: 1.02e-6 of a logit of 13)
+            assert_same(got[name], blocks, f"{name}, round {round_}", rtol=1e-5)
     assert cached.stats().cache_hit_tokens > 0

@@ -43,7 +43,7 @@ def requests() -> list[GenerateRequest]:
     ]
 
 
-def assert_same_attribution(mixed: list[dict], alone: list[dict]) -> None:
+def assert_same_attribution(mixed: list[dict], alone: list[dict], rtol: float = 1e-6) -> None:
     """Same tokens, positions, steps and concepts; the values agree to float32 rounding only,
     since a matrix product's rounding depends on how many rows share it."""
     assert [(r["token_id"], r["position"], r["step"]) for r in mixed] == [
@@ -52,9 +52,9 @@ def assert_same_attribution(mixed: list[dict], alone: list[dict]) -> None:
     for a, b in zip(mixed, alone):
         for kind in ("known", "discovered"):
             assert [c[0] for c in a[kind]] == [c[0] for c in b[kind]]
-            np.testing.assert_allclose(np.array(a[kind])[:, 1:], np.array(b[kind])[:, 1:], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(np.array(a[kind])[:, 1:], np.array(b[kind])[:, 1:], rtol=rtol, atol=1e-7)
         np.testing.assert_allclose(
-            [a["target_logit"], a["epsilon"]], [b["target_logit"], b["epsilon"]], rtol=1e-6, atol=1e-7
+            [a["target_logit"], a["epsilon"]], [b["target_logit"], b["epsilon"]], rtol=rtol, atol=1e-7
         )
 
 

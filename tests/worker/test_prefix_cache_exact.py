@@ -77,11 +77,11 @@ def run(engine: Engine, reqs: list[GenerateRequest]) -> dict[str, list[BlockResu
     return out
 
 
-def assert_same(cached: list[BlockResult], plain: list[BlockResult], name: str) -> None:
+def assert_same(cached: list[BlockResult], plain: list[BlockResult], name: str, rtol: float = 1e-6) -> None:
     assert [b.token_ids for b in cached] == [b.token_ids for b in plain], name
     assert [b.finish_reason for b in cached] == [b.finish_reason for b in plain], name
     assert_same_attribution(
-        [r for b in cached for r in (b.attribution or [])], [r for b in plain for r in (b.attribution or [])]
+        [r for b in cached for r in (b.attribution or [])], [r for b in plain for r in (b.attribution or [])], rtol
     )
     for a, b in zip(cached, plain):
         assert (a.input_attribution is None) == (b.input_attribution is None), name
@@ -89,7 +89,7 @@ def assert_same(cached: list[BlockResult], plain: list[BlockResult], name: str) 
             ia, ib = a.input_attribution, b.input_attribution
             for field in ("positions", "top_positions", "top_token_ids", "chunk_spans", "chunk_positions"):
                 assert getattr(ia, field) == getattr(ib, field), (name, field)
-            np.testing.assert_allclose(ia.top_scores, ib.top_scores, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(ia.top_scores, ib.top_scores, rtol=rtol, atol=1e-7)
 
 
 @pytest.fixture(scope="module")
