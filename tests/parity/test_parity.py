@@ -1,8 +1,9 @@
 """Greedy decoding is token-for-token the official generator's (`generate_full`), float32 CPU.
 
-The tiny checkpoints (written by `cde make-model` and by the official model classes) run the
-reference live; the `small` checkpoint compares against tokens recorded from the reference by
-scripts/record_goldens.py (pinned to the checkpoint's SHA-256)."""
+The tiny checkpoint written by the official model classes runs the reference live; the tiny and
+small checkpoints written by `cde make-model` compare against tokens recorded from the reference
+by scripts/record_goldens.py (pinned to the checkpoint's SHA-256): a live reference run costs a
+minute or more per prompt on CI's two cores."""
 
 import hashlib
 import json
@@ -16,8 +17,11 @@ from cde.worker.engine import Engine, EngineArgs
 pytestmark = pytest.mark.reference
 
 PROMPT_LENGTHS = (64, 128, 192)
-GOLDEN = Path(__file__).parents[1] / "goldens" / "parity_small.json"
-SMALL_SEED = 3  # the small_dir fixture's seed
+GOLDEN_SEEDS = {"tiny": 1, "small": 3}  # the tiny_dir and small_dir fixtures' seeds (tests/conftest.py)
+
+
+def golden_path(preset: str) -> Path:
+    return Path(__file__).parents[1] / "goldens" / f"parity_{preset}.json"
 
 
 def reference_tokens(model_dir, prompt: list[int], max_new: int, per_step: int = 1) -> list[int]:
@@ -58,24 +62,22 @@ def _ours(model_dir, ps) -> dict[str, list[int]]:
     return engine.generate(reqs)
 
 
-# The reference recomputes the whole sequence at every step: each prompt costs minutes on CI's two
-# cores, so the two checkpoints split the three prompt lengths between them.
-@pytest.mark.parametrize("which,lengths", [("tiny_dir", [0, 2]), ("tiny_official_dir", [1])])
-def test_greedy_matches_official_generator(which, lengths, request):
-    model_dir = request.getfixturevalue(which)
-    ps = [prompts(seed=len(which))[n] for n in lengths]
-    ours = _ours(model_dir, ps)
-    for i, p in enumerate(ps):
-        # Block-causal attention: the first 128 tokens of a 256-token run are the 128-token run.
-        ref = reference_tokens(model_dir, p, 256)
-        assert ours[f"{i}-256"] == ref
-        assert ours[f"{i}-128"] == ref[:128]
+def test_greedy_matches_official_generator(tiny_official_dir):
+    """Live: the reference recomputes the whole sequence at every step, a minute per prompt."""
+    p = prompts(seed=len("tiny_official_dir"))[1]
+    ours = _ours(tiny_official_dir, [p])
+    # Block-causal attention: the first 128 tokens of a 256-token run are the 128-token run.
+    ref = reference_tokens(tiny_official_dir, p, 256)
+    assert ours["0-256"] == ref
+    assert ours["0-128"] == ref[:128]
 
 
-def test_greedy_matches_recorded_official_tokens_on_small(small_dir):
-    golden = json.loads(GOLDEN.read_text())
-    assert golden["safetensors_sha256"] == checkpoint_sha256(small_dir), "re-record: scripts/record_goldens.py"
-    ours = _ours(small_dir, golden["prompts"])
+@pytest.mark.parametrize("preset", sorted(GOLDEN_SEEDS))
+def test_greedy_matches_recorded_official_tokens(preset, request):
+    model_dir = request.getfixturevalue(f"{preset}_dir")
+    golden = json.loads(golden_path(preset).read_text())
+    assert golden["safetensors_sha256"] == checkpoint_sha256(model_dir), "re-record: scripts/record_goldens.py"
+    ours = _ours(model_dir, golden["prompts"])
     for i, ref in enumerate(golden["tokens"]):
         assert ours[f"{i}-256"] == ref
         assert ours[f"{i}-128"] == ref[:128]
