@@ -64,7 +64,7 @@ for STAGE in $STAGES; do
     for RUN in cold warm; do
       CDE_HOME=/tmp/cde-startup python3 -m cde serve --model /tmp/m8b --port 0 > "$OUT/startup_$RUN.log" 2>&1 &
       PID=$!
-      until grep -q "ready in" "$OUT/startup_$RUN.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
+      until grep -q "CDE serving" "$OUT/startup_$RUN.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
       URL=$(grep -o "at http://[^ ]*/v1" "$OUT/startup_$RUN.log" | cut -c4-)
       python3 -c "import httpx, sys; r = httpx.post(sys.argv[1] + '/completions', timeout=120, json={'model': 'm8b', 'prompt': 'Hello', 'max_tokens': 64}); print(r.status_code, r.json().get('usage'))" "$URL"
       kill -TERM $PID; wait $PID
@@ -83,8 +83,10 @@ for STAGE in $STAGES; do
     cp "$RUN/log.jsonl" "$RUN/weights.pt" "$RUN/model.tar.xz" "$OUT/" ;;
   eval)  # cde eval on the trained model (this machine's last run, else .train/model.tar.xz carried back)
     MODEL=${MODEL:-/tmp/cde-run/model}
-    [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('.train/model.tar.xz', '/tmp/cde', 'reference'))")
-    python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
+    # ARCHIVE=cde/demo/reference.tar.xz: the shipped model; API_ONLY=1: only the HTTP rows (with API=1)
+    [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('${ARCHIVE:-.train/model.tar.xz}', '/tmp/cde', 'reference'))")
+    [[ -n ${API_ONLY:-} ]] || python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" \
+      --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
     if [[ -n ${BASELINE:-} ]]; then
       BASE=$(python3 -c "from cde.train.export import install; print(install('$BASELINE', '/tmp/cde-base', 'reference'))")
       python3 -m cde eval --model "$BASE" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --sections steering,attribution \
@@ -94,7 +96,7 @@ for STAGE in $STAGES; do
       python3 -m cde serve --model "$MODEL" --device cuda --max-running 64 --port 0 ${EVAL_QUANT:+--quantization "$EVAL_QUANT"} \
         > "$OUT/serve.log" 2>&1 &
       PID=$!
-      until grep -q "ready in" "$OUT/serve.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
+      until grep -q "CDE serving" "$OUT/serve.log" || ! kill -0 $PID 2>/dev/null; do sleep 1; done
       URL=$(grep -o "at http://[^ ]*/v1" "$OUT/serve.log" | cut -c4- | sed 's|/v1$||')
       python3 -m cde eval --url "$URL" --limit "${LIMIT:-100}" --sections tasks --json "$OUT/eval_api.json" 2>&1 | tee "$OUT/eval_api.md"
       kill -TERM $PID; wait $PID
