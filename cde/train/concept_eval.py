@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cde.train.concepts import concepts, topic_concept
+from cde.train.reference_concepts import concepts, topic_concept
 from cde.train.repetition import repeated_trigram_share
 from cde.train.samples import NEUTRAL_PROMPTS
 from cde.train.text import on_topic_share

@@ -21,13 +21,13 @@ import torch
 
 from cde.shared.config import ModelConfig
 from cde.train import heldout
-from cde.train.concepts import concepts, topic_concept
 from cde.train.export import archive, export
-from cde.train.model import TrainModel
 from cde.train.objective import Topics, Weights, losses
+from cde.train.reference_concepts import concepts, topic_concept
 from cde.train.rows import Batches
 from cde.train.steer_response import logits_per_strength
 from cde.train.token_set import topic_words, used_ids
+from cde.train.train_model import TrainModel
 from cde.train.vocab import TOPICS
 
 
