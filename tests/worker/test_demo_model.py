@@ -135,7 +135,7 @@ def test_the_demo_solves_held_out_arithmetic(client):
     for p in probs:
         reply = (
             client.chat.completions.create(
-                model=DEMO_NAME, messages=[{"role": "user", "content": p.prompt}], max_tokens=48, temperature=0
+                model=DEMO_NAME, messages=heldout.messages(p), max_tokens=heldout.MAX_TOKENS, temperature=0
             )
             .choices[0]
             .message.content
