@@ -162,5 +162,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.cde = state
-    app.state.limits = limits  # the listener's share (`gateway.server.serve_http`)
+    app.state.limits = limits  # the listener's share (`gateway.http_server.serve_http`)
     return app

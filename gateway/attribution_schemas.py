@@ -1,6 +1,6 @@
 """The `attribution` object of a choice, and of a `stream_denoise` step, as the response schemas
 (gateway/response_schemas.py) describe it. TypedDicts, not models: shared/chunk_attribution.py
-and gateway/input_attribution.py build these as plain dicts (numpy over the packed arrays, also
+and gateway/input_attribution_render.py build these as plain dicts (numpy over the packed arrays, also
 for `cde generate` and training), so a response keeps them as they are. Unknown keys are refused
 (`extra="forbid"`): a key the renderers add without a line here fails the tests, not the client."""
 

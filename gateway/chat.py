@@ -8,9 +8,9 @@ from cde.gateway.chat_render import ChatRenderer
 from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
 from cde.gateway.errors import invalid
-from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_chat
+from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import ChatCompletionRequest
 from cde.gateway.structured import check_grammar
 from cde.gateway.tools import active_tools, chat_grammar, render_messages

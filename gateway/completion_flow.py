@@ -15,9 +15,9 @@ from cde.gateway.errors import invalid
 from cde.gateway.generation import Choice, Delta, Generation, encode_requests
 from cde.gateway.http_utils import read_body, until_disconnect
 from cde.gateway.json_out import JsonResponse
-from cde.gateway.logs import ContentLog
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests, stop_list
+from cde.gateway.request_logs import ContentLog
 from cde.gateway.response_schemas import ChatCompletionResponse, CompletionResponse, ResponseModel, StepChunk
 from cde.gateway.schemas import SamplingParams
 from cde.gateway.sse import Chunk, EventStreamResponse, SseEvent

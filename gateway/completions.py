@@ -8,10 +8,10 @@ from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
 from cde.gateway.completion_render import CompletionRenderer
 from cde.gateway.errors import invalid
-from cde.gateway.logs import ContentLog, response_id
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import check_prompt
 from cde.gateway.prompts import encode_prompts
+from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import CompletionRequest
 from cde.gateway.structured import check_grammar, format_grammar
 from cde.shared.limits import MAX_CHOICES

@@ -15,7 +15,7 @@ from cde.gateway.attribution_schemas import Attribution, InputAttribution
 from cde.gateway.denoise import DenoiseView, StepDelta
 from cde.gateway.detokenizer import ChoiceText
 from cde.gateway.errors import ApiError, GenerationError
-from cde.gateway.input_attribution import attach, render_block
+from cde.gateway.input_attribution_render import attach, render_block
 from cde.gateway.metrics import Metrics
 from cde.gateway.response_schemas import FinishReason
 from cde.gateway.router import Router

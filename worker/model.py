@@ -63,7 +63,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[N, T, D] -> q [N, H, T, hd], k and v [N, KV, T, hd]: clipped, QK-normed, rotated (the
-        part of attention that any attention kernel shares; cde/train/model.py's dense one too)."""
+        part of attention that any attention kernel shares; cde/train/train_model.py's dense one too)."""
         cfg = self.cfg
         n, t, _ = x.shape
         qkv = self.c_attn(x)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 
 if TYPE_CHECKING:
-    from cde.train.backends import EngineBackend, HttpBackend
+    from cde.eval.backends import EngineBackend, HttpBackend
 
 # name -> the API fields of the decoding setting (the seed's table)
 SETTINGS: dict[str, dict | None] = {
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
     from cde.commands.settings import engine_args
-    from cde.train.backends import EngineBackend, HttpBackend
+    from cde.eval.backends import EngineBackend, HttpBackend
 
     if args.url is not None:
         if not args.url.strip():
@@ -81,8 +81,12 @@ def _tasks(backend: EngineBackend | HttpBackend, args: argparse.Namespace) -> li
     probs = heldout.problems(args.limit, args.seed)
     rows = []
     for name in args.settings.split(","):
-        r = heldout.accuracy(backend, probs, SETTINGS[name.strip()])
-        rows.append({"setting": name.strip(), **r})
+        options = SETTINGS[name.strip()] or {}
+        bodies = [
+            {"messages": heldout.messages(p), "max_tokens": heldout.MAX_TOKENS, "temperature": 0.0, **options}
+            for p in probs
+        ]
+        rows.append({"setting": name.strip(), **heldout.accuracy(probs, backend.run(bodies))})
     return rows
 
 
@@ -124,13 +128,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _steering(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_topics: int, report: dict) -> None:
-    from cde.train import concept_eval
+    from cde.eval import concept_eval
 
     strengths = [float(s) for s in args.strengths.split(",")]
     rows = concept_eval.amplify(backend, strengths, n_topics, n_prompts=min(6, args.limit))
     if args.url is None:  # the unsteered model's loss on each strength's replies (lower: more its own text)
+        from cde.eval.fluency import chat_loss
         from cde.train.export import load
-        from cde.train.fluency import chat_loss
         from cde.train.steer_response import logits_per_strength
 
         model = load(args.model, _device(args))
@@ -164,7 +168,7 @@ def _steering(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_
 
 
 def _attribution(backend: EngineBackend | HttpBackend, args: argparse.Namespace, n_topics: int, report: dict) -> None:
-    from cde.train import concept_eval
+    from cde.eval import concept_eval
 
     # Steered at the weakest strength that puts 80% on topic, else the strongest measured.
     first = concept_eval.on_topic_strength(report.get("amplify", []))
@@ -183,8 +187,8 @@ def _attribution(backend: EngineBackend | HttpBackend, args: argparse.Namespace,
         )
     print("## Attribution (the known concepts of each 64-token chunk)\n\n" + "\n".join(lines))
     if args.url is None:
+        from cde.eval.faithfulness import logit_drops
         from cde.train.export import load
-        from cde.train.faithfulness import logit_drops
 
         f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
         report["faithfulness"] = f

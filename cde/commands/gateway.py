@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from cde.gateway.app import create_app
     from cde.gateway.discovery import DnsDiscovery
     from cde.gateway.http_limits import from_args as limits_from_args
-    from cde.gateway.server import serve_http
+    from cde.gateway.http_server import serve_http
     from cde.shared.curve import CurveClient, CurveKeyError
 
     if not args.worker and not args.worker_dns:

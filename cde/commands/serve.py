@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     from cde.cli import STARTED
     from cde.gateway.app import create_app
     from cde.gateway.http_limits import from_args as limits_from_args
-    from cde.gateway.server import serve_http
+    from cde.gateway.http_server import serve_http
 
     setup_logging("gateway", args.log_level)
     engine = engine_args(args)  # bad flags fail here, before any model work, not in every worker

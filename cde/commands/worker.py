@@ -207,7 +207,7 @@ def curve_server(secret_key: str | None, authorized_keys: str | None) -> CurveSe
 def run(args: argparse.Namespace) -> int:
     from cde.cli import STARTED
     from cde.worker.engine import Engine, resolve_device
-    from cde.worker.server import run_worker
+    from cde.worker.zmq_server import run_worker
 
     if args.settings_json is not None:  # from the `cde serve` that started this process
         try:

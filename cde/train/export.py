@@ -23,8 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from cde.shared.config import ModelConfig
-from cde.train.concepts import write_catalog
-from cde.train.model import TrainModel
+from cde.train.reference_concepts import write_catalog
+from cde.train.train_model import TrainModel
 from cde.worker.demo_model import install  # noqa: F401  (re-exported: the train program's name for it)
 
 EMB = "transformer.tok_emb.weight"

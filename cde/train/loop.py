@@ -21,13 +21,13 @@ import torch
 
 from cde.shared.config import ModelConfig
 from cde.train import heldout
-from cde.train.concepts import concepts, topic_concept
 from cde.train.export import archive, export
-from cde.train.model import TrainModel
 from cde.train.objective import Topics, Weights, losses
+from cde.train.reference_concepts import concepts, topic_concept
 from cde.train.rows import Batches
 from cde.train.steer_response import logits_per_strength
 from cde.train.token_set import topic_words, used_ids
+from cde.train.train_model import TrainModel
 from cde.train.vocab import TOPICS
 
 
@@ -114,16 +114,17 @@ def _save(run: Path, model: TrainModel, opt: torch.optim.Optimizer, state: dict)
 
 
 def evaluate(o: Options, model: TrainModel, run: Path) -> dict:
-    """Held-out accuracy of the current weights, decoded by CDE's engine one token per step, and
-    how far amplify steering moves the logits (steer_response.py: the retrain that lost amplify
-    read 0.08 where the shipped model reads 0.18)."""
+    """Held-out accuracy of the current weights, decoded by CDE's engine in this process one token
+    per step from the chat prompt's token ids (heldout.on_engine: no HTTP layer), and how far
+    amplify steering moves the logits (steer_response.py: the retrain that lost amplify read 0.08
+    where the shipped model reads 0.18)."""
     from cde.shared.settings import EngineArgs
-    from cde.train.backends import EngineBackend
+    from cde.worker.engine import Engine
 
     snap = export(model, run / "snapshot", torch.float32)
-    backend = EngineBackend(EngineArgs(str(snap), device=o.device, max_running=64, cuda_graphs=False))
+    engine = Engine(EngineArgs(str(snap), device=o.device, max_running=64, cuda_graphs=False))
     return {
-        "heldout": heldout.accuracy(backend, heldout.problems(o.eval_problems, o.seed)),
+        "heldout": heldout.on_engine(engine, heldout.problems(o.eval_problems, o.seed)),
         "logits_per_strength": round(logits_per_strength(model), 4),
     }
 

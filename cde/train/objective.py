@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from cde.shared.config import EOS_ID, MASK_ID, PAGE
-from cde.train.model import TrainModel, clean_noisy_mask
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
+from cde.train.train_model import TrainModel, clean_noisy_mask
 
 
 @dataclass

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 
 from cde.shared.config import INSTRUCT_VOCAB, ModelConfig
-from cde.train.concepts import concepts
+from cde.train.reference_concepts import concepts
 
 # The reference shape: 6 layers x 256 wide (~7M weights with the used embedding rows: 14 MB in
 # bf16), 64-token blocks, 512 positions; small enough to ship (and to come back from a device call,

@@ -16,7 +16,7 @@ from typing import Any
 from cde.shared.config import EOT_ID
 from cde.shared.tokenizer import get_tokenizer
 from cde.train import tasks
-from cde.train.concepts import concept_id, tone_concept, topic_concept
+from cde.train.reference_concepts import concept_id, tone_concept, topic_concept
 from cde.train.text import TONES, paragraph
 from cde.train.vocab import TOPICS
 

@@ -14,9 +14,9 @@ import torch
 from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import SteeringSpec
 from cde.shared.tokenizer import get_tokenizer
-from cde.train.concepts import topic_concept
-from cde.train.model import TrainModel, block_causal_mask
+from cde.train.reference_concepts import topic_concept
 from cde.train.samples import NEUTRAL_PROMPTS
+from cde.train.train_model import TrainModel, block_causal_mask
 from cde.train.vocab import TOPICS
 
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.api.structured_schemas import SCHEMAS
+from tests.api.json_schema_cases import SCHEMAS
 
 MODEL = "cde-reference"
 MAX_TOKENS = 96

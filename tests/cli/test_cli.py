@@ -59,13 +59,13 @@ def test_generate_with_the_demo_model_solves_held_out_arithmetic(tmp_path):
     from cde.train import heldout, tasks
 
     [p] = [p for p in heldout.problems(1, seed=2) if p.family == "arithmetic"]
-    ids = get_tokenizer(True).chat_prompt([{"role": "user", "content": p.prompt}])
+    ids = get_tokenizer(True).chat_prompt(heldout.messages(p))
     res = cde(
         "generate",
         "--prompt-ids",
         ",".join(map(str, ids)),
         "--max-tokens",
-        "48",
+        str(heldout.MAX_TOKENS),
         "--json",
         env={"CDE_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"},
     )

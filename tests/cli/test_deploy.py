@@ -157,7 +157,7 @@ def test_dockerfiles_expose_what_their_commands_use():
 def test_gateway_image_requirements_cover_the_gateway_imports():
     code = """
 import argparse, importlib.metadata as md, sys
-import cde.cli, cde.gateway.app, cde.gateway.server, cde.gateway.discovery, cde.shared.curve, pyarrow.parquet
+import cde.cli, cde.gateway.app, cde.gateway.http_server, cde.gateway.discovery, cde.shared.curve, pyarrow.parquet
 from cde.commands import gateway
 gateway.add_arguments(argparse.ArgumentParser())
 dists = md.packages_distributions()

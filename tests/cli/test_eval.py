@@ -8,8 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from cde.shared.settings import EngineArgs
+from cde.worker.engine import Engine
 
 from cde.cli import main
+from cde.train import heldout
 from cde.train.loop import Options, train
 from cde.train.program import model_config
 from tests.api_server import REPO, ServerProcess
@@ -79,6 +82,19 @@ def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
         server.stop()
     assert remote["tasks"][0]["samples"] == local["tasks"][0]["samples"]
     assert remote["tasks"][0]["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
+
+
+def test_the_training_log_measures_the_same_as_the_engine(trained, tmp_path, capsys):
+    """The training log's held-out accuracy builds its requests from the chat prompt's token ids
+    (no HTTP layer, cde/train/heldout.py); `cde eval --model` parses API bodies with the gateway's
+    own code: the same replies, the same tokens per pass."""
+    _, local = _eval(
+        capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step"
+    )
+    logged = heldout.on_engine(Engine(EngineArgs(str(trained), max_running=4)), heldout.problems(1, seed=0))
+    assert logged["samples"] == [tuple(s) for s in local["tasks"][0]["samples"]]
+    assert logged["accuracy"] == local["tasks"][0]["accuracy"]
+    assert logged["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
 
 
 # The CPU slice's floors (docs/reference-model.md, "CI on the CPU"): 2 held-out problems per family.

@@ -36,8 +36,7 @@ ALLOWED: dict[str, dict[int, int]] = {
     "cde/commands/gateway.py": {128: 1, 256: 1},  # --max-queue and --max-queued-per-client defaults
     "cde/commands/generate.py": {64: 1},  # --max-tokens' default
     "cde/commands/load_processes.py": {64: 1},  # random bits of a seed
-    "cde/train/backends.py": {64: 1},  # max_running of an eval engine
-    "cde/train/concept_eval.py": {64: 2, 128: 1},  # the eval's max_tokens
+    "cde/eval/concept_eval.py": {64: 2, 128: 1},  # the eval's max_tokens
     "cde/train/loop.py": {64: 1, 128: 1},  # training options
     "cde/train/program.py": {64: 3, 128: 1, 256: 2},  # training model shapes and options
     "cde/train/token_set.py": {64: 1},  # a vocabulary sample size

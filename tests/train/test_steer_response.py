@@ -5,9 +5,9 @@ state of a masked position is ln_f(e_mask + alpha * u) and the logits are W @ th
 import torch
 from cde.shared.config import MASK_ID
 
-from cde.train.concepts import topic_concept
 from cde.train.loop import Options, build
 from cde.train.program import model_config
+from cde.train.reference_concepts import topic_concept
 from cde.train.steer_response import logits_per_strength
 from cde.train.token_set import used_ids
 from cde.train.vocab import TOPICS

@@ -10,8 +10,8 @@ from cde.shared.config import EOS_ID, EOT_ID, PAGE
 from cde.shared.tokenizer import get_tokenizer
 
 from cde.train import tasks
-from cde.train.concepts import concepts, topic_concept, write_catalog
 from cde.train.heldout import problems
+from cde.train.reference_concepts import concepts, topic_concept, write_catalog
 from cde.train.rows import make_batch, pack_row
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL, chat_doc, plain_doc
 from cde.train.text import judge, on_topic_share, paragraph

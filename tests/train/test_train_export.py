@@ -9,9 +9,9 @@ from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import load_checkpoint
 
 from cde.train.export import archive, export, install, load
-from cde.train.model import TrainModel, block_causal_mask
 from cde.train.program import model_config
 from cde.train.token_set import used_ids
+from cde.train.train_model import TrainModel, block_causal_mask
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The training forward (cde/train/model.py) against the official steerling model: a trained
+"""The training forward (cde/train/train_model.py) against the official steerling model: a trained
 model's checkpoint, loaded by the official classes, must compute what training computed —
 the block-causal trunk, a noisy block over clean earlier blocks, packed documents, steering
 injection and the concept heads' features."""
@@ -8,8 +8,8 @@ import torch
 from cde.shared.config import MASK_ID, PAGE
 
 from cde.train.export import export
-from cde.train.model import TrainModel, block_causal_mask, clean_noisy_mask
 from cde.train.program import model_config
+from cde.train.train_model import TrainModel, block_causal_mask, clean_noisy_mask
 from tests.oracle import official_model
 
 pytestmark = pytest.mark.reference

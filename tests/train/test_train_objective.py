@@ -6,14 +6,14 @@ import pytest
 import torch
 from cde.shared.config import EOS_ID, PAGE
 
-from cde.train.concepts import concepts
 from cde.train.loop import Options, build
-from cde.train.model import clean_noisy_mask
 from cde.train.objective import Weights, _response, _steering, _token_loss, hold_positions, losses, noise
 from cde.train.program import model_config
+from cde.train.reference_concepts import concepts
 from cde.train.rows import make_batch
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
 from cde.train.token_set import used_ids
+from cde.train.train_model import clean_noisy_mask
 
 
 @pytest.fixture(scope="module")

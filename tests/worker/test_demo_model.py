@@ -95,7 +95,7 @@ def test_first_use_from_several_processes_at_once(tmp_path):
 def test_serving_the_demo_never_imports_the_training_program(tmp_path):
     code = (
         "import sys, cde.cli, cde.commands.serve, cde.commands.generate, cde.commands.bench_engine, "
-        "worker.server, worker.engine, gateway.app; " + DEMO_DIR + "; sys.exit('cde.train' in sys.modules)"
+        "worker.zmq_server, worker.engine, gateway.app; " + DEMO_DIR + "; sys.exit('cde.train' in sys.modules)"
     )
     res = subprocess.run(
         [sys.executable, "-c", code],
@@ -135,7 +135,7 @@ def test_the_demo_solves_held_out_arithmetic(client):
     for p in probs:
         reply = (
             client.chat.completions.create(
-                model=DEMO_NAME, messages=[{"role": "user", "content": p.prompt}], max_tokens=48, temperature=0
+                model=DEMO_NAME, messages=heldout.messages(p), max_tokens=heldout.MAX_TOKENS, temperature=0
             )
             .choices[0]
             .message.content

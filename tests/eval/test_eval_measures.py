@@ -7,14 +7,14 @@ import torch.nn.functional as F
 from cde.shared.config import MASK_ID
 from cde.shared.tokenizer import get_tokenizer
 
-from cde.train.concept_eval import chunk_ranks, on_topic_strength
-from cde.train.concepts import concept_id, topic_concept
-from cde.train.fluency import masked_token_loss
+from cde.eval.concept_eval import chunk_ranks, on_topic_strength
+from cde.eval.fluency import masked_token_loss
+from cde.eval.repetition import repeated_trigram_share
 from cde.train.loop import Options, build
-from cde.train.model import block_causal_mask
 from cde.train.program import model_config
-from cde.train.repetition import repeated_trigram_share
+from cde.train.reference_concepts import concept_id, topic_concept
 from cde.train.token_set import used_ids
+from cde.train.train_model import block_causal_mask
 
 
 def test_repeated_trigrams_are_counted_within_each_text_and_pooled():

@@ -1,6 +1,6 @@
 """A fluency measure the model itself provides: the unsteered model's masked-token loss on a reply.
 
-The reply is scored in two passes over the dense forward (cde/train/model.py, the engine's
+The reply is scored in two passes over the dense forward (cde/train/train_model.py, the engine's
 computation): its even positions masked, then its odd ones; each reply token's cross-entropy is
 read where it is masked, with half its neighbours visible, as in the middle of denoising. Word
 salad and loops the model would not write unsteered score high; its own unsteered replies score
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from cde.shared.config import MASK_ID
 from cde.shared.tokenizer import get_tokenizer
-from cde.train.model import TrainModel, block_causal_mask
+from cde.train.train_model import TrainModel, block_causal_mask
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from cde.shared.protocol import (
 )
 from cde.shared.wire import decode, encode
 from cde.worker.engine import Engine, EngineArgs
-from cde.worker.server import WorkerServer
+from cde.worker.zmq_server import WorkerServer
 
 
 @pytest.fixture(scope="module")

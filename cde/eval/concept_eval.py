@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cde.train.concepts import concepts, topic_concept
-from cde.train.repetition import repeated_trigram_share
+from cde.eval.repetition import repeated_trigram_share
+from cde.train.reference_concepts import concepts, topic_concept
 from cde.train.samples import NEUTRAL_PROMPTS
 from cde.train.text import on_topic_share
 from cde.train.vocab import TOPICS
 
 if TYPE_CHECKING:
-    from cde.train.backends import EngineBackend, HttpBackend
+    from cde.eval.backends import EngineBackend, HttpBackend
 
 MIN_CHUNK_CHARS = 40  # a chunk shorter than a sentence says little about its topic
 

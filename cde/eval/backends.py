@@ -2,7 +2,8 @@
 engine in this process (`--model`). Both take the same OpenAI-style request bodies, CDE's
 extensions included (tokens_per_step, confidence_threshold, flashblock, steering, attribution),
 and both count a request's denoising steps from its `step` events (stream_denoise), so tokens
-per forward pass mean the same thing on either side."""
+per forward pass mean the same thing on either side (the engine's step loop:
+cde/train/engine_replies.py, which the training log's held-out accuracy runs too)."""
 
 from __future__ import annotations
 
@@ -10,30 +11,18 @@ import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cde.train import engine_replies
+from cde.train.engine_replies import Batch, Completion
+
 if TYPE_CHECKING:
-    from cde.shared.packed_attribution import PackedAttribution
     from cde.shared.settings import EngineArgs
 
 
-@dataclass
-class Completion:
-    text: str
-    tokens: int  # committed tokens, the closing <|eot_id|> included
-    steps: int  # denoising steps (forward passes that committed tokens for this request)
-    attribution: list[dict] | None  # the API's attribution chunks
-
-
-@dataclass
-class Batch:
-    completions: list[Completion]
-    seconds: float
-
-
 class EngineBackend:
-    """An Engine in this process; bodies go through the gateway's own request parsing."""
+    """An Engine in this process; bodies go through the gateway's own request parsing (the
+    training program never does: it builds its requests from token ids, cde/train/heldout.py)."""
 
     def __init__(self, settings: EngineArgs):
         from cde.gateway.concepts import ConceptLabels
@@ -62,39 +51,20 @@ class EngineBackend:
         return req, renderer([req], tok, self.labels, self.info)
 
     def run(self, bodies: list[dict]) -> Batch:
-        from cde.shared.protocol import BlockResult, StepResult
-
         reqs = [self._request(b) for b in bodies]
-        index = {r.request_id: i for i, (r, _) in enumerate(reqs)}
-        ids: list[list[int]] = [[] for _ in bodies]
-        blocks: list[list[PackedAttribution]] = [[] for _ in bodies]  # per request, joined by the renderer
-        steps, tokens = [0] * len(bodies), [0] * len(bodies)
-        start = time.perf_counter()
-        for r, _ in reqs:
-            self.engine.add_request(r)
-        while self.engine.has_work():
-            for res in self.engine.step():
-                i = index[res.request_id]
-                if isinstance(res, StepResult):
-                    steps[i] += 1
-                    tokens[i] += len(res.token_ids)
-                elif isinstance(res, BlockResult):
-                    ids[i] += res.token_ids
-                    if res.attribution is not None:
-                        blocks[i].append(res.attribution)
-        seconds = time.perf_counter() - start
+        r = engine_replies.run(self.engine, [req for req, _ in reqs])
         out = []
         for i, (req, render) in enumerate(reqs):
-            attribution = render(0, blocks[i]) if req.attribution is not None else None
+            attribution = render(0, r.attribution[i]) if req.attribution is not None else None
             out.append(
                 Completion(
-                    self.engine.tokenizer.decode(ids[i]),
-                    tokens[i],
-                    steps[i],
+                    self.engine.tokenizer.decode(r.token_ids[i]),
+                    r.tokens[i],
+                    r.steps[i],
                     attribution["chunks"] if attribution else None,
                 )
             )
-        return Batch(out, seconds)
+        return Batch(out, r.seconds)
 
 
 class HttpBackend:

@@ -1,7 +1,7 @@
 """Is attribution faithful? Suppressing the concept attribution credits most for a token should
 lower that token's logit more than suppressing another active concept.
 
-On the dense forward (cde/train/model.py, proven equal to the official model's), over topic
+On the dense forward (cde/train/train_model.py, proven equal to the official model's), over topic
 replies written by the generator (seeded; "Tell me about <topic>." and a paragraph of it): at a
 position p of the reply, mask p (the state in which a token is committed), read the known head at p
 (top-k concepts, contribution sigmoid(logit_i) * E_i . W_y as the engine reports it), then run
@@ -19,8 +19,8 @@ import torch
 
 from cde.shared.config import MASK_ID
 from cde.shared.tokenizer import get_tokenizer
-from cde.train.model import TrainModel, block_causal_mask
 from cde.train.text import paragraph
+from cde.train.train_model import TrainModel, block_causal_mask
 from cde.train.vocab import TOPICS
 
 
