@@ -1,5 +1,5 @@
 """What a worker process runs with, as one typed value: built once by the CLI from its flags and
-the environment (cde/commands/settings.py), handed to the engine as is, and sent to a worker
+the environment (cde/commands/settings_builder.py), handed to the engine as is, and sent to a worker
 process that `cde serve` starts as one JSON message (`cde worker --settings JSON`), not as flags
 rendered again. No torch here: the gateway's process builds it too."""
 

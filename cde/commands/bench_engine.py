@@ -18,7 +18,7 @@ from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
 from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.settings import engine_args
+from cde.commands.settings_builder import engine_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
 from cde.shared.limits import MAX_TOKENS_PER_STEP

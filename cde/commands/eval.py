@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
-    from cde.commands.settings import engine_args
+    from cde.commands.settings_builder import engine_args
     from cde.eval.backends import EngineBackend, HttpBackend
 
     if args.url is not None:

@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.settings import engine_args
+from cde.commands.settings_builder import engine_args
 from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, add_thread_arguments, check_quantization_device
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cde.commands.gateway import add_http_arguments, api_key, build_state
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.settings import engine_args
+from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
     DTYPE_HELP,

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.settings import (
+from cde.commands.settings_builder import (
     ATTENTION_FLAGS,
     FAIR_SHARE_FLAGS,
     PREFIX_CACHE_FLAGS,

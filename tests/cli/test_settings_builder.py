@@ -1,5 +1,5 @@
 """One settings object (shared/settings.py), built once from a command's flags and the
-environment (cde/commands/settings.py): the parsers `cde` builds, the builder, and the JSON
+environment (cde/commands/settings_builder.py): the parsers `cde` builds, the builder, and the JSON
 message `cde serve` hands each worker process it starts."""
 
 import argparse
@@ -10,7 +10,7 @@ from cde.shared.protocol import FlashBlockSpec
 from cde.shared.settings import EngineArgs, WorkerSettings
 
 from cde.cli import build_parser
-from cde.commands.settings import INPUT_ATTRIBUTION_SHARE_ENV, INPUT_ATTRIBUTION_TOKENS_ENV, engine_args
+from cde.commands.settings_builder import INPUT_ATTRIBUTION_SHARE_ENV, INPUT_ATTRIBUTION_TOKENS_ENV, engine_args
 
 
 def parse(command: str, *flags: str) -> argparse.Namespace:
