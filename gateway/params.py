@@ -13,6 +13,7 @@ from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.schemas import SamplingParams, SteeringParams
+from cde.shared import suppress_preset
 from cde.shared.limits import LimitError, check_context, check_token_ids
 from cde.shared.protocol import (
     AttributionSpec,
@@ -147,12 +148,12 @@ def _preset(name: str | None, info: ModelInfo, first_concept: int | None) -> dic
         if first_concept is None:
             raise invalid("the suppress preset needs at least one concept", "steering.concepts")
         return dict(
-            strength=-7.0,
+            strength=suppress_preset.STRENGTH,
             normalize=False,
-            inject_layer=info.n_layers // 2,
+            inject_layer=suppress_preset.inject_layer(info.n_layers),
             schedule="fixed",
-            cutoff_tokens=32,
-            relu_logit_mask={first_concept: 20.0},
+            cutoff_tokens=suppress_preset.CUTOFF_TOKENS,
+            relu_logit_mask={first_concept: suppress_preset.RELU_MASK},
         )
     # "amplify", and the defaults when no preset is named: the wire's own (SteeringSpec).
     amplify = SteeringSpec(concepts=[])

@@ -192,9 +192,11 @@ def _attribution(backend: EngineBackend | HttpBackend, args: argparse.Namespace,
 
         f = logit_drops(load(args.model, _device(args)), n_topics, per_reply=4 if args.limit < 16 else 8)
         report["faithfulness"] = f
+        inj = f["injection"]
         print(
-            f"\nsuppressing the top attributed concept lowers the target logit by {f['drop_top']:.3f}, "
-            f"another active concept by {f['drop_other']:.3f}; top > other at "
-            f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions"
+            f"\nsuppressing the top attributed concept (the suppress preset) lowers the target logit by "
+            f"{f['drop_top']:.3f}, another active concept by {f['drop_other']:.3f}; top > other at "
+            f"{100 * f['top_beats_other']:.1f}% of {f['positions']} positions (the preset's injection alone: "
+            f"{inj['drop_top']:.3f} vs {inj['drop_other']:.3f}, top > other at {100 * inj['top_beats_other']:.1f}%)"
         )
     print()

@@ -65,7 +65,11 @@ def test_every_section_in_process(trained, tmp_path, capsys):
     unsteered, steered = report["attribution"]
     assert unsteered["strength"] == 0 and steered["strength"] == 8.0  # below 80% on topic: the strongest
     assert unsteered["chunks"] > 0 and 0 <= unsteered["top_is_topic"] <= unsteered["topic_in_top3"] <= 1
-    assert report["faithfulness"]["positions"] > 0
+    faithful = report["faithfulness"]
+    assert faithful["positions"] > 0 and 0 <= faithful["injection"]["top_beats_other"] <= 1
+    # The preset's logit mask only takes more off: its drops are at least its injection's.
+    assert faithful["drop_top"] >= faithful["injection"]["drop_top"]
+    assert faithful["drop_other"] >= faithful["injection"]["drop_other"]
     assert "Attribution" in text and "suppress preset" in text
 
 
