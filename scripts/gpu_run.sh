@@ -85,8 +85,9 @@ for STAGE in $STAGES; do
     MODEL=${MODEL:-/tmp/cde-run/model}
     # ARCHIVE=cde/demo/reference.tar.xz: the shipped model; API_ONLY=1: only the HTTP rows (with API=1)
     [[ -f $MODEL/config.json ]] || MODEL=$(python3 -c "from cde.train.export import install; print(install('${ARCHIVE:-.train/model.tar.xz}', '/tmp/cde', 'reference'))")
+    # EVAL_ARGS: more `cde eval` options, e.g. "--sections steering --strengths 0,24,28,32"
     [[ -n ${API_ONLY:-} ]] || python3 -m cde eval --model "$MODEL" --device cuda --cuda-graphs --limit "${LIMIT:-100}" \
-      --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
+      ${EVAL_ARGS:-} --json "$OUT/eval.json" 2>&1 | tee "$OUT/eval.md"
     if [[ -n ${BASELINE:-} ]]; then
       BASE=$(python3 -c "from cde.train.export import install; print(install('$BASELINE', '/tmp/cde-base', 'reference'))")
       python3 -m cde eval --model "$BASE" --device cuda --cuda-graphs --limit "${LIMIT:-100}" --sections steering,attribution \
