@@ -44,7 +44,9 @@ for STAGE in $STAGES; do
     Q=${QUANT:-none}
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
-      2>&1 | tee "$OUT/bench_8b_$Q.log" ;;
+      2>&1 | tee "$OUT/bench_8b_$Q.log"
+    # issue 29: every level beside the H200's weight-read and tensor-core limits
+    python3 -m cde bench roofline "$OUT/bench_8b_$Q.json" 2>&1 | tee "$OUT/roofline_$Q.md" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --prompt-len ${FB_PROMPTS:-896,1920,3968} --max-tokens 128 \
       --flashblock-tau 2 --flashblock-max-reuse 4,16,63 --json "$OUT/fb_8b.json" 2>&1 | tee "$OUT/fb_8b.log" ;;

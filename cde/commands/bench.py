@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "serve": ("bench_serve", "HTTP load generator against a running server (vllm bench serve style)"),
     "prefix-cache": ("bench_prefix_cache", "offline engine: shared prefixes and a second turn, prefix cache off vs on"),
     "prefix-routing": ("bench_prefix_routing", "prefix cache hit rate and balance over workers, per routing policy"),
+    "roofline": ("bench_roofline", "engine benchmark results beside the GPU's weight-read and tensor-core limits"),
     "soak": ("soak", "mixed requests against a running server for a while, then pass/fail checks"),
 }
 
