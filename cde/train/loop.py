@@ -117,7 +117,10 @@ def evaluate(o: Options, model: TrainModel, run: Path) -> dict:
     """Held-out accuracy of the current weights, decoded by CDE's engine in this process one token
     per step from the chat prompt's token ids (heldout.on_engine: no HTTP layer), and how far
     amplify steering moves the logits (steer_response.py: the retrain that lost amplify read 0.08
-    where the shipped model reads 0.18)."""
+    where the shipped model reads 0.18), and how often suppressing the top attributed concept's
+    direction lowers the token more than another active one's (the eval's faithfulness, injection
+    alone)."""
+    from cde.eval.faithfulness import logit_drops
     from cde.shared.settings import EngineArgs
     from cde.worker.engine import Engine
 
@@ -126,6 +129,7 @@ def evaluate(o: Options, model: TrainModel, run: Path) -> dict:
     return {
         "heldout": heldout.on_engine(engine, heldout.problems(o.eval_problems, o.seed)),
         "logits_per_strength": round(logits_per_strength(model), 4),
+        "faithful": round(logit_drops(model, len(TOPICS))["injection"]["top_beats_other"], 4),
     }
 
 
@@ -151,7 +155,9 @@ def train(o: Options, resume: bool = False, weights: str | None = None) -> Path:
         state = {**saved, "warm_from": saved["step"]}
     (run / "options.json").write_text(json.dumps({**asdict(o), "config": asdict(o.config)}, default=str, indent=2))
     compiled = o.compile
-    residual = torch.compile(model.residual) if compiled else model.residual
+    # Static shapes: the faithfulness term runs its own fixed number of rows through the same
+    # forward, one more graph rather than a dynamic-batch one.
+    residual = torch.compile(model.residual, dynamic=False) if compiled else model.residual
     data = torch.utils.data.DataLoader(
         Batches(o.seed, o.rows, o.length, len(concepts()), 1 << 40),
         batch_size=None,

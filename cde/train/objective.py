@@ -28,6 +28,8 @@ Losses, on masked positions of the noisy copy:
 - response: the logit change per unit of strength of an injection after the last block is at
   least Weights.response: the trunk otherwise learns to damp the injection (a lower final-norm
   gain over the residual rms) and amplify fades (docs/reference-model.md).
+- faithful: suppressing a token's top contributor lowers its logit more than suppressing another
+  active concept, on a share of the rows (faithful_term.py).
 - norm: a topic embedding is at least Weights.topic_norm times the mean norm of the other known
   embeddings. Steering and align read it through unit(E), blind to its length, and a short one
   ranked 13th of 16 in attribution (sigmoid * E . W_y) on its own topic's text.
@@ -42,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from cde.shared.config import EOS_ID, MASK_ID, PAGE
+from cde.train.faithful_term import faithful
 from cde.train.samples import EOT, PROMPT, TEXT, TRAIL
 from cde.train.train_model import TrainModel, clean_noisy_mask
 
@@ -67,6 +70,12 @@ class Weights:
     # retrain without this term damped it to 0.08 by lowering the final norm's gain.
     response: float = 0.25
     response_weight: float = 1.0
+    # Share of the rows whose masked topic positions also run the faithfulness term's two
+    # injected forwards (each share costs about that much more compute), its hinge margin in
+    # logits and its weight.
+    faithful_share: float = 0.0625
+    faithful_margin: float = 2.0
+    faithful_weight: float = 0.5
 
 
 def noise(batch: dict, gen: torch.Generator) -> torch.Tensor:
@@ -162,7 +171,8 @@ def losses(
     )[:, length:]
     hidden = model.transformer.ln_f(residual)
     target = model.lookup[ids[masked]]
-    hold = hold_positions(kinds, masked)[masked]
+    holds = hold_positions(kinds, masked)
+    hold = holds[masked]
     h = hidden[masked]
     end = (kinds[masked] == EOT) & ~hold
     weight = torch.where(end, w.end, 1.0)
@@ -187,6 +197,7 @@ def losses(
     out["align"] = _align(model, topics)
     out["norm"] = _topic_norm(model, topics, w.topic_norm)
     out["response"] = _response(model, topics, residual[masked], w.response, gen)
+    out["faithful"] = _faithful(model, batch, noisy, masked & ~holds, hidden, gen, w, residual_fn or model.residual)
     out["total"] = (
         out["lm"]
         + w.known * out["known"]
@@ -195,8 +206,30 @@ def losses(
         + w.align * out["align"]
         + w.norm * out["norm"]
         + w.response_weight * out["response"]
+        + w.faithful_weight * out["faithful"]
     )
     return out
+
+
+def _faithful(
+    model: TrainModel,
+    batch: dict,
+    noisy: torch.Tensor,
+    said: torch.Tensor,
+    hidden: torch.Tensor,
+    gen: torch.Generator,
+    w: Weights,
+    residual_fn: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """The faithfulness term on the first faithful_share of the rows (rows are shuffled), at masked
+    positions of topic documents whose token has a row (a W_y to attribute to)."""
+    if w.faithful_weight == 0:
+        return hidden.sum() * 0
+    ids, doc = batch["ids"], batch["doc"]
+    topic_doc = torch.gather(batch["steer"], 1, doc.long().clamp_min(0)) >= 0
+    at = said & (doc >= 0) & topic_doc & (model.lookup[ids] < model.n_used)
+    at = at[: max(1, round(ids.shape[0] * w.faithful_share))]
+    return faithful(model, batch, noisy, at, hidden, gen, w.faithful_margin, residual_fn)
 
 
 def _align(model: TrainModel, topics: Topics) -> torch.Tensor:

@@ -80,7 +80,7 @@ def test_token_loss_reads_only_masked_noisy_positions(setup):
         kept["h"] = h
         return h
 
-    w = Weights(known=0, bottleneck=0, residual=0, align=0)
+    w = Weights(known=0, bottleneck=0, residual=0, align=0, faithful_weight=0)  # one forward: the main one
     out = losses(model, topics, batch, torch.Generator().manual_seed(1), w, residual_fn)
     out["lm"].backward()
     grad = kept["h"].grad.abs().sum(-1)
