@@ -42,7 +42,7 @@ MODES = {
     "plain-k1": (False, {"tokens_per_step": 1}),
     "plain-k4": (False, {"tokens_per_step": 4}),
     "streamed-k4": (True, {"tokens_per_step": 4}),
-    "steered-k4": (True, {"tokens_per_step": 4, "steering": {"concepts": [1, 5], "strength": 8.0}}),
+    "steered-k4": (True, {"tokens_per_step": 4, "steering": {"concepts": [1, 5], "strength": 24.0}}),
 }
 
 
@@ -61,7 +61,7 @@ def test_every_schema_answer_parses_and_validates(client, mode):
 def test_steering_changes_a_constrained_answer(client):
     schema = SCHEMAS["flat"]
     plain = ask(client, schema, False, tokens_per_step=4)[0]
-    steered = ask(client, schema, False, tokens_per_step=4, steering={"concepts": [1, 5], "strength": 8.0})[0]
+    steered = ask(client, schema, False, tokens_per_step=4, steering={"concepts": [1, 5], "strength": 24.0})[0]
     assert plain != steered  # else the steered mode above would test nothing
 
 

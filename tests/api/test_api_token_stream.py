@@ -6,6 +6,8 @@ the documented rule (stops are looked for when a block completes, in the whole t
 the earliest occurrence of any of them cuts it), and the expected token count from those token
 ids: never from what CDE answered with the same stops."""
 
+import itertools
+
 import openai
 import pytest
 from cde.shared.config import PAGE
@@ -69,7 +71,7 @@ def _tokens_for(ids: list[int], text: str) -> int:
 
 
 def _stop_sets(text: str, boundary: int, first_event: int) -> list[list[str]]:
-    """first_event: the length of the first streamed piece of the unstopped answer."""
+    """first_event: where a streamed prefix of the unstopped answer ends (at least 4 characters in)."""
     i, e = len(text) // 3, first_event
     return [
         [text[boundary - 2 : boundary + 2]],  # straddles the first block boundary
@@ -99,8 +101,10 @@ def _streamed(client, **kw) -> tuple[str, list, int]:
 @pytest.mark.parametrize("attribution", [False, True])
 def test_streamed_text_is_the_non_streamed_text_at_stop_strings(client, greedy, attribution):
     text, ids, boundary = greedy
-    first_event = len(_streamed(client, **CHAT)[1][0].choices[0].delta.content)
-    assert first_event + 8 < boundary, "the first piece must leave room for a stop within the first block"
+    # The end of the first streamed prefix of at least 4 characters (a piece may be one word).
+    pieces = [len(e.choices[0].delta.content) for e in _streamed(client, **CHAT)[1]]
+    first_event = next(n for n in itertools.accumulate(pieces) if n >= 4)
+    assert first_event + 8 < boundary, "the first pieces must leave room for a stop within the first block"
     sets = _stop_sets(text, boundary, first_event)
     for stops in sets if not attribution else sets[::3]:  # attribution: two straddling sets
         extra = {"attribution": True} if attribution else {}

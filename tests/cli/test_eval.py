@@ -108,8 +108,9 @@ FLOORS = {"arithmetic": 0.8, "word_problem": 0.8, "sorting": 0.5, "reversal": 0.
 @pytest.mark.slow
 def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     """`cde eval` as CI runs it on the shipped model: held-out accuracy per family above its floor,
-    amplify at strength 32 moves neutral prompts onto the topic, suppress moves them off, and the
-    top known concept of a topic chunk is its topic."""
+    amplify at strength 24 (where it passes 80% on the H200) moves neutral prompts onto the topic,
+    suppress moves them off, the top known concept of a topic chunk is its topic, and suppressing
+    the top attributed concept's direction lowers the token more than another active one's."""
     out = tmp_path / "eval.json"
     cmd = [
         sys.executable,
@@ -125,7 +126,7 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
         "--sections",
         "tasks,steering,attribution",
         "--strengths",
-        "0,32",
+        "0,24",
         "--json",
         str(out),
     ]
@@ -147,6 +148,7 @@ def test_the_shipped_model_passes_the_cpu_slice(tmp_path):
     assert report["suppress"]["suppressed"] < report["suppress"]["baseline"], report["suppress"]
     asked, amplified = report["attribution"]
     assert asked["top_is_topic"] >= 0.5 and amplified["topic_in_top3"] >= 0.5, report["attribution"]
+    assert report["faithfulness"]["injection"]["top_beats_other"] >= 0.85, report["faithfulness"]
 
 
 @pytest.mark.parametrize("flag", ["--url", "--model"])
