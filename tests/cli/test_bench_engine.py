@@ -93,7 +93,7 @@ def test_latency_table_and_profile(tmp_path):
 
 
 def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
-    """`--tokens-per-step 1,2,4`: one row per value (and concurrency), fewer passes per block
+    """`--tokens-per-step 1,4`: one row per value (and concurrency), fewer passes per block
     and more tokens per pass as the value grows; `--quantization fp8` runs emulated on the CPU."""
     out = tmp_path / "tps.json"
     cmd = [
@@ -109,7 +109,7 @@ def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
         "--max-tokens",
         "64",
         "--tokens-per-step",
-        "1,2,4",
+        "1,4",
         "--quantization",
         "fp8",
         "--json",
@@ -119,19 +119,17 @@ def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
     lines = res.stdout.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("conc |")))
     assert "tok/step" in lines[header] and "tok/fwd" in lines[header] and "quant" in lines[header]
-    assert len([line for line in lines[header + 1 :] if line.startswith("2 |")]) == 3
+    assert len([line for line in lines[header + 1 :] if line.startswith("2 |")]) == 2
     results = json.loads(out.read_text())["results"]
     assert [(r["concurrency"], r["tokens_per_step"], r["quantization"]) for r in results] == [
         (2, 1, "fp8"),
-        (2, 2, "fp8"),
         (2, 4, "fp8"),
     ]
     for r in results:
         assert r["generated_tokens"] == 2 * 64 and r["recompiles_after_warmup"] == 0
         assert r["forward_passes_per_block"] == 64 / r["tokens_per_step"]
-    per_pass = [r["tokens_per_forward"] for r in results]
-    assert per_pass[0] < per_pass[1] < per_pass[2]
-    assert per_pass[2] > 2 * per_pass[0]
+    one, four = (r["tokens_per_forward"] for r in results)
+    assert four > 2 * one
 
 
 def test_tokens_per_step_must_be_integers_in_range() -> None:
