@@ -13,8 +13,6 @@ import pytest
 from cde.shared.config import PAGE
 from cde.shared.tokenizer import get_tokenizer
 
-from tests.api_server import ServerProcess
-
 pytestmark = pytest.mark.slow
 
 TOK = get_tokenizer(True)
@@ -34,10 +32,8 @@ CHAT = dict(
 
 
 @pytest.fixture(scope="module")
-def client():
-    srv = ServerProcess(None, workers=1)
-    yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
-    srv.stop()
+def client(server):  # the shared demo server (tests/api/conftest.py)
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flashblock_table(tmp_path):
+    # One engine for the three rows: max_reuse 0 is the split path that never reuses (the
+    # policy reuses while `reused < max_reuse`), 63 reuses whenever tau allows.
     out = tmp_path / "fb.json"
     cmd = [
         sys.executable,
@@ -34,21 +36,16 @@ def test_flashblock_table(tmp_path):
         "--max-tokens",
         "70",
         "--flashblock-tau",
-        "0",
+        "2",
         "--flashblock-max-reuse",
-        "0",
+        "0,63",
         "--json",
         str(out),
     ]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    cmd[cmd.index("--flashblock-tau") + 1] = "2"
-    cmd[cmd.index("--flashblock-max-reuse") + 1] = "63"
-    out2 = tmp_path / "fb2.json"
-    cmd[-1] = str(out2)
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    exact, split = json.loads(out.read_text())["results"]
-    _, reuse = json.loads(out2.read_text())["results"]
+    exact, split, reuse = json.loads(out.read_text())["results"]
     assert exact["flashblock"] == "off" and exact["context"] == 1170
+    assert split["flashblock"] == "tau=2,max_reuse=0" and reuse["flashblock"] == "tau=2,max_reuse=63"
     assert split["token_agreement"] == 1.0 and split["reused_fraction"] == 0.0 and split["mean_kl"] == 0.0
     assert reuse["reused_fraction"] > 0.5 and reuse["mean_kl"] > 0.0 and reuse["deterministic"]
     assert all(r["attention_ms_per_step"] > 0 and r["decode_tok_per_s"] > 0 for r in (exact, split, reuse))
@@ -64,8 +61,10 @@ def test_latency_table_and_profile(tmp_path):
         "engine",
         "--preset",
         "tiny",
+        # One level: the loop over levels in one engine is the tokens-per-step test's too, and
+        # every request-step costs the vocabulary-wide logits of the tiny model.
         "--concurrency",
-        "1,3",
+        "2",
         "--max-tokens",
         "128",
         "--steering",
@@ -79,7 +78,7 @@ def test_latency_table_and_profile(tmp_path):
     header = next(line for line in res.stdout.splitlines() if line.startswith("conc |"))
     assert "ms/fwd 1st block" in header and "ms/fwd after" in header and "GC ms" in header
     results = json.loads(out.read_text())["results"]
-    assert [(r["concurrency"], r["steering_half"]) for r in results] == [(1, False), (1, True), (3, False), (3, True)]
+    assert [(r["concurrency"], r["steering_half"]) for r in results] == [(2, False), (2, True)]
     for r in results:
         assert r["generated_tokens"] == r["concurrency"] * 128
         # One token per step: 64 passes per block; the first block's passes include the prefill's.
@@ -89,13 +88,12 @@ def test_latency_table_and_profile(tmp_path):
         # The passes tile the run: their times add up to (nearly) the wall time, idle gaps included.
         assert 0 < r["gpu_idle_fraction"] < 1
         assert r["ms_per_forward"] * r["forward_passes"] / 1e3 == pytest.approx(r["wall_s"], rel=0.2)
-    for c in (1, 3):
-        tables = (prof / f"profile-c{c}.txt").read_text()
-        assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables
+    tables = (prof / "profile-c2.txt").read_text()
+    assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables
 
 
 def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
-    """`--tokens-per-step 1,2,4`: one row per value (and concurrency), fewer passes per block
+    """`--tokens-per-step 1,4`: one row per value (and concurrency), fewer passes per block
     and more tokens per pass as the value grows; `--quantization fp8` runs emulated on the CPU."""
     out = tmp_path / "tps.json"
     cmd = [
@@ -111,7 +109,7 @@ def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
         "--max-tokens",
         "64",
         "--tokens-per-step",
-        "1,2,4",
+        "1,4",
         "--quantization",
         "fp8",
         "--json",
@@ -121,19 +119,17 @@ def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:
     lines = res.stdout.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("conc |")))
     assert "tok/step" in lines[header] and "tok/fwd" in lines[header] and "quant" in lines[header]
-    assert len([line for line in lines[header + 1 :] if line.startswith("2 |")]) == 3
+    assert len([line for line in lines[header + 1 :] if line.startswith("2 |")]) == 2
     results = json.loads(out.read_text())["results"]
     assert [(r["concurrency"], r["tokens_per_step"], r["quantization"]) for r in results] == [
         (2, 1, "fp8"),
-        (2, 2, "fp8"),
         (2, 4, "fp8"),
     ]
     for r in results:
         assert r["generated_tokens"] == 2 * 64 and r["recompiles_after_warmup"] == 0
         assert r["forward_passes_per_block"] == 64 / r["tokens_per_step"]
-    per_pass = [r["tokens_per_forward"] for r in results]
-    assert per_pass[0] < per_pass[1] < per_pass[2]
-    assert per_pass[2] > 2 * per_pass[0]
+    one, four = (r["tokens_per_forward"] for r in results)
+    assert four > 2 * one
 
 
 def test_tokens_per_step_must_be_integers_in_range() -> None:
