@@ -2,7 +2,14 @@
 // streams (EventSource cannot POST), which yields {kind, data} per event; kind is null for
 // OpenAI's unnamed chunks and "step" for the stream_denoise events.
 
-export class ApiError extends Error {}
+// status and code (the API's error.code) let the page act on a refusal, e.g. chat_not_supported.
+export class ApiError extends Error {
+  constructor(message, status = null, code = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
 
 export class Api {
   constructor(getKey) {
@@ -23,7 +30,8 @@ export class Api {
     const body = await r.json();
     if (!r.ok) {
       const err = body.error || {};
-      throw new ApiError(`${r.status}: ${err.message || r.statusText}${err.param ? ` (${err.param})` : ""}`);
+      const message = `${r.status}: ${err.message || r.statusText}${err.param ? ` (${err.param})` : ""}`;
+      throw new ApiError(message, r.status, err.code ?? null);
     }
     return body;
   }

@@ -1,6 +1,6 @@
 // The playground's controls: settings, the steering panel (concept search through
-// /v1/concepts), and runs of /v1/completions with stream_denoise, one column per run (steered,
-// and unsteered with the same seed when comparing).
+// /v1/concepts), and runs of /v1/chat/completions (chat template on) or /v1/completions with
+// stream_denoise, one column per run (steered, and unsteered with the same seed when comparing).
 import { Api } from "./api.js";
 import { descriptions, RunView, titleOf } from "./render.js";
 
@@ -78,12 +78,16 @@ function steering() {
   return { concepts: [...chosen.keys()], preset: mode, strength: mode === "suppress" ? -strength : strength };
 }
 
-function requestBody(steer) {
+function requestBody(steer, chat) {
   const body = {
-    model, prompt: $("prompt").value, max_tokens: number("max_tokens"), temperature: number("temperature"),
+    model, max_tokens: number("max_tokens"), temperature: number("temperature"),
     top_p: number("top_p"), seed: number("seed"), tokens_per_step: number("tokens_per_step"),
     return_token_ids: true,
   };
+  // An instruct model learned steering on chat-formatted prompts only: through chat the server
+  // wraps the prompt in the model's template; plain completions take it as it is.
+  if (chat) body.messages = [{ role: "user", content: $("prompt").value }];
+  else body.prompt = $("prompt").value;
   if ($("attribution").checked) body.attribution = { top_k: number("top_k") };
   if ($("input_attribution").checked) {
     // Every prompt position (up to 256) for every token: the page shades the whole prompt.
@@ -93,17 +97,45 @@ function requestBody(steer) {
   return body;
 }
 
-async function run(view, body, signal) {
-  for await (const { kind, data } of api.stream("/completions", { ...body, stream: true, stream_denoise: true }, signal)) {
-    for (const choice of data.choices) view.push(kind, choice);
+// A chat chunk as the view reads a completion's: the delta's content is the text. The opening
+// chunk (the assistant's role, no tokens) completes no block, so it is skipped.
+function asCompletion(kind, choice) {
+  if (kind === "step" || !choice.delta) return choice;
+  return choice.delta.role ? null : { ...choice, text: choice.delta.content ?? "" };
+}
+
+async function stream(view, steer, chat, signal) {
+  const body = { ...requestBody(steer, chat), stream: true, stream_denoise: true };
+  for await (const { kind, data } of api.stream(chat ? "/chat/completions" : "/completions", body, signal)) {
+    for (const choice of data.choices) {
+      const c = asCompletion(kind, choice);
+      if (c) view.push(kind, c);
+    }
   }
 }
 
-function newView(title, maxTokens) {
+// One run; true when it fell back. A base model has no chat template and refuses chat with
+// chat_not_supported before it streams anything, so the run goes again as a plain completion
+// (nothing is on screen yet) rather than failing, and the box is unchecked for the next runs.
+async function run(view, steer, chat, signal) {
+  try {
+    await stream(view, steer, chat, signal);
+    return false;
+  } catch (err) {
+    if (!chat || err.code !== "chat_not_supported") throw err;
+    $("chat").checked = false;
+    view.chat = false;
+    status(`${model} has no chat template: sending the prompt as it is to /v1/completions…`);
+    await stream(view, steer, false, signal);
+    return true;
+  }
+}
+
+function newView(title, chat) {
   const root = $("run-template").content.firstElementChild.cloneNode(true);
   root.id = `run-${title.toLowerCase()}`;
   $("runs").append(root);
-  return new RunView(root, title, maxTokens);
+  return new RunView(root, title, number("max_tokens"), chat);
 }
 
 async function generate(event) {
@@ -112,15 +144,16 @@ async function generate(event) {
   controller = new AbortController();
   $("runs").replaceChildren();
   const steer = steering();
-  const runs = [[steer ? "Steered" : "Unsteered", requestBody(steer)]];
-  if ($("compare").checked && steer) runs.push(["Unsteered", requestBody(null)]);
+  const chat = $("chat").checked; // read once: both runs of a compare go the same way
+  const runs = [[steer ? "Steered" : "Unsteered", steer]];
+  if ($("compare").checked && steer) runs.push(["Unsteered", null]);
   $("runs").classList.toggle("compare", runs.length > 1);
   setBusy(true);
   status($("compare").checked && !steer ? "generating (nothing to compare: no concept is steered)…" : "generating…");
   const meter = frameMeter();
   try {
-    await Promise.all(runs.map(([title, body]) => run(newView(title, body.max_tokens), body, controller.signal)));
-    status("done");
+    const fell = await Promise.all(runs.map(([title, s]) => run(newView(title, chat), s, chat, controller.signal)));
+    status(fell.some(Boolean) ? `done (${model} has no chat template: sent to /v1/completions, chat template off)` : "done");
   } catch (err) {
     status(err.name === "AbortError" ? "stopped" : err.message, err.name !== "AbortError");
   } finally {

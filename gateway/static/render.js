@@ -13,9 +13,10 @@ const EPSILON_HELP =
   "push the logit past its value and the residual pulls it back.";
 
 export class RunView {
-  constructor(root, title, maxTokens) {
+  constructor(root, title, maxTokens, chat) {
     this.root = root;
     this.maxTokens = maxTokens;
+    this.chat = chat; // the prompt went through the chat template (the run may fall back: see playground.js)
     this.blocks = new Map(); // block index -> Block
     this.completed = 0; // block events seen: the next one completes block `completed`
     this.pending = [];
@@ -24,7 +25,7 @@ export class RunView {
     root.querySelector("h2").textContent = title;
     this.blocksEl = root.querySelector(".blocks");
     this.textEl = root.querySelector(".final-text");
-    // Input attribution: completion offset -> the token's inputs; prompt position -> its text.
+    // Input attribution: completion offset -> the token's inputs; prompt position -> its input.
     this.inputs = new Map();
     this.promptTokens = new Map();
     this.promptView = root.querySelector(".prompt-view");
@@ -42,7 +43,7 @@ export class RunView {
       this.inputs.set(t.offset, t);
       for (const i of t.inputs) {
         if (!this.promptTokens.has(i.position)) {
-          this.promptTokens.set(i.position, i.text);
+          this.promptTokens.set(i.position, i);
           grew = true;
         }
       }
@@ -50,15 +51,22 @@ export class RunView {
     if (grew) this.renderPrompt();
   }
 
+  // In chat the positions are the templated prompt's, and the page shows all of it, not only the
+  // user's words: the template's own tokens (the turn headers, the blank line that opens the
+  // answer) often carry the largest contributions, and the shades are relative to the largest.
+  // Its special tokens have no text; each shows as a marker that names its id on hover. A token of
+  // line breaks (the template's blank lines) shows them as ↵ before breaking, so it can be shaded.
   renderPrompt() {
-    const spans = [...this.promptTokens].sort((a, b) => a[0] - b[0]).map(([position, text]) => {
+    const spans = [...this.promptTokens].sort((a, b) => a[0] - b[0]).map(([position, input]) => {
       const span = document.createElement("span");
-      span.className = "ptok";
+      span.className = input.text ? "ptok" : "ptok special";
       span.dataset.position = position;
-      span.textContent = text;
-      span.title = `position ${position}`;
+      span.textContent = shownInput(input.text);
+      span.dataset.label = input.text ? `position ${position}` : `template token ${input.token_id} · position ${position}`;
+      span.title = span.dataset.label;
       return span;
     });
+    this.promptView.querySelector("h3").firstChild.textContent = this.chat ? "Prompt, as the chat template wraps it " : "Prompt ";
     this.promptEl.replaceChildren(...spans);
     this.promptView.hidden = false;
     if (this.selected !== null) this.select(this.selected);
@@ -79,7 +87,7 @@ export class RunView {
       span.dataset.contribution = c;
       span.dataset.shade = shade.toFixed(3);
       span.style.backgroundColor = c < 0 ? `rgba(209, 73, 63, ${shade})` : `rgba(47, 111, 223, ${shade})`;
-      span.title = `position ${span.dataset.position} · contribution ${c.toExponential(2)}`;
+      span.title = `${span.dataset.label} · contribution ${c.toExponential(2)}`;
     }
     this.promptView.querySelector("h3 .muted").textContent =
       `shaded by the input attribution of ${JSON.stringify(token.text)} (offset ${offset}): blue raises its logit, red lowers it`;
@@ -245,6 +253,11 @@ function note(text) {
   p.className = "muted";
   p.textContent = text;
   return p;
+}
+
+function shownInput(text) {
+  if (!text) return "◆";
+  return /^\n+$/.test(text) ? `${"↵".repeat(text.length)}\n` : text;
 }
 
 function visible(text) {
