@@ -19,6 +19,7 @@ two injected logits of the token (the uninjected logit cancels); a hinge asks it
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,8 @@ def faithful(
     ids, pos, doc = (batch[k][:n] for k in ("ids", "pos", "doc"))
     length, d = ids.shape[1], hidden.shape[-1]
     r, p = at.nonzero(as_tuple=True)
-    w_y = model.transformer.tok_emb.weight[model.lookup[ids[r, p]]]
+    lookup = cast(torch.Tensor, model.lookup)  # a buffer: nn.Module's attribute type is wider
+    w_y = model.transformer.tok_emb.weight[lookup[ids[r, p]]]
     chosen = picks(model, hidden[r, p].float().detach(), w_y.float().detach(), gen)  # [2, N]
     emb = model.known_head.concept_embedding(chosen).float()
     unit = emb / (emb.norm(dim=-1, keepdim=True) + 1e-12)
