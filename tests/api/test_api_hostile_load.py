@@ -197,7 +197,7 @@ async def test_one_clients_n_does_not_keep_another_waiting(server):
     """Finding 5: one client's `n` took every decoding slot, and another client's 16-token request
     waited for all of them to end. With 4 slots, one client holds at most 3: the other client's
     request (from another address) starts at once and ends long before the first client's."""
-    first = {"model": "tiny", "prompt": "one", "max_tokens": 192, "n": 4, "tokens_per_step": 1}
+    first = {"model": "tiny", "prompt": "one", "max_tokens": 128, "n": 4, "tokens_per_step": 1}
     second = {"model": "tiny", "prompt": "two", "max_tokens": 16, "tokens_per_step": 1}
     other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
     async with httpx.AsyncClient(timeout=120) as a, httpx.AsyncClient(timeout=120, transport=other) as b:

@@ -4,7 +4,14 @@ not opt in are untouched by those that do."""
 import pytest
 import torch
 import torch.nn.functional as F
-from cde.kernels.flashblock import FlashBlockBatch, attention_lse, external_pages, merge, split_attention
+from cde.kernels.flashblock import (
+    FlashBlockBatch,
+    attention_lse,
+    external_pages,
+    merge,
+    split_attention,
+    split_attention_item,
+)
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.shared.wire import decode, encode
@@ -78,6 +85,28 @@ def test_batched_split_reads_and_writes_only_its_rows():
     assert torch.equal(cache[0][2], torch.full_like(ext[2], 7.0))  # reuse leaves the row alone
     assert torch.equal(cache[0][0], torch.zeros_like(ext[0]))  # untouched rows stay untouched
     assert external_pages(torch.tensor([3, 3, 3]), mode).tolist() == [3, 2, 0]
+
+
+def test_item_split_refresh_stores_and_reuse_reads_the_external_part():
+    """The CPU path, one item: REFRESH computes the external attention over the item's pages and
+    stores it in its slot; a later REUSE step reads that row back instead of the pages (here
+    emptied, so only the stored row can give the refreshed answer)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(H, 64, D, generator=g),
+        torch.randn(KVH, 64, D, generator=g),
+        torch.randn(KVH, 64, D, generator=g),
+    )
+    k_ext, v_ext = torch.randn(KVH, 128, D, generator=g), torch.randn(KVH, 128, D, generator=g)
+    cache, slot = (torch.zeros(3, H, 64, D), torch.zeros(3, H, 64)), 1
+    refreshed = split_attention_item(q, k, v, k_ext, v_ext, cache, slot, ATTN_REFRESH)
+    a_ext, l_ext = attention_lse(q, k_ext, v_ext)
+    a_in, l_in = attention_lse(q, k, v)
+    assert torch.allclose(refreshed, merge(a_ext, l_ext, a_in, l_in))
+    assert torch.equal(cache[0][slot], a_ext) and torch.equal(cache[1][slot], l_ext)
+    assert not cache[0][0].any() and not cache[0][2].any()  # other slots untouched
+    empty = torch.zeros(KVH, 0, D)
+    assert torch.equal(split_attention_item(q, k, v, empty, empty, cache, slot, ATTN_REUSE), refreshed)
 
 
 def modes_of(spec: FlashBlockSpec, unmasked_per_step: list[int], block_ends: set[int] = frozenset()) -> str:

@@ -83,7 +83,7 @@ def test_command_line(tmp_path):
 
 
 def test_a_failing_compile_falls_back_to_eager(tmp_path, monkeypatch):
-    def broken(fn):
+    def broken(fn, **options):
         def run(*args):
             raise RuntimeError("inductor exploded")
 
