@@ -104,3 +104,18 @@ def write_with_official_classes(cde_preset, out: str | Path, seed: int) -> Path:
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "transformer.lm_head.weight"}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def greedy_config(n_new: int, per_step: int = 1):
+    """The official generator's config for greedy decoding, `per_step` tokens a step (its linear
+    schedule), no entropy sampling, top-p or repetition penalty: what the parity tests compare."""
+    from steerling.configs.generation import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=n_new,
+        steps=n_new // per_step,
+        temperature=0,
+        use_entropy_sampling=False,
+        top_p=0,
+        repetition_penalty=1,
+    )

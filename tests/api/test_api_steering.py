@@ -25,6 +25,7 @@ from cde.worker.engine import Engine, EngineArgs
 
 from tests.api_server import ServerProcess
 from tests.catalog_fixture import catalog_rows
+from tests.oracle import greedy_config
 from tests.parity.test_attribution_parity import text_prompt
 
 pytestmark = pytest.mark.reference
@@ -69,19 +70,6 @@ def complete(client, prompt: list[int], per_step: int, **extra):
     (choice,) = r.choices
     assert choice.finish_reason == "length"
     return choice
-
-
-def greedy(per_step: int):
-    from steerling.configs.generation import GenerationConfig
-
-    return GenerationConfig(
-        max_new_tokens=N_NEW,
-        steps=N_NEW // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
 
 
 def recipe(name: str, concepts: list[int], n_layers: int = N_LAYERS):
@@ -141,7 +129,7 @@ PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed
 )
 def test_preset_equals_official_recipe(client, official, name, concepts, per_step):
     steered = complete(client, PROMPT, per_step, steering={"concepts": concepts, "preset": name})
-    ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe(name, concepts))
+    ref = official.generate_steered(torch.tensor([PROMPT]), greedy_config(N_NEW, per_step), recipe(name, concepts))
     assert steered.token_ids == ref.tokens[len(PROMPT) :].tolist()
     plain = complete(client, PROMPT, per_step)
     assert steered.token_ids != plain.token_ids, "steering had no effect: the comparison would be vacuous"
@@ -162,7 +150,9 @@ def test_streamed_steering_equals_official_recipe(client, official):
         },
     )
     tokens = [t for c in chunks for t in c.choices[0].model_extra.get("token_ids") or []]
-    ref = official.generate_steered(torch.tensor([PROMPT]), greedy(per_step), recipe("suppress", concepts))
+    ref = official.generate_steered(
+        torch.tensor([PROMPT]), greedy_config(N_NEW, per_step), recipe("suppress", concepts)
+    )
     assert tokens == ref.tokens[len(PROMPT) :].tolist()
 
 
@@ -230,7 +220,7 @@ def official_steered_attribution(official, text: str, per_step: int, steering, l
         prompt, config, steering=steering, step_callback=step_callback
     )
     try:
-        out, chunks = attributor.attribute(text, greedy(per_step))
+        out, chunks = attributor.attribute(text, greedy_config(N_NEW, per_step))
     finally:
         del official.generate_full
     return out, chunks, attributor.last_attribution

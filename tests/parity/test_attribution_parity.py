@@ -27,19 +27,11 @@ def text_prompt() -> tuple[str, list[int]]:
 
 def reference(model_dir, text: str, n_new: int, per_step: int):
     from steerling.attribution.concept_attribution import FaithfulConceptAttributor
-    from steerling.configs.generation import GenerationConfig
 
-    from tests.oracle import official_generator
+    from tests.oracle import greedy_config, official_generator
 
     attributor = FaithfulConceptAttributor(official_generator(model_dir), concepts_path="/nonexistent")
-    cfg = GenerationConfig(
-        max_new_tokens=n_new,
-        steps=n_new // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
+    cfg = greedy_config(n_new, per_step)
     out, chunks = attributor.attribute(text, cfg)
     return out, chunks, attributor.last_attribution
 

@@ -22,19 +22,6 @@ pytestmark = pytest.mark.reference
 REL = 1e-4  # max |ours - official| over max |official|, per target
 
 
-def greedy_config(n_new: int, per_step: int):
-    from steerling.configs.generation import GenerationConfig
-
-    return GenerationConfig(
-        max_new_tokens=n_new,
-        steps=n_new // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
-
-
 def run_engine(model_dir, req: GenerateRequest) -> tuple[Engine, list[tuple[int, int, int]], list[int]]:
     """Generate with the engine; the request's commit history ((position, token, step) in
     commit order, recorded from what the scheduler places) and its tokens."""
@@ -98,7 +85,7 @@ def compare(got: dict[int, np.ndarray], ref_positions, ref_attr: np.ndarray) -> 
 def test_input_attribution_matches_official(which, n_new, per_step, n_steps, request, record_property):
     from steerling.attribution.input_attribution import FaithfulOutputToInputAttributor, _TraceRecorder
 
-    from tests.oracle import official_generator
+    from tests.oracle import greedy_config, official_generator
 
     model_dir = request.getfixturevalue(which)
     text, ids = text_prompt()
@@ -190,7 +177,7 @@ def official_steered_replay(gen, prompt: list[int], cfg, steering, n_steps: int)
 def test_steered_input_attribution_matches_independent_replay(tiny_dir):
     from steerling.configs.steering import SteeringConfig
 
-    from tests.oracle import official_generator
+    from tests.oracle import greedy_config, official_generator
 
     n_new, n_steps = 64, 4
     prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()

@@ -25,19 +25,10 @@ def golden_path(preset: str) -> Path:
 
 
 def reference_tokens(model_dir, prompt: list[int], max_new: int, per_step: int = 1) -> list[int]:
-    from steerling.configs.generation import GenerationConfig
-
-    from tests.oracle import official_generator
+    from tests.oracle import greedy_config, official_generator
 
     gen = official_generator(model_dir)
-    cfg = GenerationConfig(
-        max_new_tokens=max_new,
-        steps=max_new // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
+    cfg = greedy_config(max_new, per_step)
     out = gen.generate_full(torch.tensor([prompt]), cfg)
     return out.tokens[len(prompt) :].tolist()
 

@@ -47,16 +47,9 @@ CASES = {
 
 
 def reference_steered(gen, prompt: list[int], steering, per_step: int = 1) -> list[int]:
-    from steerling.configs.generation import GenerationConfig
+    from tests.oracle import greedy_config
 
-    cfg = GenerationConfig(
-        max_new_tokens=N_NEW,
-        steps=N_NEW // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
+    cfg = greedy_config(N_NEW, per_step)
     out = gen.generate_steered(torch.tensor([prompt]), cfg, steering)
     return out.tokens[len(prompt) :].tolist()
 

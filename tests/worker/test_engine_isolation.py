@@ -17,18 +17,9 @@ PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed
 
 @pytest.fixture(scope="module")
 def official_tokens(tiny_dir) -> list[int]:
-    from steerling.configs.generation import GenerationConfig
+    from tests.oracle import greedy_config, official_generator
 
-    from tests.oracle import official_generator
-
-    cfg = GenerationConfig(
-        max_new_tokens=N_NEW,
-        steps=N_NEW // PER_STEP,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
+    cfg = greedy_config(N_NEW, PER_STEP)
     return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT) :].tolist()
 
 

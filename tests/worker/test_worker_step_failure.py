@@ -52,18 +52,9 @@ def cluster(tiny_dir):
 
 
 def _official(tiny_dir, per_step: int) -> list[int]:
-    from steerling.configs.generation import GenerationConfig
+    from tests.oracle import greedy_config, official_generator
 
-    from tests.oracle import official_generator
-
-    cfg = GenerationConfig(
-        max_new_tokens=N_NEW,
-        steps=N_NEW // per_step,
-        temperature=0,
-        use_entropy_sampling=False,
-        top_p=0,
-        repetition_penalty=1,
-    )
+    cfg = greedy_config(N_NEW, per_step)
     return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT) :].tolist()
 
 
