@@ -172,8 +172,12 @@ def honest(server) -> list[str]:
     }
     with httpx.stream("POST", server.base_url + "/chat/completions", json=body, headers=AUTH, timeout=60) as s:
         events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
-    finishes = [c.get("finish_reason") for e in events[:-1] for c in json.loads(e)["choices"]]
-    if s.status_code != 200 or events[-1:] != ["[DONE]"] or finishes.count("length") != 1 or "error" in events[-2]:
+    chunks = [json.loads(e) for e in events[:-1]]
+    # Judged on the parsed chunks, not on substrings: sampled text or a concept label may
+    # contain "error", and a sampled end of text finishes with "stop" before max_tokens.
+    finishes = [c["finish_reason"] for chunk in chunks for c in chunk.get("choices", []) if c.get("finish_reason")]
+    errors = [chunk for chunk in chunks if "error" in chunk]
+    if s.status_code != 200 or events[-1:] != ["[DONE]"] or errors or finishes not in (["length"], ["stop"]):
         problems.append(f"stream {s.status_code} {events[-2:]}")
     return problems
 
