@@ -2,15 +2,17 @@
 
 The whole KV cache of a layer is one key sequence of num_pages * 64 tokens ([1, KVH, P*64, Dh],
 a view of the [KVH, P, 64, Dh] cache) and the queries of a pass are N items of 64 tokens. The
-BlockMask is built straight from the page table: query tile i visits exactly the pages
+BlockMask is built straight from the page table: a query tile of item i visits exactly the pages
 page_table[i, :n_pages[i]], all of them as *full* blocks, so no mask function is ever evaluated
-and no partial tile exists (tile = diffusion block = page = 64). GQA is native (enable_gqa):
-K/V are never repeated per query head.
+and no partial tile exists (key tile = diffusion block = page = 64).
 
-Split-KV (`splits` S > 1): a few items over many pages leave most SMs idle (one CTA per head and
-query tile: 32 CTAs at batch 1), so each item's query tile is repeated S times, copy s visits
-the s-th contiguous share of its pages, and the S partial results merge by log-sum-exp: the
-same attention, S times the parallelism.
+GQA packing (`group` G > 1): the G query heads that share a KV head are stacked into one query
+sequence of G * 64 rows per item, so one tile of 128 rows reads each key page once for two heads
+(and does its matrix products on twice the rows) instead of once per head.
+
+Split-KV (`splits` S > 1): a few items over many pages leave most SMs idle, so each item's query
+rows are repeated S times, copy s visits the s-th contiguous share of its pages, and the S partial
+results merge by log-sum-exp: the same attention, S times the parallelism.
 """
 
 from __future__ import annotations
@@ -28,35 +30,50 @@ KERNEL_OPTIONS = {"BLOCK_M": PAGE, "BLOCK_N": PAGE, "FORCE_USE_FLEX_ATTENTION": 
 # A pass of one query tile (batch 1, unsplit): 16-row tiles on 2 warps give 4x the CTAs, 9.0 vs
 # 11.1 us over 5 pages and 66.5 vs 88.3 us over 64 (they lose from batch 4 on: 149 vs 103 us).
 SINGLE_TILE_OPTIONS = {**KERNEL_OPTIONS, "BLOCK_M": 16, "num_warps": 2}
+MAX_Q_BLOCK = 2 * PAGE  # rows of one query tile of the block mask when heads are packed
 
 
 class PagedBlockMask:
-    """A BlockMask over N query tiles (N * splits with split-KV) whose tensors are updated in
-    place from the page table, so a captured CUDA graph sees every step's pages without being
-    rebuilt."""
+    """A BlockMask over N items' query rows (split S ways, G heads packed per KV head) whose
+    tensors are updated in place from the page table, so a captured CUDA graph sees every step's
+    pages without being rebuilt. `options`: FlexAttention kernel options for this layout."""
 
-    def __init__(self, n: int, cache_pages: int, device: torch.device | str, splits: int = 1) -> None:
-        self.n, self.cache_pages, self.splits = n, cache_pages, splits
-        tiles = n * splits
+    def __init__(
+        self,
+        n: int,
+        cache_pages: int,
+        device: torch.device | str,
+        splits: int = 1,
+        group: int = 1,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        self.n, self.cache_pages, self.splits, self.group = n, cache_pages, splits, group
+        self.rows = group * PAGE  # query rows of one (item, split) in one packed head
+        self.q_block = min(self.rows, MAX_Q_BLOCK)
+        self.tiles_per_share = self.rows // self.q_block
+        if options is None:
+            options = SINGLE_TILE_OPTIONS if n * splits == 1 and group == 1 else KERNEL_OPTIONS
+        self.options = options
+        tiles = n * splits * self.tiles_per_share
         self.full_num = torch.zeros(1, 1, tiles, dtype=torch.int32, device=device)
         # BlockMask wants index rows as wide as the key sequence has blocks.
         self.full_idx = torch.zeros(1, 1, tiles, cache_pages, dtype=torch.int32, device=device)
-        self.allowed = torch.zeros(tiles, cache_pages, dtype=torch.bool, device=device)
-        allowed = self.allowed
+        self.allowed = torch.zeros(n * splits, cache_pages, dtype=torch.bool, device=device)
+        allowed, rows = self.allowed, self.rows
 
         # The mask function states the same visibility for paths that evaluate it densely (eager,
         # CPU); the CUDA kernel never calls it, since every listed block is a full block.
         def page_visible(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-            return allowed[q_idx // PAGE, kv_idx // PAGE]
+            return allowed[q_idx // rows, kv_idx // PAGE]
 
         self.block_mask = BlockMask.from_kv_blocks(
             torch.zeros(1, 1, tiles, dtype=torch.int32, device=device),
             torch.zeros(1, 1, tiles, cache_pages, dtype=torch.int32, device=device),
             full_kv_num_blocks=self.full_num,
             full_kv_indices=self.full_idx,
-            BLOCK_SIZE=PAGE,
+            BLOCK_SIZE=(self.q_block, PAGE),
             mask_mod=page_visible,
-            seq_lengths=(tiles * PAGE, cache_pages * PAGE),
+            seq_lengths=(n * splits * self.rows, cache_pages * PAGE),
             compute_q_blocks=False,
         )
 
@@ -64,14 +81,15 @@ class PagedBlockMask:
         """page_table [N, W] page ids (entries past n_pages[i] are ignored), n_pages [N]."""
         n, width = page_table.shape
         dev, s = page_table.device, self.splits
-        # Tile (i, j) takes pages [j * share_i, (j + 1) * share_i) of item i (none past its end).
+        # Share (i, j) takes pages [j * share_i, (j + 1) * share_i) of item i (none past its end).
         share = (n_pages + s - 1) // s
         start = share[:, None] * torch.arange(s, device=dev)
         count = torch.minimum((n_pages[:, None] - start).clamp(min=0), share[:, None])  # [N, S]
         cols = (start[:, :, None] + torch.arange(width, device=dev)).clamp(max=width - 1)
         pages = page_table.gather(1, cols.view(n, s * width)).view(n * s, width)
-        self.full_num.copy_(count.view(1, 1, -1))
-        self.full_idx[0, 0, :, :width].copy_(pages)
+        per = self.tiles_per_share  # the query tiles of one share all visit its pages
+        self.full_num.copy_(count.view(1, 1, -1).repeat_interleave(per, dim=2))
+        self.full_idx[0, 0, :, :width].copy_(pages.repeat_interleave(per, dim=0))
         visible = torch.arange(width, device=dev)[None, :] < count.view(-1, 1)
         hits = torch.zeros(n * s, self.cache_pages, dtype=torch.int32, device=dev)
         hits.scatter_add_(1, pages.long(), visible.to(torch.int32))  # padding may repeat a page id
@@ -79,37 +97,34 @@ class PagedBlockMask:
 
 
 def flex_paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_mask: BlockMask, return_lse: bool = False
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: PagedBlockMask, return_lse: bool = False
 ) -> Any:
     """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp
-    [N, H, 64] in fp32 when asked; a tile with no pages gives 0 and -inf). The block mask's
-    number of query tiles (N, or N * S) tells whether the keys are split S ways."""
+    [N, H, 64] in fp32 when asked; an item with no pages gives 0 and -inf)."""
     n, h, t, d = q.shape
     kvh, p = k_cache.shape[:2]
-    tiles = block_mask.full_kv_num_blocks.shape[-1]
-    if tiles % n:
-        raise ValueError(f"a block mask of {tiles} query tiles does not fit {n} items")
-    splits = tiles // n
-    if splits > 1:
-        q = q.repeat_interleave(splits, dim=0)
-    qf = q.transpose(0, 1).reshape(1, h, n * splits * t, d)
-    need_lse = return_lse or splits > 1
-    out = flex_attention(
+    s, g = mask.splits, mask.group
+    if n != mask.n or h % g or (h // g) % kvh:
+        raise ValueError(f"a block mask of {mask.n} items x {g} packed heads does not fit q {tuple(q.shape)}")
+    heads = h // g  # query sequences: KV heads when fully packed
+    qp = q.view(n, 1, heads, g, t, d).expand(n, s, heads, g, t, d)
+    qf = qp.permute(2, 0, 1, 3, 4, 5).reshape(1, heads, n * s * g * t, d)
+    need_lse = return_lse or s > 1
+    res = flex_attention(
         qf,
         k_cache.view(1, kvh, p * t, d),
         v_cache.view(1, kvh, p * t, d),
-        block_mask=block_mask,
-        enable_gqa=True,
+        block_mask=mask.block_mask,
+        enable_gqa=heads != kvh,
         return_lse=need_lse,
-        kernel_options=SINGLE_TILE_OPTIONS if n * splits == 1 else KERNEL_OPTIONS,
+        kernel_options=mask.options,
     )
-    if not need_lse:
-        return out.reshape(h, n, t, d).transpose(0, 1)
-    out, lse = out
-    out = out.reshape(h, n * splits, t, d).transpose(0, 1)
-    lse = lse.reshape(h, n * splits, t).transpose(0, 1)
-    if splits > 1:
-        out, lse = merge_splits(out.reshape(n, splits, h, t, d), lse.reshape(n, splits, h, t))
+    out, lse = res if need_lse else (res, None)
+    out = out.view(heads, n, s, g, t, d).permute(1, 2, 0, 3, 4, 5).reshape(n, s, h, t, d)
+    if lse is None:
+        return out[:, 0]
+    lse = lse.view(heads, n, s, g, t).permute(1, 2, 0, 3, 4).reshape(n, s, h, t)
+    out, lse = merge_splits(out, lse) if s > 1 else (out[:, 0], lse[:, 0])
     return (out, lse) if return_lse else out
 
 

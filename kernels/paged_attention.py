@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from cde.kernels.flashblock import FlashBlockBatch, split_attention, split_attention_item
-from cde.kernels.flex_paged_attention import flex_paged_attention
+from cde.kernels.flex_paged_attention import PagedBlockMask, flex_paged_attention
 from cde.shared.config import ATTN_EXACT, PAGE
-from torch.nn.attention.flex_attention import BlockMask
 
 
 @dataclass
@@ -31,7 +30,7 @@ class PagedBatch:
     page_table: torch.Tensor  # [N, max_pages] int64, padded with 0
     n_pages: torch.Tensor  # [N] int64
     n_pages_host: list[int]  # the same, on the host, for the CPU loop
-    block_mask: BlockMask | None = None  # set on CUDA: FlexAttention over the pages
+    block_mask: PagedBlockMask | None = None  # set on CUDA: FlexAttention over the pages
     flashblock: FlashBlockBatch | None = None  # set when some item splits its attention
 
 

@@ -1,77 +1,92 @@
-"""The measurement behind kernels/flex_paged_attention.py's kernel options and `--kv-splits`
+"""The measurement behind kernels/flex_paged_attention.py's layouts and the split-KV choice
 (GPU only): one layer's paged attention on the 8b shape (32 heads, 8 KV heads, head dim 128,
-bfloat16) per variant, at several batch sizes and page counts, replayed as a CUDA graph. Prints
-us per layer and the max relative difference to the first variant.
+bfloat16) per variant, at several batch sizes and page counts, replayed as a CUDA graph, beside
+torch SDPA's flash and cuDNN backends over contiguous KV of the same size (expanded to 32 heads).
+Prints us per layer and the max relative difference to the first variant.
 
-Run: PYTHONPATH=. python3 scripts/flex_kernel_options.py
+Run: PYTHONPATH=. python3 scripts/flex_kernel_options.py [BATCHxPAGES ...] [--variants SUBSTRING,...]
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, SINGLE_TILE_OPTIONS, PagedBlockMask, flex_paged_attention
+import torch.nn.functional as F
+from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, PagedBlockMask, flex_paged_attention
 from cde.shared.config import PAGE
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cde.commands.bench_flashblock import graph_replay_ms
 
 H, KVH, D = 32, 8, 128
-CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (4, 64), (4, 1024), (16, 64), (32, 64)]  # (batch, pages)
-P = max(n * pages for n, pages in CASES) + 1
-OPTIONS = {  # kernel options, unsplit
-    "64-row tiles (engine, batch >= 2)": KERNEL_OPTIONS,
-    "flex's choice": {"BLOCK_M": PAGE, "BLOCK_N": PAGE},  # 64 queries: its split-KV decoding kernel
-    "16-row tiles, 2 warps (engine, batch 1)": SINGLE_TILE_OPTIONS,
+CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (1, 2048), (4, 64), (4, 1024), (8, 2048), (16, 64), (32, 64)]
+P = 8 * 2048 + 1  # cache pages: the largest case's
+PACKED_128 = {**KERNEL_OPTIONS, "BLOCK_M": 2 * PAGE, "num_warps": 8}
+PACKED_128_W4 = {**KERNEL_OPTIONS, "BLOCK_M": 2 * PAGE, "num_warps": 4}
+# name -> (packed heads, splits, kernel options or None for the engine's default)
+VARIANTS = {
+    "per head (engine)": (1, 1, None),
+    "per head, split 4": (1, 4, None),
+    "per head, split 8": (1, 8, None),
+    "packed 64-row": (4, 1, KERNEL_OPTIONS),
+    "packed 64-row, split 4": (4, 4, KERNEL_OPTIONS),
+    "packed 64-row, split 16": (4, 16, KERNEL_OPTIONS),
+    "packed 128-row w8": (4, 1, PACKED_128),
+    "packed 128-row w8, split 2": (4, 2, PACKED_128),
+    "packed 128-row w8, split 4": (4, 4, PACKED_128),
+    "packed 128-row w8, split 8": (4, 8, PACKED_128),
+    "packed 128-row w8, split 16": (4, 16, PACKED_128),
+    "packed 128-row w4, split 8": (4, 8, PACKED_128_W4),
 }
-SPLITS = (2, 4, 8)  # the engine's attention with --kv-splits S at this batch
 
 
-def with_options(options, k, v):
-    def attend(q, block_mask):
-        n = q.shape[0]
-        out = flex_attention(
-            q.transpose(0, 1).reshape(1, H, n * PAGE, D),
-            k,
-            v,
-            block_mask=block_mask,
-            enable_gqa=True,
-            kernel_options=options,
-        )
-        return out.reshape(H, n, PAGE, D).transpose(0, 1)
-
-    return torch.compile(attend, fullgraph=True)
+def sdpa_ms(backend: SDPBackend, n: int, pages: int, q: torch.Tensor) -> str:
+    """SDPA over contiguous KV of the same length, KV heads expanded (flash wants equal heads)."""
+    if pages < 1024:
+        return "-"
+    kv = [torch.randn(n, H, pages * PAGE, D, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    try:
+        with sdpa_kernel(backend):
+            ms, _ = graph_replay_ms(lambda: F.scaled_dot_product_attention(q, *kv), iters=20)
+    except Exception as ex:  # a backend that refuses the shape
+        return f"rejected: {type(ex).__name__}"
+    return f"{ms * 1e3:.1f}"
 
 
 def main() -> None:
-    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.cache_size_limit = 512
     dev = "cuda"
+    args = sys.argv[1:]
+    pick = args[args.index("--variants") + 1].split(",") if "--variants" in args else None
+    cases = [tuple(map(int, a.split("x"))) for a in args if "x" in a and a[0].isdigit()] or CASES
+    variants = {k: v for k, v in VARIANTS.items() if pick is None or any(p in k for p in pick)}
     k_cache, v_cache = (torch.randn(KVH, P, PAGE, D, device=dev, dtype=torch.bfloat16) for _ in "kv")
-    k, v = (c.view(1, KVH, P * PAGE, D) for c in (k_cache, v_cache))
-    fns = {name: with_options(opts, k, v) for name, opts in OPTIONS.items()}
-    split_fn = torch.compile(flex_paged_attention)
-    names = list(OPTIONS) + [f"kv-splits {s}" for s in SPLITS]
-    print("batch | pages | " + " | ".join(names) + "   (us per layer, max rel. difference to the first)")
-    for n, pages in CASES:
+    attend = torch.compile(flex_paged_attention)
+    names = list(variants) + ["SDPA flash (contiguous)", "SDPA cuDNN (contiguous)"]
+    print("| batch | pages | " + " | ".join(names) + " |   (us per layer, max rel. difference to the first)")
+    print("|" + " --- |" * (len(names) + 2))
+    for n, pages in cases:
         q = torch.randn(n, H, PAGE, D, device=dev, dtype=torch.bfloat16)
         table = torch.randperm(P, device=dev)[: n * pages].view(n, pages)
         lengths = torch.full((n,), pages, device=dev)
-        masks = {}
-        for s in (1, *SPLITS):
-            masks[s] = PagedBlockMask(n, P, dev, s)
-            masks[s].update(table, lengths)
-        runs = [(fn, masks[1]) for fn in fns.values()]
-        runs += [(lambda q, m: split_fn(q, k_cache, v_cache, m), masks[s]) for s in SPLITS]
         row, ref = [], None
-        for fn, mask in runs:
+        for group, splits, options in variants.values():
+            if n * splits > 64:
+                row.append("-")
+                continue
+            mask = PagedBlockMask(n, P, dev, splits, group, options)
+            mask.update(table, lengths)
             try:
-                ms, out = graph_replay_ms(lambda fn=fn, q=q, mask=mask: fn(q, mask.block_mask), iters=50)
+                ms, out = graph_replay_ms(lambda q=q, mask=mask: attend(q, k_cache, v_cache, mask), iters=20)
             except Exception as ex:
                 row.append(f"rejected: {type(ex).__name__}")
                 continue
             out = out.float()
             ref = out if ref is None else ref
             row.append(f"{ms * 1e3:.1f} ({((out - ref).abs().max() / ref.abs().max()).item():.0e})")
-        print(f"{n} | {pages} | " + " | ".join(row), flush=True)
+        row += [sdpa_ms(b, n, pages, q) for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION)]
+        print(f"| {n} | {pages} | " + " | ".join(row) + " |", flush=True)
 
 
 if __name__ == "__main__":

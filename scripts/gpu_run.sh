@@ -39,7 +39,7 @@ for STAGE in $STAGES; do
     python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_gpu.py ${GPU_TESTS:+-k "$GPU_TESTS"} 2>&1 \
       | tee "$OUT/gpu_tests.log" ;;
   kernels)  # one layer's attention: kernel options and split-KV ways, batch x pages
-    python3 scripts/flex_kernel_options.py 2>&1 | tee "$OUT/kernels.log" ;;
+    python3 scripts/flex_kernel_options.py ${KERNEL_CASES:-} 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
     Q=${QUANT:-none}
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \

@@ -51,7 +51,8 @@ MAX_SEARCH_CHARS = 1000
 # FlashBlock's knobs (tau, max_reuse): a block has PAGE positions, so neither a larger tau nor a
 # larger max_reuse changes anything.
 MAX_FLASHBLOCK_KNOB = PAGE
-# `--kv-splits`: a 4096-token context is 64 pages, and more shares than pages would stay empty.
+# `--kv-splits` (0: chosen per pass): a 4096-token context is 64 pages, and more shares than pages
+# would stay empty.
 MAX_KV_SPLITS = 64
 
 # The API's own bounds (gateway/schemas.py, gateway/structured_schemas.py): what one HTTP body may

@@ -27,7 +27,7 @@ class EngineArgs:
     max_items: int = 256  # 64-token blocks per forward pass (prefill chunk budget)
     cuda_graphs: bool = True  # CUDA: compiled blocks + one captured graph per batch bucket
     flashblock: FlashBlockSpec | None = None  # default for requests that do not say (None: exact)
-    kv_splits: int = 1  # CUDA: split-KV attention at small batches (see kernels/flex_paged_attention.py)
+    kv_splits: int = 0  # CUDA: split-KV ways at batch 1; 0: chosen per pass (worker/cuda_graphs.py)
     quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
     fp8_weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
     prefix_cache: bool = True  # share full prompt pages between requests (worker/prefix_cache.py)

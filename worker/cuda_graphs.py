@@ -13,6 +13,10 @@ items and exact items read and write the scratch row there.
 
 Steering is plain data in the graph (a zero vector and an out-of-range start layer when off):
 turning it on or off never recompiles.
+
+Split-KV is chosen per pass: the one- and two-item buckets also have a long-context graph whose
+attention splits every item's pages (`bucket_splits`), replayed when the pass's longest item has
+LONG_CONTEXT_PAGES or more; `--kv-splits S` overrides the choice with S ways at any context.
 """
 
 from __future__ import annotations
@@ -31,24 +35,41 @@ if TYPE_CHECKING:
     from cde.worker.model import SteerlingModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# From which context a small batch's attention splits its pages, and how many ways per bucket size:
+# one layer on the H200 (docs/benchmarks.md, kernel options) at batch 1 took 8.6 us over 5 pages
+# unsplit against 20.0 split 8 ways, and 65.5 us over 64 pages against 41.2 (995.8 against 392.3
+# over 1,024); the two lines cross near 26 pages. From batch 4 on, splitting did not pay (4 items
+# over 1,024 pages: 1,506 us unsplit, 1,546 split 2 ways): 128 CTAs already fill the SMs.
+LONG_CONTEXT_PAGES = 32
+AUTO_SPLITS = {1: 8, 2: 4}
+
+
+def bucket_splits(kv_splits: int, n: int, max_pages: int) -> int:
+    """Split-KV ways of a pass in the bucket of n items whose longest item has max_pages pages.
+    kv_splits 0 (auto): AUTO_SPLITS from LONG_CONTEXT_PAGES on, else none. kv_splits S (the
+    override): S ways at batch 1, halving as the batch doubles, at any context."""
+    if kv_splits:
+        return max(1, kv_splits // n)
+    return AUTO_SPLITS.get(n, 1) if max_pages >= LONG_CONTEXT_PAGES else 1
+
+
+def bucket_split_choices(kv_splits: int, n: int, max_blocks: int) -> list[int]:
+    """The split-KV ways a bucket of n items is captured with (a long-context graph only where
+    the model's context reaches LONG_CONTEXT_PAGES)."""
+    return sorted({bucket_splits(kv_splits, n, 1), bucket_splits(kv_splits, n, max_blocks)})
 
 
 @dataclass
 class _Bucket:
     n: int
     split: bool  # the FlashBlock family
+    kv_splits: int  # the split-KV ways of its attention
     ints: torch.Tensor  # packed by `pack`: tokens, page table, blocks, write pages, n pages, steer-from, FlashBlock
     host: torch.Tensor  # its pinned twin
     steer_vec: torch.Tensor
     mask: PagedBlockMask
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
-
-
-def bucket_splits(kv_splits: int, n: int) -> int:
-    """Split-KV ways for a bucket of n items: kv_splits at batch 1, halving as the batch
-    doubles, so small batches fill about as many SMs as batch kv_splits would."""
-    return max(1, kv_splits // n)
 
 
 def pack(
@@ -112,7 +133,7 @@ def bucket_forward(
     split = FlashBlockBatch(mode, slot, write_slot, []) if split_caches is not None else None
     mask.update(table, n_pages if split is None else external_pages(n_pages, mode))
     pos = blocks[:, None] * PAGE + torch.arange(PAGE, device=ints.device)
-    meta = PagedBatch(write_pages, table, n_pages, [], mask.block_mask, split)
+    meta = PagedBatch(write_pages, table, n_pages, [], mask, split)
     if split is not None:
         caches = [kv + fb for kv, fb in zip(caches, split_caches)]
     return model(tokens, cos[pos][:, None], sin[pos][:, None], caches, meta, steer_vec, steer_from, tokens == MASK_ID)
@@ -128,7 +149,7 @@ class GraphedForward:
         sin: torch.Tensor,
         scratch_page: int,
         scratch_slot: int,
-        kv_splits: int = 1,
+        kv_splits: int = 0,
     ) -> None:
         self.model, self.cfg, self.caches = model, cfg, caches
         self.kv_splits = kv_splits
@@ -148,18 +169,19 @@ class GraphedForward:
         for block in model.transformer.blocks:
             block.compile()
         self.pool = torch.cuda.graph_pool_handle()
-        self.buckets: dict[tuple[int, bool], _Bucket] = {}
+        self.buckets: dict[tuple[int, bool, int], _Bucket] = {}  # (size, FlashBlock family, kv splits)
         self.copied: torch.cuda.Event | None = None
 
-    def _new_bucket(self, n: int, split: bool) -> _Bucket:
+    def _new_bucket(self, n: int, split: bool, kv_splits: int) -> _Bucket:
         size = n * (PAGE + self.width + 7)
         b = _Bucket(
             n=n,
             split=split,
+            kv_splits=kv_splits,
             ints=torch.zeros(size, dtype=torch.long, device=self.device),
             host=torch.zeros(size, dtype=torch.long, pin_memory=True),
             steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
-            mask=PagedBlockMask(n, self.cache_pages, self.device, bucket_splits(self.kv_splits, n)),
+            mask=PagedBlockMask(n, self.cache_pages, self.device, kv_splits),
         )
         self._fill(b, [], [], [], [], [], None)  # all padding items
         return b
@@ -193,9 +215,11 @@ class GraphedForward:
         """Capture every bucket of one family now (the FlashBlock one when `split_caches` is
         given), so no request ever waits for a compile or a capture."""
         self.split_caches = split_caches
+        family = split_caches is not None
         for size in BUCKETS:
-            b = self.buckets[(size, split_caches is not None)] = self._new_bucket(size, split_caches is not None)
-            self._capture(b)
+            for ways in bucket_split_choices(self.kv_splits, size, self.width):
+                b = self.buckets[(size, family, ways)] = self._new_bucket(size, family, ways)
+                self._capture(b)
 
     def __call__(
         self,
@@ -213,10 +237,11 @@ class GraphedForward:
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
-        if size is None:
-            b = self._new_bucket(n, split is not None)  # a prefill burst beyond the largest bucket: run uncaptured
-        else:
-            b = self.buckets[(size, split is not None)]  # captured by capture_all
+        if size is None:  # a prefill burst beyond the largest bucket: run uncaptured
+            b = self._new_bucket(n, split is not None, bucket_splits(self.kv_splits, n, 1))
+        else:  # captured by capture_all
+            ways = bucket_splits(self.kv_splits, size, max(len(p) for p in pages))
+            b = self.buckets[(size, split is not None, ways)]
         self._fill(b, tokens, blocks, write_pages, pages, steer_from, split)
         b.steer_vec.zero_()
         b.steer_vec[:n] = steer_vec

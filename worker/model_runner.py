@@ -56,7 +56,7 @@ class ModelRunner:
         num_pages: int,
         max_running: int,
         cuda_graphs: bool = True,
-        kv_splits: int = 1,
+        kv_splits: int = 0,
         vocab_align: int | None = None,
     ):
         """vocab_align: the LM head's rows are padded to a multiple of it (default 128 on CUDA,

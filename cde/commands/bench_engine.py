@@ -61,7 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run passes eagerly, without captured graphs")
     p.add_argument(
-        "--kv-splits", type=int, default=1, help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`)"
+        "--kv-splits",
+        type=int,
+        default=0,
+        help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`; 0: chosen per pass)",
     )
     p.add_argument("--json", help="write the results as JSON here (default: only the table)")
     p.add_argument(

@@ -132,11 +132,12 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
         )
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
-    mask = PagedBlockMask(n, cache_pages, dev, bucket_splits(runner.graphed.kv_splits, n) if runner.graphed else 1)
+    ways = bucket_splits(runner.graphed.kv_splits, n, ctx_pages) if runner.graphed else 1
+    mask = PagedBlockMask(n, cache_pages, dev, ways)
 
     def layer() -> torch.Tensor:
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))
-        return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask.block_mask, split))
+        return attend(q, k, v, cache, PagedBatch(table[:, -1].contiguous(), table, n_pages, [], mask, split))
 
     return graph_replay_ms(layer)[0]
 

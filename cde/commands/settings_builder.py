@@ -105,6 +105,6 @@ def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
 
 
 def kv_splits(args: argparse.Namespace) -> int:
-    if not 1 <= args.kv_splits <= MAX_KV_SPLITS:
-        raise SystemExit(f"--kv-splits must be in [1, {MAX_KV_SPLITS}]")
+    if not 0 <= args.kv_splits <= MAX_KV_SPLITS:
+        raise SystemExit(f"--kv-splits must be in [0, {MAX_KV_SPLITS}] (0: chosen per pass)")
     return args.kv_splits

@@ -120,10 +120,11 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-splits",
         type=int,
-        default=1,
+        default=0,
         metavar="S",
         help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "
-        "attention at small batches; exact (default: 1, off)",
+        "attention at small batches, at any context; exact. Default 0: chosen per pass (8 ways at batch 1 "
+        "and 4 at batch 2 from a 2,048-token context, none otherwise)",
     )
     p.add_argument(
         "--flashblock-tau",

@@ -89,7 +89,7 @@ def test_a_checkpoint_whose_tensors_do_not_match(missing_tensors):
 
 def test_bad_flag_combinations(tmp_path):
     one_line(cde("worker", "--curve-secret-key", str(tmp_path / "k"), timeout=60), "worker", "go together")
-    one_line(cde("serve", "--kv-splits", "0", timeout=60), "serve", "--kv-splits must be in [1, 64]")
+    one_line(cde("serve", "--kv-splits", "65", timeout=60), "serve", "--kv-splits must be in [0, 64]")
     one_line(cde("gateway", timeout=60), "gateway", "--worker")
     one_line(cde("eval", "--model", "", timeout=60), "eval", "--model is empty")
 

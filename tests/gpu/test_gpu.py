@@ -14,9 +14,14 @@ from cde.worker.engine import Engine, EngineArgs
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+# layout: (packed heads, kernel options); 8 heads per KV head packed into 128-row tiles on 8 warps
+PACKED_128 = {"BLOCK_M": 128, "BLOCK_N": 64, "FORCE_USE_FLEX_ATTENTION": True, "num_warps": 8}
+
+
+@pytest.mark.parametrize("layout", [(1, None), (8, PACKED_128)], ids=["per_head", "packed"])
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-def test_flex_paged_attention_matches_dense(dtype, tol, splits):
+def test_flex_paged_attention_matches_dense(dtype, tol, splits, layout):
     torch.manual_seed(0)
     kvh, h, d, cache_pages = 4, 32, 128, 40
     lengths = [1, 3, 7, 2]  # blocks per request: mixed lengths in one batch
@@ -31,9 +36,9 @@ def test_flex_paged_attention_matches_dense(dtype, tol, splits):
     table = torch.zeros(len(seqs), max(lengths), dtype=torch.long, device="cuda")
     for i, p in enumerate(seqs):
         table[i, : len(p)] = torch.tensor(p)
-    mask = PagedBlockMask(len(seqs), cache_pages, "cuda", splits)
+    mask = PagedBlockMask(len(seqs), cache_pages, "cuda", splits, *layout)
     mask.update(table, torch.tensor(lengths, device="cuda"))
-    out = torch.compile(flex_paged_attention)(q, k_cache, v_cache, mask.block_mask)
+    out = torch.compile(flex_paged_attention)(q, k_cache, v_cache, mask)
     for i, pages in enumerate(seqs):
         k = k_cache[:, pages].reshape(kvh, -1, d)[None].double()
         v = v_cache[:, pages].reshape(kvh, -1, d)[None].double()
@@ -66,6 +71,24 @@ def test_float32_greedy_matches_official_generator_on_gpu(small_dir):
         for engine in engines:  # unsplit, and split-KV 8 ways at batch 1
             ours = engine.generate([GenerateRequest(f"p{n}", prompt, max_tokens=128)])[f"p{n}"]
             assert ours == ref.tokens[n:].tolist()
+
+
+def test_long_context_passes_replay_the_split_graph_and_decode_as_unsplit(tmp_path):
+    """Auto split-KV (the default): a one-request pass over >= LONG_CONTEXT_PAGES pages replays
+    the bucket's split graph, and decodes the tokens of the engine that never splits."""
+    from cde.worker.checkpoint import make_model
+    from cde.worker.cuda_graphs import AUTO_SPLITS, LONG_CONTEXT_PAGES
+
+    model = make_model("small", tmp_path / "long", seed=3, overrides={"context_len": 4096})
+    auto, unsplit = (Engine(EngineArgs(str(model), device="cuda", dtype="float32", kv_splits=s)) for s in (0, 1))
+    graph = auto.runner.graphed.buckets[(1, False, AUTO_SPLITS[1])].graph
+    replays = []
+    replay = graph.replay
+    graph.replay = lambda: (replays.append(1), replay())[1]
+    prompt = torch.randint(0, 100000, (64 * LONG_CONTEXT_PAGES + 20,), generator=torch.Generator().manual_seed(6))
+    req = lambda: [GenerateRequest("long", prompt.tolist(), max_tokens=64)]
+    assert auto.generate(req())["long"] == unsplit.generate(req())["long"]
+    assert len(replays) >= 64
 
 
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
@@ -126,11 +149,11 @@ def test_flashblock_split_matches_unsplit_attention(dtype, tol):
     flex = torch.compile(flex_paged_attention)
     full_mask = PagedBlockMask(len(lengths), cache_pages, "cuda")
     full_mask.update(table, n_pages)
-    unsplit = flex(q, k_cache, v_cache, full_mask.block_mask)
+    unsplit = flex(q, k_cache, v_cache, full_mask)
     mode = torch.full_like(n_pages, ATTN_REFRESH)
     ext_mask = PagedBlockMask(len(lengths), cache_pages, "cuda")
     ext_mask.update(table, external_pages(n_pages, mode))
-    ext, lse = flex(q, k_cache, v_cache, ext_mask.block_mask, return_lse=True)
+    ext, lse = flex(q, k_cache, v_cache, ext_mask, return_lse=True)
     # the kernel's log-sum-exp is the natural-log one the merge expects
     for i, n in enumerate(lengths[:3]):
         if n > 1:

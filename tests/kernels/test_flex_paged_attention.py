@@ -24,12 +24,12 @@ def tensors():
     return q, k, v
 
 
-def attend(q, k, v, lengths, splits):
-    mask = PagedBlockMask(len(lengths), CACHE_PAGES, "cpu", splits)
+def attend(q, k, v, lengths, splits, group=1):
+    mask = PagedBlockMask(len(lengths), CACHE_PAGES, "cpu", splits, group)
     mask.update(TABLE, lengths)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
-        return flex_paged_attention(q, k, v, mask.block_mask, return_lse=True), mask
+        return flex_paged_attention(q, k, v, mask, return_lse=True), mask
 
 
 def reference(q, k, v, i, n):
@@ -40,19 +40,23 @@ def reference(q, k, v, i, n):
     return out, torch.logsumexp(scores, -1).reshape(H, 64)
 
 
+@pytest.mark.parametrize("group", [1, 2, 4])  # 4: all query heads of a KV head in one sequence
 @pytest.mark.parametrize("splits", [1, 2, 3, 8])
-def test_each_item_attends_exactly_its_pages_with_any_number_of_splits(tensors, splits):
+def test_each_item_attends_exactly_its_pages_with_any_number_of_splits(tensors, splits, group):
     q, k, v = tensors
-    (out, lse), mask = attend(q, k, v, LENGTHS, splits)
+    (out, lse), mask = attend(q, k, v, LENGTHS, splits, group)
     for i, n in enumerate(LENGTHS.tolist()):
         ref_out, ref_lse = reference(q, k, v, i, n)
         assert torch.allclose(out[i], ref_out, atol=1e-5), (i, (out[i] - ref_out).abs().max())
         assert torch.allclose(lse[i], ref_lse, atol=1e-4)
     # The splits' shares of an item are disjoint and cover its pages exactly once.
-    counts = mask.full_num.view(len(LENGTHS), splits)
-    assert counts.sum(1).tolist() == LENGTHS.tolist()
+    per = mask.tiles_per_share  # query tiles of one share (2 when 4 heads of 64 rows are packed)
+    counts = mask.full_num.view(len(LENGTHS), splits, per)
+    assert (counts == counts[..., :1]).all() and counts[..., 0].sum(1).tolist() == LENGTHS.tolist()
     for i, n in enumerate(LENGTHS.tolist()):
-        shares = [mask.full_idx[0, 0, i * splits + j, :c].tolist() for j, c in enumerate(counts[i].tolist())]
+        shares = [
+            mask.full_idx[0, 0, (i * splits + j) * per, :c].tolist() for j, c in enumerate(counts[i, :, 0].tolist())
+        ]
         assert [p for share in shares for p in share] == TABLE[i, :n].tolist()
 
 

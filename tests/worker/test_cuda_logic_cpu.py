@@ -20,7 +20,15 @@ from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.worker.attribution_runner import AttributionRunner, _Graph
 from cde.worker.concept_contributions import attribute, width
-from cde.worker.cuda_graphs import BUCKETS, bucket_forward, bucket_splits, pack
+from cde.worker.cuda_graphs import (
+    AUTO_SPLITS,
+    BUCKETS,
+    LONG_CONTEXT_PAGES,
+    bucket_forward,
+    bucket_split_choices,
+    bucket_splits,
+    pack,
+)
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.model_runner import ModelRunner
 
@@ -104,6 +112,19 @@ def live_pass(engine: Engine, flashblock):
     return plan.items
 
 
+def test_split_kv_is_chosen_per_pass_from_the_longest_item():
+    long = LONG_CONTEXT_PAGES
+    assert AUTO_SPLITS == {1: 8, 2: 4}  # the measured choice (docs/benchmarks.md's kernel table)
+    for size in BUCKETS:  # auto: split only small batches, only from a long context on
+        assert bucket_splits(0, size, long - 1) == 1
+        assert bucket_splits(0, size, long) == AUTO_SPLITS.get(size, 1)
+        assert bucket_split_choices(0, size, 2048) == sorted({1, AUTO_SPLITS.get(size, 1)})
+        assert bucket_split_choices(0, size, long - 1) == [1]  # a model whose context never gets long
+    for size, want in ((1, 16), (2, 8), (4, 4), (32, 1), (64, 1)):  # the override, at any context
+        assert bucket_splits(16, size, 1) == bucket_splits(16, size, 2048) == want
+        assert bucket_split_choices(16, size, 2048) == [want]
+
+
 def clone(caches):
     return [tuple(t.clone() for t in layer) for layer in caches]
 
@@ -141,7 +162,8 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
         )
         vec = torch.zeros(size, cfg.n_embd)
         vec[: len(items)] = steer_vec
-        mask = PagedBlockMask(size, kv[0][0].shape[1], "cpu", bucket_splits(kv_splits, size))
+        ways = bucket_splits(kv_splits, size, max(len(it.pages) for it in items))
+        mask = PagedBlockMask(size, kv[0][0].shape[1], "cpu", ways)
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
             got = bucket_forward(
