@@ -5,7 +5,8 @@
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
-# plain, issue 26; `prefix`: the prefix cache off vs on, issue 30)
+# plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `summary`: issue 29's figures of the stages
+# run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
@@ -55,6 +56,9 @@ for STAGE in $STAGES; do
       --prompt-len ${LONG_PROMPTS:-16256,65408,130944} --max-tokens 128 --flashblock-tau 2 \
       --flashblock-max-reuse "${LONG_REUSE:-4,16,63}" \
       --json "$OUT/fb_long.json" 2>&1 | tee "$OUT/fb_long.log" ;;
+  summary)  # issue 29: every figure this call's stages wrote (bench, long, http) in one table with its limits and bars
+    python3 -m cde bench roofline $(ls "$OUT"/bench_8b_*.json "$OUT"/fb_long.json "$OUT"/http/http_vs_engine.json \
+      2>/dev/null) 2>&1 | tee "$OUT/summary.md" ;;
   compare)  # steering cost at 16 concurrent (half the requests steer), attribution cost
     python3 -m cde bench engine --model /tmp/m8b --concurrency 16 --max-tokens 256 --attribution --steering \
       --json "$OUT/bench_16_steer.json" 2>&1 | tail -3 | tee "$OUT/bench_16_steer.log"

@@ -250,9 +250,9 @@ def run(args: argparse.Namespace) -> int:
     for res in results:
         res.pop("outputs"), res.pop("last_block_s")
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
-        with open(args.json, "w") as f:
-            json.dump({"args": settings, "results": results}, f, indent=2)
+        settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None), list))}
+        with open(args.json, "w") as f:  # the model's config too: a random checkpoint's directory is temporary
+            json.dump({"args": settings, "config": dataclasses.asdict(engine.cfg), "results": results}, f, indent=2)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         for c in levels:

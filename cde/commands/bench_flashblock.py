@@ -5,7 +5,10 @@ run, and the mean KL(exact || reuse) of the next-token distributions at every re
 
 Attention time per step is the layer's paged attention (FlexAttention, plus split and merge)
 replayed as a CUDA graph in isolation at the run's batch size and context, per mode, weighted
-by the run's measured mix of refreshed and reused steps, times the number of layers.
+by the run's measured mix of refreshed and reused steps, times the number of layers. On CUDA the
+exact row also times torch SDPA's flash backend over contiguous KV of the same size per item
+(KV heads expanded to the query heads, as flash wants), the same way: what a flash kernel reaches
+on the same GPU in the same run (issue 29's bar: exact attention within 1.5x of it).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
 from cde.kernels.flex_paged_attention import PagedBlockMask
@@ -142,6 +147,19 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
     return graph_replay_ms(layer)[0]
 
 
+@torch.inference_mode()
+def sdpa_flash_ms(runner: ModelRunner, n: int, ctx_pages: int) -> float:
+    """One layer's attention of n items' 64 queries over ctx_pages * 64 contiguous keys each by
+    SDPA's flash backend (CUDA), in ms."""
+    cfg, dev, dtype = runner.cfg, runner.device, runner.dtype
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(n, cfg.n_head, PAGE, cfg.head_dim, generator=g, device=dev, dtype=dtype)
+    shape = (n, cfg.n_head, ctx_pages * PAGE, cfg.head_dim)
+    k, v = (torch.randn(shape, generator=g, device=dev, dtype=dtype) for _ in "kv")
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return graph_replay_ms(lambda: F.scaled_dot_product_attention(q, k, v))[0]
+
+
 def graph_replay_ms(fn: Callable[[], torch.Tensor], iters: int = 20) -> tuple[float, torch.Tensor]:
     """fn() run twice (compiling it), captured as a CUDA graph and replayed: ms per replay, and
     the captured output."""
@@ -176,6 +194,8 @@ def run_level(
     split_ms = {m: attention_ms(engine.runner, level, ctx_pages, m) * layers for m in (ATTN_REFRESH, ATTN_REUSE)}
     exact = run(engine, make_requests(level, f"fbx{level}", False))
     exact.update(flashblock="off", attention_ms_per_step=exact_ms, token_agreement=1.0, mean_kl=0.0)
+    if engine.runner.device.type == "cuda":
+        exact["sdpa_flash_ms_per_step"] = sdpa_flash_ms(engine.runner, level, ctx_pages) * layers
     results = [exact]
     for max_reuse in (int(x) for x in args.flashblock_max_reuse.split(",")):
         spec = FlashBlockSpec(args.flashblock_tau, max_reuse)
@@ -207,11 +227,21 @@ def _by_index(outputs: dict[str, list[int]]) -> dict[str, list[int]]:
     return {rid.rsplit("-", 1)[1]: toks for rid, toks in outputs.items()}
 
 
+def decode_ms_per_pass(result: dict) -> float:
+    """A decode pass commits one token per request (the FlashBlock runs' one token per step)."""
+    return 1e3 * result["concurrency"] / result["decode_tok_per_s"]
+
+
 def print_table(results: list[dict]) -> None:
-    print("conc | context | flashblock | decode tok/s | attn ms/step | reused | token agreement | mean KL")
+    print(
+        "conc | context | flashblock | decode tok/s | decode ms/pass | attn ms/step | SDPA flash ms/step | reused"
+        " | token agreement | mean KL"
+    )
     for r in results:
+        flash = r.get("sdpa_flash_ms_per_step")
+        flash_text = "—" if flash is None else f"{flash:.2f}"
         print(
             f"{r['concurrency']} | {r['context']} | {r['flashblock']} | {r['decode_tok_per_s']:.1f} | "
-            f"{r['attention_ms_per_step']:.2f} | {r.get('reused_fraction', 0.0):.2f} | {r['token_agreement']:.3f} | "
-            f"{r['mean_kl']:.2e}"
+            f"{decode_ms_per_pass(r):.2f} | {r['attention_ms_per_step']:.2f} | {flash_text} | "
+            f"{r.get('reused_fraction', 0.0):.2f} | {r['token_agreement']:.3f} | {r['mean_kl']:.2e}"
         )

@@ -3,13 +3,14 @@
 for a 32-request pass), the weight count against the architecture's formula, and the table it
 prints for a real `cde bench engine --json` run."""
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cde.shared.config import preset
+from cde.shared.config import ModelConfig, preset
 
 from cde.commands.bench_roofline import pass_flops, shape, weight_bytes
 
@@ -58,4 +59,50 @@ def test_the_table_of_a_real_engine_run(tmp_path):
     assert cells[0] == "bf16, 1 request" and float(cells[1]) == pytest.approx(result["ms_per_forward"], abs=0.01)
     assert float(cells[3]) == pytest.approx(read_ms, abs=0.01) and float(cells[4]) == pytest.approx(flop_ms, abs=0.01)
     assert cells[5] == f"{100 * max(read_ms, flop_ms) / result['ms_per_forward']:.0f}%"
-    assert cells[7] == str(result["recompiles_after_warmup"]) and cells[8] == "<= 4.8 ms and >= 205 tok/s"
+    assert cells[7] == str(result["recompiles_after_warmup"]) and cells[9] == "<= 4.8 ms and >= 205 tok/s"
+    assert cells[10] == "no"  # a CPU does not reach the bar
+
+
+def roofline(tmp_path, report: dict) -> list[list[str]]:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = subprocess.run(
+        [sys.executable, "-m", "cde", "bench", "roofline", str(path)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    return [[c.strip() for c in line.split("|")] for line in out[2:]]
+
+
+def test_long_context_rows_carry_the_pass_and_flash_bars(tmp_path):
+    """The long stage's JSON (`cde bench engine --flashblock-tau`): decode ms per pass from decode
+    tok/s, attention beside SDPA flash, and issue 29's bar only on the exact 128k batch-1 row."""
+    cfg = {**dataclasses.asdict(preset("8b")), "n_layers": 4, "context_len": 131072}
+    row = {"context": 131072, "flashblock": "off", "attention_ms_per_step": 2.8, "sdpa_flash_ms_per_step": 2.0}
+    results = [
+        {**row, "concurrency": 1, "decode_tok_per_s": 1e3 / 3.4},  # 3.4 ms, attention 1.4x flash: met
+        {**row, "concurrency": 1, "decode_tok_per_s": 1e3 / 3.6},  # 3.6 ms: not met
+        {**row, "concurrency": 1, "decode_tok_per_s": 1e3 / 3.4, "sdpa_flash_ms_per_step": 1.8},  # 1.56x: not met
+        {**row, "concurrency": 8, "decode_tok_per_s": 8e3 / 20.0},  # batch 8: no bar
+        {**row, "concurrency": 1, "decode_tok_per_s": 1e3 / 2.0, "flashblock": "tau=2,max_reuse=16"},
+    ]
+    rows = roofline(tmp_path, {"args": {"max_tokens": 128}, "config": cfg, "results": results})
+    assert [r[0] for r in rows[:2]] == ["4 layers, 128k, 1 request, FlashBlock off"] * 2
+    assert [r[1] for r in rows] == ["3.40", "3.60", "3.40", "20.00", "2.00"]
+    assert rows[0][8] == "attention 1.40x SDPA flash" and rows[2][8] == "attention 1.56x SDPA flash"
+    assert [r[10] for r in rows] == ["yes", "no", "no", "—", "—"]
+    s = shape(ModelConfig.from_dict(cfg))
+    assert float(rows[0][4]) == pytest.approx(pass_flops(s, 1, 131072 - 64) / 790e12 * 1e3, abs=0.01)
+
+
+def test_http_rows_are_judged_against_the_engine_of_the_same_run(tmp_path):
+    cells = [
+        {"concurrency": 1, "attribution": False, "engine_tok_s": 100.0, "http_tok_s": 97.5},
+        {"concurrency": 32, "attribution": True, "engine_tok_s": 500.0, "http_tok_s": 480.0},
+    ]
+    rows = roofline(tmp_path, {"args": {}, "cells": cells})
+    assert [r[0] for r in rows] == ["HTTP, 1 request, attribution off", "HTTP, 32 requests, attribution on"]
+    assert [r[8] for r in rows] == ["-2.5% vs the engine (100.0 tok/s)", "-4.0% vs the engine (500.0 tok/s)"]
+    assert [r[10] for r in rows] == ["yes", "no"]
