@@ -1,12 +1,13 @@
 """The FP8 path's two operations as torch custom ops, one name on every device:
 
-- `cde::fp8_matmul(xq, x_scale, wq, w_scale, out_dtype)`: (xq @ wq.T) * x_scale[:, None] * w_scale[None, :]
-  for e4m3 activations [M, K] and weights [N, K] with float32 scales;
+- `cde::fp8_matmul(xq, x_scale, wq, w_scale, counters, out_dtype)`: (xq @ wq.T) * x_scale[:, None] *
+  w_scale[None, :] for e4m3 activations [M, K] and weights [N, K] with float32 scales (`counters`:
+  the weight's split-K tile counters, kernels/stream_gemm.py; zero before and after every call);
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
   quantized per row to e4m3 -> (q [M, F], scales [M]).
 
-On CUDA they run the Triton kernels of kernels/fp8_triton.py; elsewhere the same arithmetic in
-float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
+On CUDA they run the Triton kernels of kernels/stream_gemm.py and kernels/fp8_triton.py; elsewhere
+the same arithmetic in float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
 call them as they are, and the Triton autotuner runs during the engine's warm-up passes, never
 inside a graph capture.
 """
@@ -34,16 +35,27 @@ def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
+# The counters are scratch that every call leaves as it found it (zero), so the op is pure.
 @torch.library.custom_op("cde::fp8_matmul", mutates_args=())
 def fp8_matmul(
-    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    counters: torch.Tensor,
+    out_dtype: torch.dtype,
 ) -> torch.Tensor:
     return ((xq.float() @ wq.float().t()) * x_scale[:, None] * w_scale[None, :]).to(out_dtype)
 
 
 @fp8_matmul.register_fake
 def _(
-    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    counters: torch.Tensor,
+    out_dtype: torch.dtype,
 ) -> torch.Tensor:
     return xq.new_empty(xq.shape[0], wq.shape[0], dtype=out_dtype)
 
@@ -61,11 +73,30 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(rows, width // 2, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
 
 
+def _fp8_stream_gemm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    counters: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return stream_gemm.stream_gemm(xq, wq, counters, out_dtype, scales=(x_scale, w_scale))
+
+
 try:
-    from cde.kernels import fp8_triton
+    from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
-    fp8_triton = None  # type: ignore[assignment]
+    fp8_triton = stream_gemm = None  # type: ignore[assignment]
+
+
+def tile_counters(n: int, device: torch.device | str) -> torch.Tensor:
+    """The `counters` of fp8_matmul for a weight with n output rows: what the CUDA kernel needs
+    (zeros), none elsewhere."""
+    cuda = torch.device(device).type == "cuda" and stream_gemm is not None
+    return torch.zeros(stream_gemm.counter_count(n) if cuda else 0, dtype=torch.int32, device=device)
+
 
 if fp8_triton is not None:
-    fp8_matmul.register_kernel("cuda")(fp8_triton.fp8_gemm)
+    fp8_matmul.register_kernel("cuda")(_fp8_stream_gemm)
     silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)

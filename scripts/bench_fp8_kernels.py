@@ -2,8 +2,9 @@
 kernels/row_confidence.py against what the engine ran before, each checked for agreement first.
 
 1. The transformer's 32-layer linear stack of the 8b (distinct weights per layer, so nothing stays
-   in L2) at 64/128/256/2048 rows, CUDA-graph timed: bfloat16 F.linear, torch._scaled_mm with
-   per-row activation scales, and the Triton FP8 GEMM (autotuned per shape).
+   in L2) at 64 and 2048 rows, CUDA-graph timed, beside its weight-read limit: bfloat16 F.linear
+   and torch._scaled_mm with per-row activation scales (cuBLAS), and at 64 rows the split-K Triton
+   GEMM of kernels/stream_gemm.py in both (autotuned per shape; the configs it chose are printed).
 2. The MLP's activation quantization, [rows, 32768] -> e4m3 [rows, 16384] + scales: compiled
    `quantize_rows(silu(gate) * up)` against the Triton kernel.
 3. Selection's confidence over [rows, 100352] bfloat16 logits: softmax + amax against the kernel.
@@ -17,11 +18,13 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from cde.kernels.fp8_triton import fp8_gemm, silu_mul_quantize
+from cde.kernels.fp8_triton import silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
+from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs
 from cde.worker.fp8 import quantize_rows
 
 SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
+BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
 def graph_ms(fn, reps: int = 20) -> float:
@@ -52,23 +55,39 @@ def stack(args: argparse.Namespace) -> None:
     w16 = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
     wq = [[quantize_rows(w) for w in layer] for layer in w16]
     wq = [[(q, s[:, 0].contiguous()) for q, s in layer] for layer in wq]
-    print("| rows | bf16 F.linear ms | _scaled_mm ms | Triton fp8 ms | Triton vs _scaled_mm | max rel diff |")
+    counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
+    weights = args.layers * sum(n * k for n, k in SHAPES)
+    limit16, limit8 = (weights * b / (BANDWIDTH_TB_S * 1e12) * 1e3 for b in (2, 1))
+    print(f"weight-read limit of the stack at {BANDWIDTH_TB_S} TB/s: bf16 {limit16:.3f} ms, fp8 {limit8:.3f} ms")
+    print(
+        "| rows | bf16 F.linear ms | bf16 stream_gemm ms | fp8 _scaled_mm ms | fp8 stream_gemm ms "
+        "| max rel diff bf16 / fp8 |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
-    for rows in (64, 128, 256, 2048):
+    for rows in (64, 2048):
         xs = {k: torch.randn(rows, k, device=dev, dtype=torch.bfloat16) for _, k in SHAPES}
         xq = {k: quantize_rows(x) for k, x in xs.items()}
         xq = {k: (q, s[:, 0].contiguous(), s) for k, (q, s) in xq.items()}
-        worst = 0.0
-        for (_, k), (q, s) in zip(SHAPES, wq[0]):
+        streams = rows <= MAX_ROWS
+        worst16 = worst8 = 0.0
+        for (_, k), w, (q, s) in zip(SHAPES, w16[0], wq[0]) if streams else ():
             a, sa, sa2 = xq[k]
-            ref = torch._scaled_mm(a, q.t(), scale_a=sa2, scale_b=s[None, :], out_dtype=torch.bfloat16).float()
-            got = fp8_gemm(a, sa, q, s, torch.bfloat16).float()
-            worst = max(worst, ((got - ref).norm() / ref.norm()).item())
+            ref8 = torch._scaled_mm(a, q.t(), scale_a=sa2, scale_b=s[None, :], out_dtype=torch.bfloat16).float()
+            got8 = stream_gemm(a, q, counters[q.shape[0]], torch.bfloat16, scales=(sa, s)).float()
+            worst8 = max(worst8, ((got8 - ref8).norm() / ref8.norm()).item())
+            ref16 = F.linear(xs[k], w).float()
+            got16 = stream_gemm(xs[k], w, counters[w.shape[0]], torch.bfloat16).float()
+            worst16 = max(worst16, ((got16 - ref16).norm() / ref16.norm()).item())
 
         def bf16(xs: dict = xs) -> None:
             for layer in w16:
                 for w in layer:
                     F.linear(xs[w.shape[1]], w)
+
+        def bf16_stream(xs: dict = xs) -> None:
+            for layer in w16:
+                for w in layer:
+                    stream_gemm(xs[w.shape[1]], w, counters[w.shape[0]], torch.bfloat16)
 
         def scaled(xq: dict = xq) -> None:
             for layer in wq:
@@ -76,14 +95,16 @@ def stack(args: argparse.Namespace) -> None:
                     a, _, sa2 = xq[q.shape[1]]
                     torch._scaled_mm(a, q.t(), scale_a=sa2, scale_b=s[None, :], out_dtype=torch.bfloat16)
 
-        def tri(xq: dict = xq) -> None:
+        def fp8_stream(xq: dict = xq) -> None:
             for layer in wq:
                 for q, s in layer:
                     a, sa, _ = xq[q.shape[1]]
-                    fp8_gemm(a, sa, q, s, torch.bfloat16)
+                    stream_gemm(a, q, counters[q.shape[0]], torch.bfloat16, scales=(sa, s))
 
-        t16, tsc, ttr = graph_ms(bf16), graph_ms(scaled), graph_ms(tri)
-        print(f"| {rows} | {t16:.3f} | {tsc:.3f} | {ttr:.3f} | {tsc / ttr:.2f}x | {worst:.1e} |", flush=True)
+        t16, tsc = graph_ms(bf16), graph_ms(scaled)
+        s16, s8 = (f"{graph_ms(fn):.3f}" if streams else "—" for fn in (bf16_stream, fp8_stream))
+        print(f"| {rows} | {t16:.3f} | {s16} | {tsc:.3f} | {s8} | {worst16:.1e} / {worst8:.1e} |", flush=True)
+    print("autotuned stream_gemm configs (M, N, K, scaled): " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
 def act_quant() -> None:

@@ -1,5 +1,5 @@
 """The measurement behind kernels/flex_paged_attention.py's layouts and the split-KV choice
-(GPU only): one layer's paged attention on the 8b shape (32 heads, 8 KV heads, head dim 128,
+(GPU only): one layer's paged attention on the 8b shape (32 heads, 4 KV heads, head dim 128,
 bfloat16) per variant, at several batch sizes and page counts, replayed as a CUDA graph, beside
 torch SDPA's flash and cuDNN backends over contiguous KV of the same size (expanded to 32 heads).
 Prints us per layer and the max relative difference to the first variant.
@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cde.commands.bench_flashblock import graph_replay_ms
 
-H, KVH, D = 32, 8, 128
+H, KVH, D = 32, 4, 128
 CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (1, 2048), (4, 64), (4, 1024), (8, 2048), (16, 64), (32, 64)]
 P = 8 * 2048 + 1  # cache pages: the largest case's
 PACKED_128 = {**KERNEL_OPTIONS, "BLOCK_M": 2 * PAGE, "num_warps": 8}
@@ -29,15 +29,15 @@ VARIANTS = {
     "per head (engine)": (1, 1, None),
     "per head, split 4": (1, 4, None),
     "per head, split 8": (1, 8, None),
-    "packed 64-row": (4, 1, KERNEL_OPTIONS),
-    "packed 64-row, split 4": (4, 4, KERNEL_OPTIONS),
-    "packed 64-row, split 16": (4, 16, KERNEL_OPTIONS),
-    "packed 128-row w8": (4, 1, PACKED_128),
-    "packed 128-row w8, split 2": (4, 2, PACKED_128),
-    "packed 128-row w8, split 4": (4, 4, PACKED_128),
-    "packed 128-row w8, split 8": (4, 8, PACKED_128),
-    "packed 128-row w8, split 16": (4, 16, PACKED_128),
-    "packed 128-row w4, split 8": (4, 8, PACKED_128_W4),
+    "packed 64-row": (8, 1, KERNEL_OPTIONS),
+    "packed 64-row, split 4": (8, 4, KERNEL_OPTIONS),
+    "packed 64-row, split 16": (8, 16, KERNEL_OPTIONS),
+    "packed 128-row w8": (8, 1, PACKED_128),
+    "packed 128-row w8, split 2": (8, 2, PACKED_128),
+    "packed 128-row w8, split 4": (8, 4, PACKED_128),
+    "packed 128-row w8, split 8": (8, 8, PACKED_128),
+    "packed 128-row w8, split 16": (8, 16, PACKED_128),
+    "packed 128-row w4, split 8": (8, 8, PACKED_128_W4),
 }
 
 

@@ -145,7 +145,7 @@ for STAGE in $STAGES; do
     [[ -f /tmp/m8b8k/config.json ]] || python3 -m cde make-model --preset 8b --dtype bfloat16 --device cuda \
       --set block_size=8192 /tmp/m8b8k > /dev/null
     python3 -m cde bench prefix-cache --model /tmp/m8b8k --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix_cache.log" ;;
-  fp8kernels)  # issue 16: the Triton FP8 GEMM, activation quantization and confidence kernels vs before (~3 min)
+  fp8kernels)  # issues 16, 29: the split-K Triton GEMM (bf16, fp8), activation quantization, confidence vs before (~3 min)
     python3 scripts/bench_fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.log" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;

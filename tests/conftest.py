@@ -1,6 +1,14 @@
 import importlib.util
+import os
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter (tests/kernels/test_triton_interpreted.py).
+# Triton reads the variable when a kernel is defined, so it is set before any test imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from cde.shared.config import preset
 from cde.worker.checkpoint import make_model
 

@@ -10,7 +10,7 @@ Each call picks its path by its row count (64 rows per item, so per batch bucket
   bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
 - scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
   scale = amax(|row|) / 448, and multiplied with row-wise scales: at most TRITON_MAX_ROWS rows by
-  the Triton GEMM of kernels/fp8_triton.py (cuBLAS reads the weights at half the bandwidth there),
+  the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
   more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
 The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`).
 On the CPU the ops of kernels/fp8_ops.py emulate the GPU's: the same e4m3 rounding
@@ -25,14 +25,14 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize, tile_counters
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
 
 QUANTIZATIONS = ("none", "fp8")
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
-# At most this many rows (one request) go through the Triton GEMM (kernels/fp8_triton.py), more
+# At most this many rows (one request) go through the Triton GEMM (kernels/stream_gemm.py), more
 # through cuBLAS (`torch._scaled_mm`). H200, the 8b's 32-layer linear stack (docs/benchmarks.md):
 # 64 rows 2.42 ms vs 3.64 ms; 128 rows 3.90 vs 3.66; 256 rows 6.93 vs 4.81.
 TRITON_MAX_ROWS = 64
@@ -54,6 +54,8 @@ class Fp8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
+        # The Triton GEMM's split-K tile counters (kernels/stream_gemm.py): scratch, not state.
+        self.register_buffer("counters", tile_counters(self.out_features, weight.device), persistent=False)
         self.weight_only_rows = weight_only_rows
         # CUDA runs torch._scaled_mm; anything else emulates it in float32 (CPU tests).
         self.emulate = weight.device.type != "cuda"
@@ -86,7 +88,7 @@ class Fp8Linear(nn.Module):
     def matmul(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """e4m3 rows [M, K] with their float32 scales [M] -> [M, N] in dtype."""
         if self.emulate or path_for_rows(xq.shape[0], 0, self.in_features) == "triton":
-            return fp8_matmul(xq, x_scale, self.weight, self.scale, dtype)
+            return fp8_matmul(xq, x_scale, self.weight, self.scale, self.counters, dtype)
         return torch._scaled_mm(
             xq,
             self.weight.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand

@@ -276,6 +276,25 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
     assert dev["greedy_agreement"] >= 0.3 and dev["mean_kl"] < 1.0
 
 
+@pytest.mark.parametrize("rows", [64, 5])
+@pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384), (32768, 4096)])  # c_attn, MLP c_proj, c_fc
+def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: int) -> None:
+    """kernels/stream_gemm.py in bfloat16 at every split-K way, against F.linear (cuBLAS): the
+    same product to bfloat16 rounding, the counters zero after every call, the same bits twice."""
+    from cde.kernels.stream_gemm import MAX_SPLIT_K, counter_count, stream_gemm
+
+    torch.manual_seed(0)
+    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    ref = torch.nn.functional.linear(a, w).float()
+    counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
+    for split in (1, 2, 4, MAX_SPLIT_K, None):  # None: the autotuner's choice
+        cfg = None if split is None else {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split}
+        got = stream_gemm(a, w, counters, torch.bfloat16, config=cfg)
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, split
+        assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
+
+
 @pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384)])  # the 8b's c_attn and MLP c_proj
 def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
     """The Triton GEMM (one item: 64 rows) and torch._scaled_mm (more), eager and compiled, against

@@ -1,0 +1,157 @@
+"""Weight-streaming GEMM for few rows (Triton, CUDA): out[M, N] = a[M, K] @ b[N, K].T, in bfloat16
+or in FP8 with row scales (out = (aq @ bq.T) * sa[:, None] * sb[None, :]).
+
+At 64 rows (one request) a pass is bound by reading every weight once. cuBLAS reads the FP8
+weights at about half the bandwidth there, and its bfloat16 kernels for the 8b's narrower shapes
+(4096 outputs) reach 65-70% of it (docs/benchmarks.md). This kernel streams each weight slab once
+with a deep pipeline over narrow output tiles and also splits K (SPLIT_K), so that even 4,096
+outputs make enough CTAs for every SM. A split tile's CTAs write float32 partials; the last to
+finish (a per-tile counter) sums them in split order, so the result does not depend on which
+finished last, applies the scales and writes the tile: no second kernel. It then resets its
+counter, so the counters are zero between calls and the op is pure from outside.
+
+Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
+interpreter: tests/kernels/test_triton_interpreted.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SPLIT_K = 8
+MAX_ROWS = 64  # one row tile
+MIN_BLOCK_N = 32  # the narrowest output tile: at most cdiv(N, 32) tiles, one counter each
+K_MULTIPLE = 256  # the largest K tile: K must be a multiple of it
+
+
+def _configs() -> list:
+    return [
+        triton.Config(
+            {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=stages
+        )
+        for bn in (MIN_BLOCK_N, 64, 128)
+        for bk in (128, 256)
+        for sk in (1, 2, 4, MAX_SPLIT_K)
+        for stages in (4, 6)
+        if bn * bk * stages <= 128 * 256 * 4
+    ]
+
+
+@triton.jit
+def _stream_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bn,
+    stride_cm,
+    SCALED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_first = pid_k * per_split
+    k_count = tl.minimum(per_split, k_tiles - k_first)  # <= 0: an uneven split's last shares are empty
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], K contiguous
+    m_ok = offs_m[:, None] < M
+    n_ok = offs_n[:, None] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, k_count):
+        a = tl.load(a_ptrs, mask=m_ok, other=0.0)
+        b = tl.load(b_ptrs, mask=n_ok, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    tile_ok = m_ok & (offs_n[None, :] < N)
+    if SPLIT_K > 1:
+        tile_offs = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(part_ptr + pid_k * M * N + tile_offs, acc, mask=tile_ok)
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        tile = pid_m * tl.num_programs(0) + pid_n
+        finished = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if finished == SPLIT_K - 1:  # the last of the tile: sum every share in split order
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(part_ptr + s * M * N + tile_offs, mask=tile_ok, other=0.0, cache_modifier=".cg")
+            _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED)
+            tl.atomic_xchg(count_ptr + tile, 0)
+    else:
+        _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED)
+
+
+@triton.jit
+def _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED: tl.constexpr):
+    if SCALED:
+        sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+        sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+_autotuned = triton.autotune(configs=_configs(), key=["M", "N", "K", "SCALED"])(_stream_gemm_kernel)
+
+
+def counter_count(n: int) -> int:
+    """Tile counters a weight with n output rows needs (one row tile, the narrowest output tile)."""
+    return triton.cdiv(n, MIN_BLOCK_N)
+
+
+def stream_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    counters: torch.Tensor,
+    out_dtype: torch.dtype,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """a [M, K] (M <= 64), b [N, K] row-major, both bfloat16 or both e4m3 with `scales` = (sa [M],
+    sb [N]) float32 -> [M, N] in out_dtype. `counters`: counter_count(N) int32 zeros, used by one
+    stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) instead of the autotuner's choice (tests)."""
+    m, k = a.shape
+    n = b.shape[0]
+    if k % K_MULTIPLE or m > MAX_ROWS or counters.numel() < counter_count(n):
+        raise ValueError(
+            f"stream_gemm needs K divisible by {K_MULTIPLE}, at most {MAX_ROWS} rows and {counter_count(n)} "
+            f"counters, got [{m}, {k}] and {counters.numel()}"
+        )
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    # Partials for the largest split: allocated per call from the caching allocator (and, inside a
+    # CUDA graph, from its pool), never initialised: each share writes its own before it is read.
+    part = torch.empty(MAX_SPLIT_K * m * n, dtype=torch.float32, device=a.device)
+    sa, sb = scales if scales is not None else (out, out)  # unread unless SCALED
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
+
+    args = (a, b, out, sa, sb, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    if config is None:
+        _autotuned[grid](*args, SCALED=scales is not None)
+    else:
+        _stream_gemm_kernel[grid](*args, SCALED=scales is not None, **config)
+    return out
+
+
+def tuned_configs() -> list[tuple[tuple, str]]:
+    """What the autotuner chose so far, per (M, N, K, SCALED, dtypes...) key (the benchmark prints it)."""
+    return [(key, str(config)) for key, config in _autotuned.cache.items()]

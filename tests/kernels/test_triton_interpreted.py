@@ -1,0 +1,81 @@
+"""The Triton kernels on the CPU, in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET
+without a GPU), against float64 or the CPU ops they replace on CUDA: the split-K weight-streaming
+GEMM (kernels/stream_gemm.py) at every split shape it can meet, and selection's row confidence
+(kernels/row_confidence.py). The
+interpreter runs a grid's programs one after another, so the split-K tile counters' "last to
+finish" is checked for its arithmetic, not for races; test_gpu.py runs the kernels on the H200.
+
+The interpreter decodes bfloat16 loads wrongly, so the GEMM's bfloat16 path runs here on float16
+(the kernel is the same for both: tl.dot of the loaded tiles, float32 accumulation). It also rounds
+float32 to e4m3 without carrying into the exponent (7.9 becomes 4.0), so the FP8 activation
+quantizer (kernels/fp8_triton.py) is checked on the GPU only."""
+
+import os
+
+import pytest
+import torch
+from cde.kernels import fp8_ops, row_confidence, stream_gemm
+
+assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+
+
+def config(block_n: int, block_k: int, split_k: int) -> dict:
+    return {"BLOCK_M": stream_gemm.MAX_ROWS, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k}
+
+
+# (rows, outputs, K, kernel config): full and partial row and column tiles; K tiles split evenly,
+# unevenly (3 tiles in 2 shares) and with empty shares (4 tiles in 8).
+CASES = [
+    (64, 128, 512, config(32, 128, 1)),
+    (64, 96, 768, config(64, 256, 2)),
+    (5, 128, 512, config(32, 128, 8)),
+    (17, 160, 1024, config(128, 256, 4)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,cfg", CASES)
+def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg):
+    g = torch.Generator().manual_seed(m + n + k)
+    a = torch.randn(m, k, generator=g).half()
+    b = (torch.randn(n, k, generator=g) * 0.05).half()
+    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
+    out = stream_gemm.stream_gemm(a, b, counters, torch.float32, config=cfg)
+    ref = a.double() @ b.double().t()
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5), (out.double() - ref).abs().max()
+    assert not counters.any()  # the last share of every tile reset its counter
+    again = stream_gemm.stream_gemm(a, b, counters, torch.float32, config=cfg)
+    assert torch.equal(again, out)  # summed in split order: the same bits every call
+
+
+@pytest.mark.parametrize("m,n,k,cfg", CASES)
+def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg):
+    g = torch.Generator().manual_seed(m * n + k)
+    xq, xs = fp8_ops.quantize_rows(torch.randn(m, k, generator=g))
+    wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
+    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
+    out = stream_gemm.stream_gemm(xq, wq, counters, torch.float32, scales=(xs[:, 0], ws[:, 0]), config=cfg)
+    ref = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], fp8_ops.tile_counters(n, "cpu"), torch.float32)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
+    assert not counters.any()
+
+
+def test_stream_gemm_refuses_what_it_cannot_compute():
+    a, b = torch.zeros(64, 512).half(), torch.zeros(96, 512).half()
+    enough = torch.zeros(stream_gemm.counter_count(96), dtype=torch.int32)
+    for args, what in (
+        ((torch.zeros(65, 512).half(), b, enough), "at most 64 rows"),
+        ((torch.zeros(64, 320).half(), torch.zeros(96, 320).half(), enough), "K divisible by 256"),
+        ((a, b, enough[:-1]), "3 counters"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            stream_gemm.stream_gemm(*args, torch.float32, config=config(32, 128, 2))
+
+
+def test_row_confidence_kernel_is_the_softmax_max():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 5000, generator=g) * 4
+    x[:, 4000:] = float("-inf")  # banned columns, across a block boundary of the kernel's loop
+    x[3, :3000] = float("-inf")  # a row whose first block of the kernel's loop is all banned
+    out = torch.empty(5)
+    row_confidence._row_confidence_kernel[(5,)](x, out, x.shape[1], x.stride(0), BLOCK=2048)
+    assert torch.allclose(out, torch.softmax(x, -1).amax(-1), rtol=1e-5)
