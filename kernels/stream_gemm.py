@@ -27,6 +27,8 @@ K_MULTIPLE = 256  # the largest K tile: K must be a multiple of it
 
 
 def _configs() -> list:
+    # A split share streams 1/SPLIT_K of K: the deeper pipeline is only tried unsplit (fewer
+    # candidates keep the autotuning at the engine's warm-up short).
     return [
         triton.Config(
             {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=stages
@@ -34,7 +36,7 @@ def _configs() -> list:
         for bn in (MIN_BLOCK_N, 64, 128)
         for bk in (128, 256)
         for sk in (1, 2, 4, MAX_SPLIT_K)
-        for stages in (4, 6)
+        for stages in ((4, 6) if sk == 1 else (4,))
         if bn * bk * stages <= 128 * 256 * 4
     ]
 
