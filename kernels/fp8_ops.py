@@ -2,7 +2,7 @@
 
 - `cde::fp8_matmul(xq, x_scale, wq, w_scale, counters, out_dtype)`: (xq @ wq.T) * x_scale[:, None] *
   w_scale[None, :] for e4m3 activations [M, K] and weights [N, K] with float32 scales (`counters`:
-  the weight's split-K tile counters, kernels/stream_gemm.py; zero before and after every call);
+  the weight's split-K tile counters, kernels/stream_ops.py's `tile_counters`);
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
   quantized per row to e4m3 -> (q [M, F], scales [M]).
 
@@ -88,13 +88,6 @@ try:
     from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
     fp8_triton = stream_gemm = None  # type: ignore[assignment]
-
-
-def tile_counters(n: int, device: torch.device | str) -> torch.Tensor:
-    """The `counters` of fp8_matmul for a weight with n output rows: what the CUDA kernel needs
-    (zeros), none elsewhere."""
-    cuda = torch.device(device).type == "cuda" and stream_gemm is not None
-    return torch.zeros(stream_gemm.counter_count(n) if cuda else 0, dtype=torch.int32, device=device)
 
 
 if fp8_triton is not None:

@@ -19,7 +19,7 @@ from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
 from cde.shared.settings import EngineArgs
 from cde.shared.tokenizer import get_tokenizer
-from cde.worker import fp8, isolation
+from cde.worker import fp8, isolation, stream_linear
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
 from cde.worker.input_attribution_runner import InputAttributionRunner
@@ -63,6 +63,8 @@ class Engine:
         self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
         if args.quantization == "fp8":
             fp8.quantize_model(model, args.fp8_weight_only_rows)
+        elif device == "cuda" and dtype == torch.bfloat16:  # one request's linears: cuBLAS or Triton, measured
+            stream_linear.install(model)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         # The K/V of a prompt page depend on its tokens and on the weights as run: model, dtype, quantization.

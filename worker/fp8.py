@@ -9,7 +9,7 @@ Each call picks its path by its row count (64 rows per item, so per batch bucket
 - weight-only (rows <= `weight_only_rows`, default 0: never): the weight is dequantized to
   bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
 - scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
-  scale = amax(|row|) / 448, and multiplied with row-wise scales: at most TRITON_MAX_ROWS rows by
+  scale = amax(|row|) / 448, and multiplied with row-wise scales: at most MAX_ROWS rows by
   the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
   more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
 The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`).
@@ -25,18 +25,18 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize, tile_counters
+from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels.stream_ops import tile_counters
+from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
+from cde.worker.model import BLOCK_LINEARS
 
 QUANTIZATIONS = ("none", "fp8")
-LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
-# At most this many rows (one request) go through the Triton GEMM (kernels/stream_gemm.py), more
+# At most MAX_ROWS rows (one request) go through the Triton GEMM (kernels/stream_gemm.py), more
 # through cuBLAS (`torch._scaled_mm`). H200, the 8b's 32-layer linear stack (docs/benchmarks.md):
 # 64 rows 2.42 ms vs 3.64 ms; 128 rows 3.90 vs 3.66; 256 rows 6.93 vs 4.81.
-TRITON_MAX_ROWS = 64
-TRITON_K_MULTIPLE = 256  # the Triton GEMM's largest K tile
 
 log = logging.getLogger("cde.fp8")
 
@@ -116,11 +116,11 @@ class Fp8MLP(nn.Module):
         return self.c_proj.matmul(q, scale, x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
 
 
-def path_for_rows(rows: int, weight_only_rows: int, in_features: int = TRITON_K_MULTIPLE) -> str:
+def path_for_rows(rows: int, weight_only_rows: int, in_features: int = K_MULTIPLE) -> str:
     """The path of a call with `rows` rows on CUDA: "weight-only", "triton" or "cublas"."""
     if rows <= weight_only_rows:
         return "weight-only"
-    if rows <= TRITON_MAX_ROWS and in_features % TRITON_K_MULTIPLE == 0:
+    if rows <= MAX_ROWS and in_features % K_MULTIPLE == 0:
         return "triton"
     return "cublas"
 
@@ -138,7 +138,7 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
         raise ValueError("weight_only_rows must be >= 0")
     before = after = 0
     for block in model.transformer.blocks:
-        for path in LINEARS:
+        for path in BLOCK_LINEARS:
             owner_name, name = path.split(".")
             owner = getattr(block, owner_name)
             linear = getattr(owner, name)
@@ -151,7 +151,7 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
         torch.cuda.empty_cache()
     log.info(
         "fp8: %d linear layers quantized (%.2f GB -> %.2f GB); paths per batch bucket: %s",
-        len(model.transformer.blocks) * len(LINEARS),
+        len(model.transformer.blocks) * len(BLOCK_LINEARS),
         before / 1e9,
         after / 1e9,
         path_table(weight_only_rows),

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ModelConfig
 
+BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):

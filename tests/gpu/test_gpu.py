@@ -295,6 +295,24 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
 
 
+def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
+    """worker/stream_linear.py on the GPU: every block shape timed on both kernels, and the model's
+    outputs with the chosen kernels within bfloat16 rounding of cuBLAS everywhere."""
+    from cde.worker import stream_linear
+    from cde.worker.checkpoint import load_checkpoint
+
+    model = load_checkpoint(small_dir, dtype=torch.bfloat16, device="cuda")[1]
+    x = torch.randn(1, 64, model.cfg.n_embd, device="cuda", dtype=torch.bfloat16)
+    block = model.transformer.blocks[0]
+    ref = block.mlp(x).float()
+    choices = stream_linear.install(model)
+    assert len(choices) == 4 and all(c["cublas_ms"] > 0 and c["stream_ms"] > 0 for c in choices.values())
+    for m in model.modules():
+        if isinstance(m, stream_linear.StreamLinear):
+            m.stream = True  # whichever was faster: the Triton GEMM's outputs
+    assert ((block.mlp(x).float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384)])  # the 8b's c_attn and MLP c_proj
 def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
     """The Triton GEMM (one item: 64 rows) and torch._scaled_mm (more), eager and compiled, against

@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 from cde.kernels import fp8_ops, row_confidence, stream_gemm
+from cde.kernels.stream_ops import tile_counters
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 
@@ -54,7 +55,7 @@ def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg):
     wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
     counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
     out = stream_gemm.stream_gemm(xq, wq, counters, torch.float32, scales=(xs[:, 0], ws[:, 0]), config=cfg)
-    ref = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], fp8_ops.tile_counters(n, "cpu"), torch.float32)
+    ref = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], tile_counters(n, "cpu"), torch.float32)
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
     assert not counters.any()
 

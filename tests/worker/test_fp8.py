@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from cde.kernels import fp8_ops
+from cde.kernels.stream_ops import tile_counters
 from cde.shared.protocol import GenerateRequest
 from cde.worker import fp8
 from cde.worker.checkpoint import make_model
@@ -109,7 +110,7 @@ def test_fp8_matmul_op_is_the_row_and_channel_scaled_product() -> None:
     g = torch.Generator().manual_seed(4)
     xq, xs = fp8_ops.quantize_rows(torch.randn(5, 256, generator=g))
     wq, ws = fp8_ops.quantize_rows(torch.randn(7, 256, generator=g) * 0.1)
-    out = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], fp8_ops.tile_counters(7, "cpu"), torch.bfloat16)
+    out = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], tile_counters(7, "cpu"), torch.bfloat16)
     assert out.shape == (5, 7) and out.dtype == torch.bfloat16
     ref = (xq.double() * xs.double()) @ (wq.double() * ws.double()).t()
     assert torch.allclose(out.double(), ref, rtol=2**-8, atol=1e-6)

@@ -1,0 +1,43 @@
+"""`cde::stream_linear(x, w, counters)`: x [M, K] @ w [N, K].T for few rows, as a torch custom op
+with one name on every device. On CUDA it runs the split-K Triton GEMM (kernels/stream_gemm.py,
+at most 64 rows, K a multiple of 256); elsewhere F.linear. The op is opaque to torch.compile, so
+the compiled blocks call it as it is (worker/stream_linear.py decides where it runs).
+
+`tile_counters`: the split-K tile counters a weight carries for the CUDA kernel (and for the FP8
+op of kernels/fp8_ops.py), zero before and after every call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from cde.kernels import stream_gemm
+except ImportError:  # no Triton: F.linear everywhere, and no counters
+    stream_gemm = None  # type: ignore[assignment]
+
+
+def tile_counters(n: int, device: torch.device | str) -> torch.Tensor:
+    """The counters of a weight with n output rows: what the CUDA kernel needs, none elsewhere."""
+    cuda = torch.device(device).type == "cuda" and stream_gemm is not None
+    return torch.zeros(stream_gemm.counter_count(n) if cuda else 0, dtype=torch.int32, device=device)
+
+
+# The counters are scratch that every call leaves as it found it (zero), so the op is pure.
+@torch.library.custom_op("cde::stream_linear", mutates_args=())
+def stream_linear(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+@stream_linear.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _cuda_stream_linear(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return stream_gemm.stream_gemm(x, w, counters, x.dtype)
+
+
+if stream_gemm is not None:
+    stream_linear.register_kernel("cuda")(_cuda_stream_linear)
