@@ -6,7 +6,8 @@ the 8b's 4,096-output shapes read theirs at 65-70% of the bandwidth (docs/benchm
 shape, the 64-row product over all the layers' own weights (from HBM, as a pass reads them) by
 cuBLAS and by the Triton GEMM (kernels/stream_gemm.py, autotuned on its first call), and keeps the
 faster for that shape in every layer. More rows always run cuBLAS. It is decided before anything
-is compiled, so the compiled blocks see a constant; a kernel that fails to build keeps cuBLAS.
+is compiled, so the compiled blocks see a constant. A kernel that fails to build, or whose
+products are not cuBLAS's to bfloat16 rounding on every layer, keeps cuBLAS.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.worker.model import BLOCK_LINEARS, SteerlingModel
 
 MARGIN = 0.02  # the Triton GEMM must be this much faster: timing noise never flips a shape to it
+AGREEMENT = 1e-2  # its products' relative distance from cuBLAS's at most (bfloat16 rounding is ~4e-3)
 
 log = logging.getLogger("cde.stream_linear")
 
@@ -84,8 +86,11 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
         if k % K_MULTIPLE == 0 and w0.dtype == torch.bfloat16:
             try:
                 stream = time_ms("triton", by_triton)
-            except Exception as exc:  # a kernel that does not build here: cuBLAS stays
+                if not agrees(by_cublas(), by_triton()):
+                    raise ValueError(f"its products differ from cuBLAS's by more than {AGREEMENT:g}")
+            except Exception as exc:  # a kernel that does not build or compute right here: cuBLAS stays
                 log.warning("stream_linear: the Triton GEMM failed for [%d, %d] (%s); cuBLAS stays", n, k, exc)
+                stream = None
         chosen = stream is not None and stream < cublas * (1 - MARGIN)
         for m in layers:
             m.stream = chosen
@@ -99,6 +104,13 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
         ),
     )
     return choices
+
+
+def agrees(reference: list[torch.Tensor], products: list[torch.Tensor]) -> bool:
+    """Every product within AGREEMENT (relative, Frobenius) of its reference."""
+    return all(
+        ((p.float() - r.float()).norm() <= AGREEMENT * r.float().norm()).item() for r, p in zip(reference, products)
+    )
 
 
 def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]], reps: int = 5) -> float:
