@@ -36,12 +36,14 @@ PROMPT = "Write a few sentences."
 STEERING = {"concepts": [4], "preset": "amplify", "strength": 24}
 
 # Test-side probe: after every animation frame, how many cells of the steered run are still
-# masks and how many hold tokens.
+# masks, how many hold tokens, and how many held tokens the server dropped when their block
+# completed (landed after the end of turn).
 FRAME_PROBE = """
 window.__frames = [];
 requestAnimationFrame(function probe() {
   const run = document.getElementById("run-steered");
-  if (run) window.__frames.push([run.querySelectorAll(".cell.mask").length, run.querySelectorAll(".cell.tok").length]);
+  const count = (selector) => run.querySelectorAll(selector).length;
+  if (run) window.__frames.push([count(".cell.mask"), count(".cell.tok"), count(".cell.dropped")]);
   requestAnimationFrame(probe);
 });
 """
@@ -141,11 +143,11 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     # cells, the ones after its end of turn struck out, no mask left.
     expected = steered.result()
     frames = page.evaluate("window.__frames")
-    total = frames[-1][1]
-    assert total == len(expected["token_ids"]) and frames[-1][0] == 0
-    filling = {tok for mask, tok in frames if 0 < tok < total}
+    assert frames[-1][1] == len(expected["token_ids"]) and frames[-1][0] == 0
+    landed = [tok + dropped for _, tok, dropped in frames]  # a landed token is kept or dropped, never unlanded
+    filling = {n for n in landed if 0 < n < landed[-1]}
     assert len(filling) >= 10, f"tokens landed in only {len(filling)} intermediate frames"
-    assert all(a[1] <= b[1] for a, b in pairwise(frames))
+    assert all(a <= b for a, b in pairwise(landed))
     # ... out of order: within a block, cells that landed later sit left of earlier ones; the
     # first cells hold the templated prompt's tail.
     assert _landing_steps(page, "steered", 0) != sorted(_landing_steps(page, "steered", 0))
