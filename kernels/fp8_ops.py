@@ -73,17 +73,6 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(rows, width // 2, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
 
 
-def _fp8_stream_gemm(
-    xq: torch.Tensor,
-    x_scale: torch.Tensor,
-    wq: torch.Tensor,
-    w_scale: torch.Tensor,
-    counters: torch.Tensor,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    return stream_gemm.stream_gemm(xq, wq, counters, out_dtype, scales=(x_scale, w_scale))
-
-
 try:
     from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
@@ -91,5 +80,9 @@ except ImportError:  # no Triton (CPU environments): the float32 definitions abo
 
 
 if fp8_triton is not None:
-    fp8_matmul.register_kernel("cuda")(_fp8_stream_gemm)
+    fp8_matmul.register_kernel("cuda")(
+        lambda xq, x_scale, wq, w_scale, counters, out_dtype: stream_gemm.stream_gemm(
+            xq, wq, counters, out_dtype, scales=(x_scale, w_scale)
+        )
+    )
     silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)

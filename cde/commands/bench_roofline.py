@@ -19,7 +19,6 @@ attention's QK and PV over the run's mean context."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +126,7 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     out = []
     for r in report["results"]:
         quant, n = r.get("quantization", "none"), int(r["concurrency"])
+        ms, tok_s = r["ms_per_forward"], r["output_tok_per_s"]
         read_ms, flop_ms = limits(s, quant, n, context, args)
         gc_share = r.get("gc_ms", 0.0) / (r["wall_s"] * 1e3)
         recompiles = int(r.get("recompiles_after_warmup", 0))
@@ -134,10 +134,9 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
         if (quant, n) in BARS:
             max_ms, min_tok_s = BARS[quant, n]
             bar = " and ".join(([f"<= {max_ms:g} ms"] if max_ms is not None else []) + [f">= {min_tok_s:g} tok/s"])
-            met = (max_ms is None or r["ms_per_forward"] <= max_ms) and r["output_tok_per_s"] >= min_tok_s
+            met = (max_ms is None or ms <= max_ms) and tok_s >= min_tok_s
             met = met and gc_share <= GC_BAR and recompiles == 0
-        row = Row(_label(quant, n), r["ms_per_forward"], r["output_tok_per_s"], read_ms, flop_ms, gc_share, recompiles)
-        out.append(dataclasses.replace(row, bar=bar, met=met))
+        out.append(Row(_label(quant, n), ms, tok_s, read_ms, flop_ms, gc_share, recompiles, bar=bar, met=met))
     return out
 
 
