@@ -31,6 +31,15 @@ KERNEL_OPTIONS = {"BLOCK_M": PAGE, "BLOCK_N": PAGE, "FORCE_USE_FLEX_ATTENTION": 
 # 11.1 us over 5 pages and 66.5 vs 88.3 us over 64 (they lose from batch 4 on: 149 vs 103 us).
 SINGLE_TILE_OPTIONS = {**KERNEL_OPTIONS, "BLOCK_M": 16, "num_warps": 2}
 MAX_Q_BLOCK = 2 * PAGE  # rows of one query tile of the block mask when heads are packed
+# GQA-packed 128-row tiles on 8 warps: on an H200 (2026-12-02, scripts/flex_kernel_options.py, the
+# 8b's 32 heads over 4 KV heads, us per layer) they beat the per-head layout at every batch but one
+# unsplit item: 359 vs 787 over 2,048 pages at batch 1 split 8 (SDPA flash over contiguous KV of the
+# same size: 513), 2,715 vs 6,105 at batch 8 (cuDNN: 3,745), 380 vs 799 for 32 items over 64 pages;
+# one item over 64 pages unsplit: 102 vs 88 (per head on 16-row tiles). One unsplit item keeps the
+# 16-row tiles, packed too: the grouping must not change between a model's passes, since one
+# compiled block serves them all and a grouping that varies turns into a symbol FlexAttention's
+# lowering rejects (H200, torch 2.11: "unsupported operand type(s) for &: 'floor' and 'Add'").
+PACKED_OPTIONS = {**KERNEL_OPTIONS, "BLOCK_M": MAX_Q_BLOCK, "num_warps": 8}
 
 
 class PagedBlockMask:
@@ -49,10 +58,12 @@ class PagedBlockMask:
     ) -> None:
         self.n, self.cache_pages, self.splits, self.group = n, cache_pages, splits, group
         self.rows = group * PAGE  # query rows of one (item, split) in one packed head
-        self.q_block = min(self.rows, MAX_Q_BLOCK)
+        # A query tile never straddles two (item, split) sequences: 128 rows where they divide its rows.
+        self.q_block = MAX_Q_BLOCK if self.rows % MAX_Q_BLOCK == 0 else PAGE
         self.tiles_per_share = self.rows // self.q_block
-        if options is None:
-            options = SINGLE_TILE_OPTIONS if n * splits == 1 and group == 1 else KERNEL_OPTIONS
+        if options is None:  # the engine's layouts (above)
+            packed = self.q_block == MAX_Q_BLOCK
+            options = SINGLE_TILE_OPTIONS if n * splits == 1 else PACKED_OPTIONS if packed else KERNEL_OPTIONS
         self.options = options
         tiles = n * splits * self.tiles_per_share
         self.full_num = torch.zeros(1, 1, tiles, dtype=torch.int32, device=device)

@@ -21,15 +21,14 @@ from cde.commands.bench_flashblock import graph_replay_ms, sdpa_ms
 H, KVH, D = 32, 4, 128
 CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (1, 2048), (4, 64), (4, 1024), (8, 2048), (16, 64), (32, 64)]
 P = 8 * 2048 + 1  # cache pages: the largest case's
-PACKED_128 = {**KERNEL_OPTIONS, "BLOCK_M": 2 * PAGE, "num_warps": 8}
 PACKED_128_W4 = {**KERNEL_OPTIONS, "BLOCK_M": 2 * PAGE, "num_warps": 4}
-# name -> (query heads packed per KV head: the 8b's 8, or 1; kernel options, None: the engine's
-# default; the split-KV ways timed). The first variant, per head unsplit, is the engine's exact path
-# today and the reference of the difference column.
+# name -> (query heads packed per KV head: the 8b's 8, or 1; kernel options, None: PagedBlockMask's
+# default for the layout, as the engine builds it; the split-KV ways timed). The first variant, per
+# head unsplit, is the reference of the difference column (the engine's layout before 2026-12-02).
 LAYOUTS = {
     "per head": (1, None, (1, 4, 8)),
-    "packed 64-row": (8, KERNEL_OPTIONS, (1, 4, 16)),
-    "packed 128-row w8": (8, PACKED_128, (1, 2, 4, 8, 16)),
+    "engine (packed)": (8, None, (1, 2, 4, 8, 16)),
+    "packed 64-row": (8, KERNEL_OPTIONS, (1, 4)),
     "packed 128-row w4": (8, PACKED_128_W4, (8,)),
 }
 VARIANTS = {
@@ -55,7 +54,7 @@ def main() -> None:
     cases = [tuple(map(int, a.split("x"))) for a in args if "x" in a and a[0].isdigit()] or CASES
     variants = {k: v for k, v in VARIANTS.items() if pick is None or any(p in k for p in pick)}
     k_cache, v_cache = (torch.randn(KVH, P, PAGE, D, device=dev, dtype=torch.bfloat16) for _ in "kv")
-    attend = torch.compile(flex_paged_attention)
+    attend = torch.compile(flex_paged_attention, dynamic=False)  # a layout's grouping must stay static
     names = list(variants) + ["SDPA flash (contiguous)", "SDPA cuDNN (contiguous)"]
     print("| batch | pages | " + " | ".join(names) + " |   (us per layer, max rel. difference to the first)")
     print("|" + " --- |" * (len(names) + 2))

@@ -59,6 +59,14 @@ def bucket_split_choices(kv_splits: int, n: int, max_blocks: int) -> list[int]:
     return sorted({bucket_splits(kv_splits, n, 1), bucket_splits(kv_splits, n, max_blocks)})
 
 
+def bucket_mask(
+    cfg: ModelConfig, n: int, cache_pages: int, device: torch.device | str, kv_splits: int
+) -> PagedBlockMask:
+    """The block mask of a bucket of n items split kv_splits ways: every pass of a model packs the
+    query heads of a KV head together (kernels/flex_paged_attention.py says why, and why always)."""
+    return PagedBlockMask(n, cache_pages, device, kv_splits, cfg.n_head // cfg.n_kv_heads)
+
+
 @dataclass
 class _Bucket:
     n: int
@@ -181,7 +189,7 @@ class GraphedForward:
             ints=torch.zeros(size, dtype=torch.long, device=self.device),
             host=torch.zeros(size, dtype=torch.long, pin_memory=True),
             steer_vec=torch.zeros(n, self.cfg.n_embd, dtype=self.dtype, device=self.device),
-            mask=PagedBlockMask(n, self.cache_pages, self.device, kv_splits),
+            mask=bucket_mask(self.cfg, n, self.cache_pages, self.device, kv_splits),
         )
         self._fill(b, [], [], [], [], [], None)  # all padding items
         return b

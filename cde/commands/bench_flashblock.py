@@ -23,11 +23,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cde.kernels.flashblock import FlashBlockBatch, external_pages
-from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
 from cde.shared.protocol import FlashBlockSpec
-from cde.worker.cuda_graphs import bucket_splits
+from cde.worker.cuda_graphs import bucket_mask, bucket_splits
 from cde.worker.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -138,7 +137,7 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
     ways = bucket_splits(runner.graphed.kv_splits, n, ctx_pages) if runner.graphed else 1
-    mask = PagedBlockMask(n, cache_pages, dev, ways)
+    mask = bucket_mask(cfg, n, cache_pages, dev, ways)
 
     def layer() -> torch.Tensor:
         mask.update(table, n_pages if split is None else external_pages(n_pages, split.mode))

@@ -7,7 +7,15 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from cde.kernels.flex_paged_attention import PagedBlockMask, flex_paged_attention, merge_splits
+from cde.kernels.flex_paged_attention import (
+    KERNEL_OPTIONS,
+    MAX_Q_BLOCK,
+    PACKED_OPTIONS,
+    SINGLE_TILE_OPTIONS,
+    PagedBlockMask,
+    flex_paged_attention,
+    merge_splits,
+)
 
 KVH, H, D, CACHE_PAGES = 2, 8, 32, 24
 # Mixed lengths and non-contiguous page ids in one batch; the 0s past each length are padding.
@@ -24,8 +32,8 @@ def tensors():
     return q, k, v
 
 
-def attend(q, k, v, lengths, splits, group=1):
-    mask = PagedBlockMask(len(lengths), CACHE_PAGES, "cpu", splits, group)
+def attend(q, k, v, lengths, splits, group=1, options=None):
+    mask = PagedBlockMask(len(lengths), CACHE_PAGES, "cpu", splits, group, options)
     mask.update(TABLE, lengths)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
@@ -34,10 +42,11 @@ def attend(q, k, v, lengths, splits, group=1):
 
 def reference(q, k, v, i, n):
     pages = TABLE[i, :n]
-    keys, values = (c[:, pages].reshape(KVH, -1, D) for c in (k, v))
+    kvh, h = k.shape[0], q.shape[1]
+    keys, values = (c[:, pages].reshape(kvh, -1, D) for c in (k, v))
     out = F.scaled_dot_product_attention(q[i][None], keys[None], values[None], enable_gqa=True)[0]
-    scores = q[i].reshape(KVH, H // KVH * 64, D) @ keys.transpose(-1, -2) * D**-0.5
-    return out, torch.logsumexp(scores, -1).reshape(H, 64)
+    scores = q[i].reshape(kvh, h // kvh * 64, D) @ keys.transpose(-1, -2) * D**-0.5
+    return out, torch.logsumexp(scores, -1).reshape(h, 64)
 
 
 @pytest.mark.parametrize("group", [1, 2, 4])  # 4: all query heads of a KV head in one sequence
@@ -58,6 +67,32 @@ def test_each_item_attends_exactly_its_pages_with_any_number_of_splits(tensors, 
             mask.full_idx[0, 0, (i * splits + j) * per, :c].tolist() for j, c in enumerate(counts[i, :, 0].tolist())
         ]
         assert [p for share in shares for p in share] == TABLE[i, :n].tolist()
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_grouping_whose_rows_do_not_fill_128_row_tiles_keeps_64_row_tiles(splits):
+    """3 query heads per KV head: 192 rows per (item, split), which 128-row tiles would straddle."""
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(KVH, CACHE_PAGES, 64, D, generator=g) for _ in "kv")
+    q = torch.randn(len(LENGTHS), 3 * KVH, 64, D, generator=g)
+    (out, lse), mask = attend(q, k, v, LENGTHS, splits, group=3)
+    assert (mask.q_block, mask.tiles_per_share, mask.options["BLOCK_M"]) == (64, 3, 64)
+    for i, n in enumerate(LENGTHS.tolist()):
+        ref_out, ref_lse = reference(q, k, v, i, n)
+        assert torch.allclose(out[i], ref_out, atol=1e-5), (i, (out[i] - ref_out).abs().max())
+        assert torch.allclose(lse[i], ref_lse, atol=1e-4)
+
+
+def test_the_engine_layouts_kernel_options_follow_the_tiles():
+    """Packed 128-row tiles take 128-row kernel blocks on 8 warps; one unsplit item keeps 16-row
+    blocks (more CTAs); a per-head or odd grouping keeps 64-row blocks."""
+    assert PagedBlockMask(4, CACHE_PAGES, "cpu", 1, 8).options == PACKED_OPTIONS
+    assert PagedBlockMask(1, CACHE_PAGES, "cpu", 8, 8).options == PACKED_OPTIONS
+    assert PagedBlockMask(1, CACHE_PAGES, "cpu", 1, 8).options == SINGLE_TILE_OPTIONS
+    assert PagedBlockMask(1, CACHE_PAGES, "cpu", 1, 1).options == SINGLE_TILE_OPTIONS
+    assert PagedBlockMask(4, CACHE_PAGES, "cpu", 1, 1).options == KERNEL_OPTIONS
+    assert PagedBlockMask(4, CACHE_PAGES, "cpu", 1, 3).options == KERNEL_OPTIONS
+    assert PACKED_OPTIONS["BLOCK_M"] == MAX_Q_BLOCK
 
 
 def test_an_item_without_pages_gives_zero_and_minus_infinity(tensors):

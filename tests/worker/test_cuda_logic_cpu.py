@@ -16,7 +16,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from cde.kernels.flex_paged_attention import PagedBlockMask
+from cde.kernels.flex_paged_attention import PACKED_OPTIONS, SINGLE_TILE_OPTIONS
+from cde.shared.config import preset
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.worker.attribution_runner import AttributionRunner, _Graph
 from cde.worker.concept_contributions import attribute, width
@@ -25,6 +26,7 @@ from cde.worker.cuda_graphs import (
     BUCKETS,
     LONG_CONTEXT_PAGES,
     bucket_forward,
+    bucket_mask,
     bucket_split_choices,
     bucket_splits,
     pack,
@@ -125,6 +127,17 @@ def test_split_kv_is_chosen_per_pass_from_the_longest_item():
         assert bucket_split_choices(16, size, 2048) == [want]
 
 
+def test_every_bucket_packs_the_query_heads_of_a_kv_head():
+    """One grouping for all of a model's passes (one compiled block serves them, and FlexAttention
+    cannot lower a grouping that varies); 128-row tiles except for one unsplit item."""
+    cfg = preset("8b")
+    for size in BUCKETS:
+        for ways in bucket_split_choices(0, size, 2048):
+            mask = bucket_mask(cfg, size, 8, "cpu", ways)
+            assert mask.group == cfg.n_head // cfg.n_kv_heads == 8
+            assert mask.options == (SINGLE_TILE_OPTIONS if size * ways == 1 else PACKED_OPTIONS), (size, ways)
+
+
 def clone(caches):
     return [tuple(t.clone() for t in layer) for layer in caches]
 
@@ -163,7 +176,7 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
         vec = torch.zeros(size, cfg.n_embd)
         vec[: len(items)] = steer_vec
         ways = bucket_splits(kv_splits, size, max(len(it.pages) for it in items))
-        mask = PagedBlockMask(size, kv[0][0].shape[1], "cpu", ways)
+        mask = bucket_mask(cfg, size, kv[0][0].shape[1], "cpu", ways)
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
             got = bucket_forward(
