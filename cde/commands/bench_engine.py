@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import random
 import tempfile
@@ -22,6 +23,7 @@ from cde.commands.settings_builder import engine_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
 from cde.shared.limits import MAX_TOKENS_PER_STEP
+from cde.shared.logs import setup_logging
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, resolve_device
@@ -200,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
+    # Warnings, and the engine's startup choice of one request's linears (cuBLAS or Triton per
+    # shape, with both timings), in the bench's log as JSON lines on stderr.
+    setup_logging("bench", "warning")
+    logging.getLogger("cde.stream_linear").setLevel(logging.INFO)
     t0 = time.perf_counter()
     engine = Engine(dataclasses.replace(engine_settings, model=model_dir, max_running=max(levels)))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
