@@ -151,3 +151,9 @@ for STAGE in $STAGES; do
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac
 done
+# The device tool brings back at most 8 files: more (profiles, many stages) travel as one archive,
+# with the summary table beside it.
+if (( $(find "$OUT" -type f | wc -l) > 8 )); then
+  tar czf /tmp/gpu_run.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.md -delete
+  mv /tmp/gpu_run.tgz "$OUT/all.tgz"
+fi
