@@ -76,19 +76,20 @@ class PackedAttribution:
         rows: np.ndarray,
         token_ids: np.ndarray,
         positions: np.ndarray,
-        step: int,
+        steps: int | np.ndarray,
         k_known: int,
         k_discovered: int,
     ) -> PackedAttribution:
         """From the device's packed float64 rows [n, 2 + 3 k_known + 3 k_discovered] (target,
-        epsilon, then per head ids, weights, contributions: `concept_contributions.attribute`)."""
+        epsilon, then per head ids, weights, contributions: `concept_contributions.attribute`);
+        `steps`: every token's denoising step, or one for all."""
         kk, ku, u = k_known, k_discovered, 2 + 3 * k_known
         return cls.from_arrays(
             kk,
             ku,
             token_ids=token_ids,
             positions=positions,
-            steps=np.full(len(token_ids), step),
+            steps=np.broadcast_to(steps, len(token_ids)),
             target_logits=rows[:, 0],
             epsilon=rows[:, 1],
             known_ids=rows[:, 2 : 2 + kk],

@@ -157,6 +157,7 @@ class Engine:
         try:
             placed = self.scheduler.place(current.plan, picks)
             self.forward_passes += 1
+            self.outputs.attribute_blocks(current.plan, placed, self.runner)  # its stashed rows: before the next launch
             self._in_flight = self._launch()
         finally:
             if collecting:

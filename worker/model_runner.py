@@ -19,6 +19,7 @@ from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_runner import AttributionRunner
+from cde.worker.block_attribution import AttributionStash
 from cde.worker.concept_contributions import head_widths
 from cde.worker.constraint import Constraint
 from cde.worker.cuda_graphs import GraphedForward
@@ -41,7 +42,7 @@ class Pass:
     plan: StepPlan
     step_indices: list[int]  # where the step items are in plan.items
     picks: HostCopy | None = None  # [3, S, K]: positions, tokens, valid
-    attributed: list[int] = field(default_factory=list)  # step items (indices into step_indices) that asked
+    attributed: list[int] = field(default_factory=list)  # step items (indices into step_indices) attributed per step
     attribution: HostCopy | None = None  # [A * K, width] packed rows
     logprob_items: list[int] = field(default_factory=list)  # step items that asked for logprobs
     logprobs: HostCopy | None = None  # [L, K, 1 + 2 * logprob_top] (worker/logprobs.py)
@@ -92,6 +93,7 @@ class ModelRunner:
         self.rules = RequestLogitRules(self.device, width, max_running)
         self.step_inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules, cfg.vocab_size)
         self.attr_inputs = Staging(self.device, torch.int64)
+        self.stash = AttributionStash(max_running, cfg.n_embd, self.dtype, self.device)
         self.logprobs = LogprobsRunner(self.device)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on
         # their side stream (default priority) fill the SMs a forward pass leaves idle instead of
@@ -189,9 +191,14 @@ class ModelRunner:
             plan,
             steps,
             picks=to_host(torch.stack([positions, chosen, valid.long()])),
-            attributed=[n for n, it in enumerate(step_items) if it.request.attribution],
+            attributed=[n for n, it in enumerate(step_items) if it.request.attribution and it.request.stream_denoise],
             logprob_items=[n for n, it in enumerate(step_items) if it.request.logprobs is not None],
         )
+        if any(it.request.attribution and not it.request.stream_denoise for it in step_items):
+            # attributed when the block completes (worker/block_attribution.py): every pick's row stashed
+            lr = sb.grid.gather(1, positions).clamp(min=0)  # [S, K] logits rows
+            h = hidden.reshape(-1, self.cfg.n_embd)[inp.rows[lr].reshape(-1)]
+            self.stash.write(inp.slots, positions, valid, h, chosen, logits[lr.reshape(-1), chosen.reshape(-1)])
         if p.logprob_items:
             p.logprob_top = max(step_items[n].request.logprobs or 0 for n in p.logprob_items)
             p.logprobs = self.logprobs.launch(adjusted, sb.grid, positions, chosen, p.logprob_items, p.logprob_top)
@@ -256,6 +263,32 @@ class ModelRunner:
             block_rows = rows[a * k : (a + 1) * k][ok]
             out[n] = PackedAttribution.from_rows(
                 block_rows, picks[1, n][ok], item.block * PAGE + picks[0, n][ok], item.step, kk, ku
+            )
+        return out
+
+    @torch.inference_mode()
+    def attribute_blocks(self, blocks: list[tuple[int, list[int]]]) -> HostCopy:
+        """(slot, positions within the block) of blocks whose picks the passes stashed -> their
+        packed attribution rows, block after block, on their way to the host. Call it before the
+        next pass is launched: its rows are read on the forward stream, ahead of the next writes."""
+        if not any(positions for _, positions in blocks):  # blocks that kept no token
+            return HostCopy(torch.empty(0, self.attribution.width, dtype=torch.float64), None)
+        return self.attribution.launch(*self.stash.gather(blocks))
+
+    def block_records(
+        self, rows: HostCopy, blocks: list[tuple[list[int], list[int], list[int]]]
+    ) -> list[PackedAttribution]:
+        """`attribute_blocks`' rows with each block's (tokens, absolute positions, commit steps), in
+        the same order -> one PackedAttribution per block. Waits for them."""
+        if rows.ready is not None:
+            rows.ready.synchronize()
+        host, start, out = rows.host.numpy(), 0, []
+        kk, ku = head_widths(self.cfg)
+        for tokens, positions, steps in blocks:
+            part = host[start : start + len(tokens)]
+            start += len(tokens)
+            out.append(
+                PackedAttribution.from_rows(part, np.array(tokens), np.array(positions), np.array(steps), kk, ku)
             )
         return out
 

@@ -5,8 +5,11 @@ pass computes (the engine calls `finish` after launching it).
   one is cut after the token that completes it and ends the request. Its next pass is already in
   flight by then: the scheduler ends it as an abort (`Scheduler.end`), and that pass's picks for
   it are dropped.
-- Concept attribution: the pass's packed records go to the step's results, and are kept with the
-  request's active block until the block completes, then joined and cut to its kept tokens.
+- Concept attribution: a request that streams the denoising gets the pass's packed records with
+  the step's results, kept with its active block until the block completes, then joined and cut
+  to its kept tokens; any other request gets its block's, computed once when the block completes
+  from the rows its passes stashed (worker/block_attribution.py), started by `attribute_blocks`
+  before the next pass is launched, cut the same way.
 - Input attribution (worker/input_attribution_runner.py) holds a block's result back until its
   IG is done.
 """
@@ -14,23 +17,34 @@ pass computes (the engine calls `finish` after launching it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from cde.shared.config import PAGE
 from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import EngineResult, TokenLogprobs
 from cde.shared.stops import find_stop
 from cde.worker.input_attribution_runner import InputAttributionRunner
+from cde.worker.plan import StepPlan
 from cde.worker.scheduler import Placed, Scheduler
 from cde.worker.sequence import Sequence, Status
+from cde.worker.staging import HostCopy
+
+if TYPE_CHECKING:
+    from cde.worker.model_runner import ModelRunner
 
 
 class OutputStage:
     def __init__(
-        self, scheduler: Scheduler, decode: Callable[[list[int]], str], input_attribution: InputAttributionRunner
+        self,
+        scheduler: Scheduler,
+        decode: Callable[[list[int]], str],
+        input_attribution: InputAttributionRunner,
     ) -> None:
         self.scheduler = scheduler
         self.decode = decode  # token ids -> text, for stop strings
         self.input_attribution = input_attribution
-        self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's
+        self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's steps'
+        self._blocks: tuple[list[Placed], HostCopy, ModelRunner] | None = None  # started by attribute_blocks
 
     def track(self, seq: Sequence) -> None:
         """A request was queued (input attribution follows the ones that ask)."""
@@ -44,14 +58,35 @@ class OutputStage:
     def has_work(self) -> bool:
         return self.input_attribution.has_work()
 
+    def attribute_blocks(self, plan: StepPlan, placed: list[Placed], runner: ModelRunner) -> None:
+        """Start the attribution of the blocks the pass of `plan` completed for requests that get
+        it per block, from the rows `runner` stashed. Before the next pass is launched (see
+        worker/block_attribution.py)."""
+        done = [p for p in placed if p.block_result is not None and _per_block(p.seq)]
+        if not done:
+            self._blocks = None
+            return
+        rows = [(plan.step_items[p.index].slot, [q % PAGE for q in p.block_positions]) for p in done]
+        self._blocks = (done, runner.attribute_blocks(rows), runner)
+
     def finish(self, placed: list[Placed], records: list[PackedAttribution | None]) -> list[EngineResult]:
         """The results of a pass whose picks were placed (`records`: its attribution per step
-        item, None where not asked), finished, and those that may leave now."""
+        item, None where not asked or asked per block), finished, and those that may leave now."""
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            done, rows, runner = blocks
+            for p, packed in zip(done, runner.block_records(rows, [_commits(p) for p in done])):
+                records[p.index] = packed
         results: list[EngineResult] = []
         for p in placed:
             if p.block_result is not None and p.seq.req.stop:
                 self._stop_strings(p)
-            if p.seq.params.attribution:
+            if _per_block(p.seq):
+                if p.block_result is not None:
+                    whole = records[p.index]
+                    assert whole is not None, "the block's attribution was started before the next launch"
+                    p.block_result.attribution = _kept(p, whole)
+            elif p.seq.params.attribution:
                 self._attach(p, records[p.index])
             results += p.results
         return self.input_attribution.process(results, decoding=self._others_decode())
@@ -79,16 +114,17 @@ class OutputStage:
         result.finished, result.finish_reason, result.stop_str = True, "stop", found[1]
 
     def _attach(self, p: Placed, packed: PackedAttribution | None) -> None:
-        """The step's attribution records, per kept pick: to its StepResult, and kept with the
-        active block until the block completes, then joined and cut to the tokens it keeps."""
+        """The step's attribution records (a request that streams the denoising), per kept pick:
+        to its StepResult, and kept with the active block until the block completes, then joined
+        and cut to the tokens it keeps."""
         assert packed is not None, "the pass computed attribution for every request that asked"
         records = packed.head(p.kept)
         if p.step_result is not None:
             p.step_result.attribution = records
         rid = p.seq.id
         if p.block_result is not None:
-            block = PackedAttribution.join([*self.block_attribution.pop(rid, []), records])
-            p.block_result.attribution = block.kept(set(p.block_positions[: len(p.block_result.token_ids)]))
+            steps = [*self.block_attribution.pop(rid, []), records]
+            p.block_result.attribution = _kept(p, PackedAttribution.join(steps))
         elif p.seq.status is Status.RUNNING:
             self.block_attribution.setdefault(rid, []).append(records)
         else:  # ended by its step (a grammar's refusal) or since (a failed launch): nothing to join
@@ -100,6 +136,31 @@ class OutputStage:
         asked = self.input_attribution.requests
         s = self.scheduler
         return bool(asked) and (bool(s.waiting) or any(seq.id not in asked for seq in s.running))
+
+
+def _kept(p: Placed, block: PackedAttribution) -> PackedAttribution:
+    """A completed block's records cut to the tokens it keeps (a stop may have cut it)."""
+    assert p.block_result is not None
+    return block.kept(set(p.block_positions[: len(p.block_result.token_ids)]))
+
+
+def _per_block(seq: Sequence) -> bool:
+    """Attribution computed once per completed block (not per step: no step events to carry it)."""
+    return seq.params.attribution and not seq.params.stream_denoise
+
+
+def _commits(p: Placed) -> tuple[list[int], list[int], list[int]]:
+    """The completed block's kept tokens, their absolute positions and commit steps, in
+    `block_positions` order."""
+    wanted, by_pos = set(p.block_positions), dict[int, tuple[int, int]]()
+    for pos, tok, step in reversed(p.seq.commits):  # the block's are the newest (the last commit of a position holds)
+        if pos in wanted:
+            by_pos.setdefault(pos, (tok, step))
+            if len(by_pos) == len(wanted):
+                break
+    picked = [by_pos[q] for q in p.block_positions]
+    # A commit counts the steps taken with its own; a record, those before it (PlannedItem.step).
+    return [t for t, _ in picked], list(p.block_positions), [s - 1 for _, s in picked]
 
 
 def _shortest_prefix_with_stop(

@@ -44,6 +44,7 @@ class RequestParams:
     end_ids: tuple[int, ...]  # what min_tokens bans: EOT (unless ignored) and the stop token ids
     logprobs: int | None  # top alternatives per token, None: not asked
     attribution: bool  # concept attribution of every committed token
+    stream_denoise: bool  # a step event per step (its attribution computed per step, else per block)
     constrained: bool  # a grammar picks the leftmost positions (worker/constraint.py)
 
     @property

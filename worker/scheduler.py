@@ -201,7 +201,8 @@ class Scheduler:
         prefix without completing the block (whose BlockResult then carries the rest). A request
         whose block completes moves on to its next block (or finishes: EOT, a stop token id, its
         length); stop strings and attribution are the output stage's (worker/outputs.py), which
-        gets a `Placed` for every step item that has results or wants its attribution."""
+        gets a `Placed` for every step item that has results (every step of a request that
+        streams the denoising)."""
         placed: list[Placed] = []
         if self.prefix_cache is not None:  # the pass has run: later passes may read what it prefilled
             for item in plan.items:
@@ -223,7 +224,7 @@ class Scheduler:
                 self._finish(seq, "error")
                 continue
             done = ended_by_eot or seq.block_done()
-            if not (done or seq.req.stream_denoise or seq.req.stream_tokens or seq.params.attribution):
+            if not (done or seq.req.stream_denoise or seq.req.stream_tokens):
                 continue  # the common step: nothing to say (a Placed per item costs host time)
             out = Placed(n, seq, seq.last_unmasked)
             placed.append(out)

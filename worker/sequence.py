@@ -151,5 +151,6 @@ def request_params(req: GenerateRequest, eot_id: int | None, constrained: bool) 
         end_ids=tuple(([] if eot_id is None else [eot_id]) + list(req.stop_token_ids)),
         logprobs=req.logprobs,
         attribution=req.attribution is not None,
+        stream_denoise=req.stream_denoise,
         constrained=constrained,
     )
