@@ -194,7 +194,7 @@ class ModelRunner:
             attributed=[n for n, it in enumerate(step_items) if it.request.attribution and it.request.stream_denoise],
             logprob_items=[n for n, it in enumerate(step_items) if it.request.logprobs is not None],
         )
-        if any(it.request.attribution and not it.request.stream_denoise for it in step_items):
+        if any(it.request.attribution_per_block for it in step_items):
             # attributed when the block completes (worker/block_attribution.py): every pick's row stashed
             lr = sb.grid.gather(1, positions).clamp(min=0)  # [S, K] logits rows
             h = hidden.reshape(-1, self.cfg.n_embd)[inp.rows[lr].reshape(-1)]

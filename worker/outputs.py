@@ -62,7 +62,7 @@ class OutputStage:
         """Start the attribution of the blocks the pass of `plan` completed for requests that get
         it per block, from the rows `runner` stashed. Before the next pass is launched (see
         worker/block_attribution.py)."""
-        done = [p for p in placed if p.block_result is not None and _per_block(p.seq)]
+        done = [p for p in placed if p.block_result is not None and p.seq.params.attribution_per_block]
         if not done:
             self._blocks = None
             return
@@ -81,7 +81,7 @@ class OutputStage:
         for p in placed:
             if p.block_result is not None and p.seq.req.stop:
                 self._stop_strings(p)
-            if _per_block(p.seq):
+            if p.seq.params.attribution_per_block:
                 if p.block_result is not None:
                     whole = records[p.index]
                     assert whole is not None, "the block's attribution was started before the next launch"
@@ -142,11 +142,6 @@ def _kept(p: Placed, block: PackedAttribution) -> PackedAttribution:
     """A completed block's records cut to the tokens it keeps (a stop may have cut it)."""
     assert p.block_result is not None
     return block.kept(set(p.block_positions[: len(p.block_result.token_ids)]))
-
-
-def _per_block(seq: Sequence) -> bool:
-    """Attribution computed once per completed block (not per step: no step events to carry it)."""
-    return seq.params.attribution and not seq.params.stream_denoise
 
 
 def _commits(p: Placed) -> tuple[list[int], list[int], list[int]]:

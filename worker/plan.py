@@ -48,6 +48,11 @@ class RequestParams:
     constrained: bool  # a grammar picks the leftmost positions (worker/constraint.py)
 
     @property
+    def attribution_per_block(self) -> bool:
+        """Attributed once per completed block (worker/block_attribution.py); with step events, per step."""
+        return self.attribution and not self.stream_denoise
+
+    @property
     def penalized(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
