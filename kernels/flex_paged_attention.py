@@ -17,7 +17,7 @@ results merge by log-sum-exp: the same attention, S times the parallelism.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from cde.shared.config import PAGE
@@ -36,16 +36,45 @@ MAX_Q_BLOCK = 2 * PAGE  # rows of one query tile of the block mask when heads ar
 # unsplit item: 359 vs 787 over 2,048 pages at batch 1 split 8 (SDPA flash over contiguous KV of the
 # same size: 513), 2,715 vs 6,105 at batch 8 (cuDNN: 3,745), 380 vs 799 for 32 items over 64 pages;
 # one item over 64 pages unsplit: 102 vs 88 (per head on 16-row tiles). One unsplit item keeps the
-# 16-row tiles, packed too: the grouping must not change between a model's passes, since one
-# compiled block serves them all and a grouping that varies turns into a symbol FlexAttention's
-# lowering rejects (H200, torch 2.11: "unsupported operand type(s) for &: 'floor' and 'Add'").
+# 16-row tiles, packed too, so a model's grouping never changes between its passes.
 PACKED_OPTIONS = {**KERNEL_OPTIONS, "BLOCK_M": MAX_Q_BLOCK, "num_warps": 8}
+
+
+class Layout(NamedTuple):
+    """What the compiled forward must see as constants: the query heads packed per KV head and the
+    FlexAttention kernel options."""
+
+    group: int
+    options: dict[str, Any]
+
+
+# Every layout by name, read from this global table inside the compiled forward: Dynamo specializes
+# the ints it reads from a global, whereas ints read off the mask (a frame input) become symbols once
+# two calls differ (two buckets' kernel options, or two models' groupings in one process), and a
+# symbolic BLOCK_M or grouping broke FlexAttention's lowering (H200, torch 2.11, the tiny model after
+# the small one: "unsupported operand type(s) for &: 'floor' and 'Add'").
+LAYOUTS: dict[str, Layout] = {}
+
+
+def layout_key(group: int, options: dict[str, Any]) -> str:
+    """The name of this layout in LAYOUTS (registered on first use)."""
+    key = repr((group, sorted(options.items())))
+    LAYOUTS.setdefault(key, Layout(group, dict(options)))
+    return key
 
 
 class PagedBlockMask:
     """A BlockMask over N items' query rows (split S ways, G heads packed per KV head) whose
     tensors are updated in place from the page table, so a captured CUDA graph sees every step's
     pages without being rebuilt. `options`: FlexAttention kernel options for this layout."""
+
+    @property
+    def group(self) -> int:
+        return LAYOUTS[self.layout].group
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return LAYOUTS[self.layout].options
 
     def __init__(
         self,
@@ -56,7 +85,7 @@ class PagedBlockMask:
         group: int = 1,
         options: dict[str, Any] | None = None,
     ) -> None:
-        self.n, self.cache_pages, self.splits, self.group = n, cache_pages, splits, group
+        self.n, self.cache_pages, self.splits = n, cache_pages, splits
         self.rows = group * PAGE  # query rows of one (item, split) in one packed head
         # A query tile never straddles two (item, split) sequences: 128 rows where they divide its rows.
         self.q_block = MAX_Q_BLOCK if self.rows % MAX_Q_BLOCK == 0 else PAGE
@@ -64,7 +93,7 @@ class PagedBlockMask:
         if options is None:  # the engine's layouts (above)
             packed = self.q_block == MAX_Q_BLOCK
             options = SINGLE_TILE_OPTIONS if n * splits == 1 else PACKED_OPTIONS if packed else KERNEL_OPTIONS
-        self.options = options
+        self.layout = layout_key(group, options)
         tiles = n * splits * self.tiles_per_share
         self.full_num = torch.zeros(1, 1, tiles, dtype=torch.int32, device=device)
         # BlockMask wants index rows as wide as the key sequence has blocks.
@@ -114,7 +143,8 @@ def flex_paged_attention(
     [N, H, 64] in fp32 when asked; an item with no pages gives 0 and -inf)."""
     n, h, t, d = q.shape
     kvh, p = k_cache.shape[:2]
-    s, g = mask.splits, mask.group
+    layout = LAYOUTS[mask.layout]
+    s, g = mask.splits, layout.group
     if n != mask.n or h % g or (h // g) % kvh:
         raise ValueError(f"a block mask of {mask.n} items x {g} packed heads does not fit q {tuple(q.shape)}")
     heads = h // g  # query sequences: KV heads when fully packed
@@ -128,7 +158,7 @@ def flex_paged_attention(
         block_mask=mask.block_mask,
         enable_gqa=heads != kvh,
         return_lse=need_lse,
-        kernel_options=mask.options,
+        kernel_options=layout.options,
     )
     out, lse = res if need_lse else (res, None)
     out = out.view(heads, n, s, g, t, d).permute(1, 2, 0, 3, 4, 5).reshape(n, s, h, t, d)

@@ -118,3 +118,34 @@ def test_merge_of_splits_is_attention_over_the_union():
     whole = q @ k.transpose(-1, -2)
     assert torch.allclose(out, torch.softmax(whole, -1) @ v, atol=1e-6)
     assert torch.allclose(lse, torch.logsumexp(whole, -1), atol=1e-6)
+
+
+def test_the_layout_reaches_the_compiler_as_constants_in_every_bucket_and_model(tensors):
+    """One compiled forward serves every bucket (16-row kernel blocks for one unsplit item, 128 for
+    packed tiles) and, in one process, every model (another grouping): Dynamo turns an int that
+    changes between calls into a symbol unless it specializes it, and a symbolic BLOCK_M or grouping
+    broke FlexAttention's lowering on the GPU. Each traced graph must carry its layout as plain ints:
+    the kernel options, and the query's packed heads."""
+    q, k, v = tensors
+    seen: list[tuple[dict, tuple]] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "flex_attention" in str(node.target):
+                options = next(a for a in node.args if isinstance(a, dict) and "BLOCK_M" in a)
+                seen.append((options, tuple(node.args[0].meta["example_value"].shape)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    attend = torch.compile(flex_paged_attention, backend=record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in (H // KVH, 2):  # two models' groupings: 2 and 4 packed sequences per item
+            for n, splits in ((1, 1), (4, 1), (1, 8), (2, 4)):  # single tile, then packed
+                mask = PagedBlockMask(n, CACHE_PAGES, "cpu", splits, group)
+                mask.update(TABLE[:n], LENGTHS[:n])
+                attend(q[:n], k, v, mask)
+    torch._dynamo.reset()
+    assert {o["BLOCK_M"] for o, _ in seen} == {SINGLE_TILE_OPTIONS["BLOCK_M"], PACKED_OPTIONS["BLOCK_M"]}
+    assert all(type(x) is int for o, _ in seen for x in o.values() if not isinstance(x, (bool, str))), seen
+    assert {shape[1] for _, shape in seen} == {H // 4, H // 2}, seen  # packed heads, never a symbol
