@@ -94,14 +94,15 @@ class GcClock:
 
 
 def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
-    """Op tables of 32 steps in the first generated block and 32 in the second, side by side
-    in one file: a step that costs more once the context grows shows which op grew."""
+    """Op tables of 32 steps inside the first generated block and of the 32 across its end (where
+    a block's once-per-block work runs: its concept attribution, the next block's placement), side
+    by side in one file: per step, the second minus the first is that work's share."""
     from torch.profiler import ProfilerActivity, profile
 
     for r in reqs:
         engine.add_request(r)
     tables = []
-    for label, skip in (("block 0, steps 8-39", 8), ("block 1, steps 8-39", PAGE - 40 + 8)):
+    for label, skip in (("block 0, steps 8-39", 8), (f"steps 48-79, across block 0's end at {PAGE}", 8)):
         for _ in range(skip):
             engine.step()
         t0 = time.perf_counter()

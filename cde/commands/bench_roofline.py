@@ -141,13 +141,15 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
 
 
 def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
-    """FlashBlock bench rows: decode passes (one token per request each), attention per pass."""
+    """FlashBlock bench rows: decode passes (one token per request each), attention per pass. A
+    FlashBlock row has no tensor-core limit: reused attention skips the FLOPs the limit counts."""
     out = []
     max_tokens = float(report["args"].get("max_tokens", 0))
     for r in report["results"]:
         n, context = int(r["concurrency"]), int(r["context"])
         ms = 1e3 * n / r["decode_tok_per_s"]
         read_ms, flop_ms = limits(s, "none", n, context - max_tokens / 2, args)
+        flop_ms = flop_ms if r["flashblock"] == "off" else None
         flash = r.get("sdpa_flash_ms_per_step")
         ratio = r["attention_ms_per_step"] / flash if flash else None
         compared = "" if ratio is None else f"attention {ratio:.2f}x SDPA flash"

@@ -89,7 +89,7 @@ def test_latency_table_and_profile(tmp_path):
         assert 0 < r["gpu_idle_fraction"] < 1
         assert r["ms_per_forward"] * r["forward_passes"] / 1e3 == pytest.approx(r["wall_s"], rel=0.2)
     tables = (prof / "profile-c2.txt").read_text()
-    assert "== block 0, steps 8-39" in tables and "== block 1, steps 8-39" in tables
+    assert "== block 0, steps 8-39" in tables and "== steps 48-79, across block 0's end at 64" in tables
 
 
 def test_tokens_per_step_table_with_fp8(tmp_path: Path) -> None:

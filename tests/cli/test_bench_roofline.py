@@ -78,7 +78,8 @@ def roofline(tmp_path, report: dict) -> list[list[str]]:
 
 def test_long_context_rows_carry_the_pass_and_flash_bars(tmp_path):
     """The long stage's JSON (`cde bench engine --flashblock-tau`): decode ms per pass from decode
-    tok/s, attention beside SDPA flash, and issue 29's bar only on the exact 128k batch-1 row."""
+    tok/s, attention beside SDPA flash, and issue 29's bar only on the exact 128k batch-1 row; no
+    tensor-core limit for FlashBlock (it skips the attention FLOPs the limit counts)."""
     cfg = {**dataclasses.asdict(preset("8b")), "n_layers": 4, "context_len": 131072}
     row = {"context": 131072, "flashblock": "off", "attention_ms_per_step": 2.8, "sdpa_flash_ms_per_step": 2.0}
     results = [
@@ -93,6 +94,7 @@ def test_long_context_rows_carry_the_pass_and_flash_bars(tmp_path):
     assert [r[1] for r in rows] == ["3.40", "3.60", "3.40", "20.00", "2.00"]
     assert rows[0][8] == "attention 1.40x SDPA flash" and rows[2][8] == "attention 1.56x SDPA flash"
     assert [r[10] for r in rows] == ["yes", "no", "no", "—", "—"]
+    assert rows[4][4] == rows[4][5] == "—"  # reused attention: no tensor-core limit, no share of it
     s = shape(ModelConfig.from_dict(cfg))
     assert float(rows[0][4]) == pytest.approx(pass_flops(s, 1, 131072 - 64) / 790e12 * 1e3, abs=0.01)
 
