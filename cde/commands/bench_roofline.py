@@ -148,8 +148,8 @@ def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     for r in report["results"]:
         n, context = int(r["concurrency"]), int(r["context"])
         ms = 1e3 * n / r["decode_tok_per_s"]
-        read_ms, flop_ms = limits(s, "none", n, context - max_tokens / 2, args)
-        flop_ms = flop_ms if r["flashblock"] == "off" else None
+        read_ms, exact_flop_ms = limits(s, "none", n, context - max_tokens / 2, args)
+        flop_ms = exact_flop_ms if r["flashblock"] == "off" else None
         flash = r.get("sdpa_flash_ms_per_step")
         ratio = r["attention_ms_per_step"] / flash if flash else None
         compared = "" if ratio is None else f"attention {ratio:.2f}x SDPA flash"
