@@ -21,32 +21,17 @@ import torch.nn.functional as F
 from cde.kernels.fp8_triton import silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs
+from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
-
-SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
-BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
 def graph_ms(fn, reps: int = 20) -> float:
     """Mean ms of fn() replayed from a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return graph_replay_ms(fn, reps)[0]
+
+
+SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
+BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
 def stack(args: argparse.Namespace) -> None:

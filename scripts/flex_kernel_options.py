@@ -14,9 +14,10 @@ import sys
 import torch
 from cde.kernels.flex_paged_attention import KERNEL_OPTIONS, PagedBlockMask, flex_paged_attention
 from cde.shared.config import PAGE
+from cde.worker.cuda_timing import graph_replay_ms
 from torch.nn.attention import SDPBackend
 
-from cde.commands.bench_flashblock import graph_replay_ms, sdpa_ms
+from cde.commands.bench_flashblock import sdpa_ms
 
 H, KVH, D = 32, 4, 128
 CASES = [(1, 5), (1, 64), (1, 256), (1, 1024), (1, 2048), (4, 64), (4, 1024), (8, 2048), (16, 64), (32, 64)]

@@ -5,7 +5,8 @@
 # them; also `startup`: 8b load and time to ready, cold then with warm compile caches; `train` and
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
-# plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `summary`: issue 29's figures of the stages
+# plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `swiglu`: c_fc with silu * up fused into a
+# Triton GEMM vs cuBLAS + pointwise, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
@@ -147,6 +148,8 @@ for STAGE in $STAGES; do
     python3 -m cde bench prefix-cache --model /tmp/m8b8k --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix_cache.log" ;;
   fp8kernels)  # issues 16, 29: the split-K Triton GEMM (bf16, fp8), activation quantization, confidence vs before (~3 min)
     python3 scripts/bench_fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.log" ;;
+  swiglu)  # issue 29: c_fc with silu(gate) * up fused into a Triton GEMM's epilogue vs cuBLAS + pointwise
+    python3 scripts/swiglu_gemm_experiment.py 2>&1 | tee "$OUT/swiglu.log" ;;
   official)  # the official generator on the same GPU and checkpoint
     python3 scripts/bench_official.py /tmp/m8b --batch 1,4 --json "$OUT/official.json" 2>&1 | tail -3 | tee "$OUT/official.log" ;;
   esac

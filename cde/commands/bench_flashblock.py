@@ -27,6 +27,7 @@ from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE, PAGE
 from cde.shared.protocol import FlashBlockSpec
 from cde.worker.cuda_graphs import bucket_mask, bucket_splits
+from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -163,25 +164,6 @@ def sdpa_ms(
     k, v = (torch.randn(shape, generator=g, device="cuda", dtype=dtype) for _ in "kv")
     with sdpa_kernel(backend):
         return graph_replay_ms(lambda: F.scaled_dot_product_attention(q, k, v))[0]
-
-
-def graph_replay_ms(fn: Callable[[], torch.Tensor], iters: int = 20) -> tuple[float, torch.Tensor]:
-    """fn() run twice (compiling it), captured as a CUDA graph and replayed: ms per replay, and
-    the captured output."""
-    for _ in range(2):
-        fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters, out
 
 
 def run_level(
