@@ -11,6 +11,9 @@ float32 to e4m3 without carrying into the exponent (7.9 becomes 4.0), so the FP8
 quantizer (kernels/fp8_triton.py) is checked on the GPU only."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,3 +83,13 @@ def test_row_confidence_kernel_is_the_softmax_max():
     out = torch.empty(5)
     row_confidence._row_confidence_kernel[(5,)](x, out, x.shape[1], x.stride(0), BLOCK=2048)
     assert torch.allclose(out, torch.softmax(x, -1).amax(-1), rtol=1e-5)
+
+
+def test_the_swiglu_experiment_kernel_is_silu_gate_times_up():
+    """scripts/swiglu_gemm_experiment.py's fused kernel (issue 29's experiment, timed by
+    `scripts/gpu_run.sh swiglu`) against the two-step float32 product: its --interpret check
+    (a partial row tile, 4 column and 4 K tiles) exits 0 only within float16 rounding."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "swiglu_gemm_experiment.py"
+    res = subprocess.run([sys.executable, str(script), "--interpret"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "max relative error" in res.stdout
