@@ -93,6 +93,34 @@ class GcClock:
         gc.callbacks.remove(self._on)
 
 
+# What a device kernel is, from its name (first match wins): the kinds issue 29's analysis weighs.
+KERNEL_KINDS = (
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
+    ("attention", ("flex_attention", "flex_decoding", "triton_tem_")),
+    ("top-k and sorts", ("topk", "sort", "radix", "bitonic")),
+    ("other Triton (fused pointwise, norms, reductions)", ("triton_", "_kernel")),
+    ("copies and fills", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kernel_breakdown(kernels: list[tuple[str, float]], steps: int) -> str:
+    """(kernel name, device us) pairs -> ms per step by kind, largest first, and each kind's
+    three largest kernels: where a pass's device time goes, in a few lines."""
+    kinds: dict[str, dict[str, float]] = {}
+    for name, us in kernels:
+        low = name.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
+        kinds.setdefault(kind, {})
+        kinds[kind][name] = kinds[kind].get(name, 0.0) + us
+    total = sum(us for _, us in kernels) or 1.0
+    lines = [f"-- device time by kind, ms per step ({steps} steps)"]
+    for kind, names in sorted(kinds.items(), key=lambda kv: -sum(kv[1].values())):
+        us = sum(names.values())
+        top = ", ".join(f"{n[:60]} {v / 1e3 / steps:.3f}" for n, v in sorted(names.items(), key=lambda kv: -kv[1])[:3])
+        lines.append(f"{kind}: {us / 1e3 / steps:.3f} ({100 * us / total:.0f}%): {top}")
+    return "\n".join(lines)
+
+
 def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> None:
     """Op tables of 32 steps inside the first generated block and of the 32 across its end (where
     a block's once-per-block work runs: its concept attribution, the next block's placement), side
@@ -112,9 +140,12 @@ def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> Non
         wall_ms = (time.perf_counter() - t0) * 1e3 / 32
         ops = prof.key_averages()
         # Kernel time against wall time per step: what is left is the GPU waiting for the host.
-        kernel_ms = sum(e.self_device_time_total for e in ops) / 1e3 / 32
+        kernels = [(e.key, e.self_device_time_total) for e in ops if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernel_ms = sum(us for _, us in kernels) / 1e3 / 32
         tables.append(
             f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
+            + kernel_breakdown(kernels, 32)
+            + "\n"
             + ops.table(sort_by="cuda_time_total", row_limit=40)
             + "\n-- host side\n"
             + ops.table(sort_by="self_cpu_time_total", row_limit=25)
