@@ -140,7 +140,9 @@ def profile_steps(engine: Engine, reqs: list[GenerateRequest], path: str) -> Non
         wall_ms = (time.perf_counter() - t0) * 1e3 / 32
         ops = prof.key_averages()
         # Kernel time against wall time per step: what is left is the GPU waiting for the host.
-        kernels = [(e.key, e.self_device_time_total) for e in ops if e.device_type == torch.autograd.DeviceType.CUDA]
+        # Device rows only, as torch's own table total: a CPU op's self device time repeats its kernels'.
+        cuda = torch.autograd.DeviceType.CUDA
+        kernels = [(e.key, e.self_device_time_total) for e in ops if e.device_type == cuda and not e.is_user_annotation]
         kernel_ms = sum(us for _, us in kernels) / 1e3 / 32
         tables.append(
             f"== {label}: {wall_ms:.2f} ms/step wall (profiled), {kernel_ms:.2f} ms/step of device work\n"
