@@ -94,9 +94,8 @@ class HealthProbe:
         self._stop.set()
         self._thread.join()
 
-    def quantile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+    def slower_than(self, seconds: float) -> int:
+        return sum(latency >= seconds for latency in self.latencies)
 
 
 def steer(label, **extra) -> dict:
@@ -192,11 +191,13 @@ async def test_hostile_input_keeps_the_gateway_responsive(server):
                 assert took < 1000, (path, str(params or body)[:80], took)
             tokens, generated, _gap = await stream
     assert 0 < tokens == generated <= 64  # the stream lost nothing of what the worker generated
-    # The freezes this replays were 1 s to 101 s. 99% of the probes answer within 100 ms; the
-    # slowest within 0.5 s (on a shared 2-core machine at load 10 the probe's own thread is
-    # sometimes not scheduled for a tenth of a second).
-    assert len(probe.latencies) > 10
-    assert probe.quantile(0.99) < 0.1 and max(probe.latencies) < 0.5, (probe.quantile(0.99), max(probe.latencies))
+    # The freezes this replays were 1 s to 101 s. 99% of the probes answer within 100 ms, and one
+    # may be late when there are fewer than 200 (on a shared 2-core machine at load 10 the probe's
+    # own thread is sometimes not scheduled for a tenth of a second: CI saw one of 0.28 s); the
+    # slowest within 0.5 s.
+    n, slow = len(probe.latencies), probe.slower_than(0.1)
+    assert n > 10
+    assert slow <= max(1, n // 100) and max(probe.latencies) < 0.5, (n, slow, max(probe.latencies))
 
 
 async def test_one_clients_n_does_not_keep_another_waiting(server):
