@@ -24,14 +24,13 @@ from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
+SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
+BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
+
 
 def graph_ms(fn, reps: int = 20) -> float:
     """Mean ms of fn() replayed from a CUDA graph."""
     return graph_replay_ms(fn, reps)[0]
-
-
-SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
-BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
 def stack(args: argparse.Namespace) -> None:

@@ -110,8 +110,8 @@ def kernel_breakdown(kernels: list[tuple[str, float]], steps: int) -> str:
     for name, us in kernels:
         low = name.lower()
         kind = next((k for k, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
-        kinds.setdefault(kind, {})
-        kinds[kind][name] = kinds[kind].get(name, 0.0) + us
+        by_name = kinds.setdefault(kind, {})
+        by_name[name] = by_name.get(name, 0.0) + us
     total = sum(us for _, us in kernels) or 1.0
     lines = [f"-- device time by kind, ms per step ({steps} steps)"]
     for kind, names in sorted(kinds.items(), key=lambda kv: -sum(kv[1].values())):
