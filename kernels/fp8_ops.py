@@ -1,8 +1,10 @@
-"""The FP8 path's two operations as torch custom ops, one name on every device:
+"""The FP8 path's operations as torch custom ops, one name on every device:
 
 - `cde::fp8_matmul(xq, x_scale, wq, w_scale, counters, out_dtype)`: (xq @ wq.T) * x_scale[:, None] *
   w_scale[None, :] for e4m3 activations [M, K] and weights [N, K] with float32 scales (`counters`:
   the weight's split-K tile counters, kernels/stream_ops.py's `tile_counters`);
+- `cde::fp8_weight_matmul(x, wq, w_scale, counters)`: (x @ wq.T) * w_scale[None, :] for activations
+  [M, K] in their own dtype (bfloat16) and e4m3 weights: weight-only, the activations unquantized;
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
   quantized per row to e4m3 -> (q [M, F], scales [M]).
 
@@ -60,6 +62,16 @@ def _(
     return xq.new_empty(xq.shape[0], wq.shape[0], dtype=out_dtype)
 
 
+@torch.library.custom_op("cde::fp8_weight_matmul", mutates_args=())
+def fp8_weight_matmul(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return ((x.float() @ wq.float().t()) * w_scale[None, :]).to(x.dtype)
+
+
+@fp8_weight_matmul.register_fake
+def _(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], wq.shape[0])
+
+
 @torch.library.custom_op("cde::silu_mul_quantize", mutates_args=())
 def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     up, gate = x.float().chunk(2, dim=-1)
@@ -84,5 +96,8 @@ if fp8_triton is not None:
         lambda xq, x_scale, wq, w_scale, counters, out_dtype: stream_gemm.stream_gemm(
             xq, wq, counters, out_dtype, scales=(x_scale, w_scale)
         )
+    )
+    fp8_weight_matmul.register_kernel("cuda")(
+        lambda x, wq, w_scale, counters: stream_gemm.stream_gemm(x, wq, counters, x.dtype, scales=(None, w_scale))
     )
     silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)

@@ -1,5 +1,7 @@
-"""Weight-streaming GEMM for few rows (Triton, CUDA): out[M, N] = a[M, K] @ b[N, K].T, in bfloat16
-or in FP8 with row scales (out = (aq @ bq.T) * sa[:, None] * sb[None, :]).
+"""Weight-streaming GEMM for few rows (Triton, CUDA): out[M, N] = a[M, K] @ b[N, K].T, in bfloat16,
+in FP8 with row scales (out = (aq @ bq.T) * sa[:, None] * sb[None, :]), or with bfloat16 activations
+and FP8 weights (out = (a @ bq.T) * sb[None, :]: the weight tile is widened to bfloat16 in registers,
+exactly, so a one-request pass reads FP8 weights without quantizing its activations).
 
 At 64 rows (one request) a pass is bound by reading every weight once. cuBLAS reads the FP8
 weights at about half the bandwidth there, and its bfloat16 kernels for the 8b's narrower shapes
@@ -52,7 +54,8 @@ def _stream_gemm_kernel(
     stride_am,
     stride_bn,
     stride_cm,
-    SCALED: tl.constexpr,
+    SCALE_A: tl.constexpr,
+    SCALE_B: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -76,7 +79,7 @@ def _stream_gemm_kernel(
     for _ in range(0, k_count):
         a = tl.load(a_ptrs, mask=m_ok, other=0.0)
         b = tl.load(b_ptrs, mask=n_ok, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
+        acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc)  # FP8 weights beside bf16 rows: widened, exactly
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     tile_ok = m_ok & (offs_n[None, :] < N)
@@ -90,18 +93,22 @@ def _stream_gemm_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(part_ptr + s * M * N + tile_offs, mask=tile_ok, other=0.0, cache_modifier=".cg")
-            _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED)
+            _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
-        _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED)
+        _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
 
 
 @triton.jit
-def _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALED: tl.constexpr):
-    if SCALED:
+def _store_tile(
+    acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr
+):
+    if SCALE_A:
         sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
+        acc = acc * sa[:, None]
+    if SCALE_B:
         sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
-        acc = acc * sa[:, None] * sb[None, :]
+        acc = acc * sb[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
@@ -113,7 +120,8 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_autotuned = triton.autotune(configs=_configs(), key=["N", "K", "SCALED"], do_bench=_bench)(_stream_gemm_kernel)
+_KEY = ["N", "K", "SCALE_A", "SCALE_B"]
+_autotuned = triton.autotune(configs=_configs(), key=_KEY, do_bench=_bench)(_stream_gemm_kernel)
 
 
 def counter_count(n: int) -> int:
@@ -126,11 +134,12 @@ def stream_gemm(
     b: torch.Tensor,
     counters: torch.Tensor,
     out_dtype: torch.dtype,
-    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scales: tuple[torch.Tensor | None, torch.Tensor] | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
-    """a [M, K] (M <= MAX_ROWS), b [N, K] row-major, both bfloat16 or both e4m3 with `scales` = (sa [M],
-    sb [N]) float32 -> [M, N] in out_dtype. `counters`: counter_count(N) int32 zeros, used by one
+    """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
+    with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
+    `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) instead of the autotuner's choice (tests)."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
@@ -145,19 +154,22 @@ def stream_gemm(
     # Partials for the largest split: allocated per call from the caching allocator (and, inside a
     # CUDA graph, from its pool), never initialised: each share writes its own before it is read.
     part = torch.empty(MAX_SPLIT_K * m * n, dtype=torch.float32, device=a.device)
-    sa, sb = scales if scales is not None else (out, out)  # unread unless SCALED
+    sa, sb = scales if scales is not None else (None, None)
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    args = (a, b, out, sa, sb, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None}
+    # a scale the flags leave off is never read: `out` stands in for its pointer
+    scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
+    args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
-        _autotuned[grid](*args, SCALED=scales is not None)
+        _autotuned[grid](*args, **flags)
     else:
-        _stream_gemm_kernel[grid](*args, SCALED=scales is not None, **config)
+        _stream_gemm_kernel[grid](*args, **flags, **config)
     return out
 
 
 def tuned_configs() -> list[tuple[tuple, str]]:
-    """What the autotuner chose so far, per (N, K, SCALED, dtypes...) key (the benchmark prints it)."""
+    """What the autotuner chose so far, per (N, K, SCALE_A, SCALE_B, dtypes...) key (the benchmark prints it)."""
     return [(key, str(config)) for key, config in _autotuned.cache.items()]

@@ -6,7 +6,8 @@
 # `eval`: the reference model of issue 15, see docs/reference-model.md; `http`: engine vs HTTP, issue 19;
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
 # plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `swiglu`: c_fc with silu * up fused into a
-# Triton GEMM vs cuBLAS + pointwise, issue 29; `summary`: issue 29's figures of the stages
+# Triton GEMM vs cuBLAS + pointwise, issue 29; `normquant`: the fp8 pre-norm and quantization as looped or persistent
+# reductions, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
@@ -14,7 +15,7 @@
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
 # attribution sections of that model, e.g. cde/demo/reference.tar.xz, to eval_base.md/json).
-# Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at batch 1 on FP8 GEMMs instead of
+# Issue 16: `fp8` (bfloat16 beside --quantization fp8), `fp8paths` (fp8 at one request on FP8 GEMMs, then
 # weight-only), `tps` (tokens per step 1,2,4; TPS_QUANT=fp8 for the fp8 engine), `fp8dev` (the GPU tests of
 # the bf16 and fp8 8b logits: the deviation report, and 0 recompiles). The 128k batch-8 FlashBlock rows:
 # LONG_CONC=8 LONG_PROMPTS=130944 scripts/gpu_run.sh long (LONG_REUSE=16 etc. runs one max_reuse at a time, with
@@ -124,10 +125,16 @@ for STAGE in $STAGES; do
         || echo "!! fp8 stage: the $Q bench failed (exit ${PIPESTATUS[0]}), going on"
     done
     grep -h -A3 "^conc |" "$OUT/bench_8b_none.log" "$OUT/bench_8b_fp8.log" 2>/dev/null | tee "$OUT/fp8_tables.txt" ;;
-  fp8paths)  # fp8 at batch 1 (and 2) on FP8 GEMMs with per-token activation scales instead of weight-only (~3 min)
-    python3 -m cde bench engine --model /tmp/m8b --quantization fp8 --fp8-weight-only-rows 0 --concurrency 1,2 \
-      --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_fp8_rows0.json" 2>&1 \
-      | tee "$OUT/bench_8b_fp8_rows0.log" || echo "!! fp8paths stage failed (exit ${PIPESTATUS[0]})" ;;
+  normquant)  # issue 29: fp8 pre-norm and per-token quantization, Inductor's looped reductions vs persistent rows (~2 min)
+    python3 scripts/norm_quant_experiment.py 2>&1 | tee "$OUT/normquant.log" ;;
+  fp8paths)  # fp8 at one request: FP8 GEMMs (activations quantized per token) vs weight-only (bf16 rows, ~4 min)
+    for ROWS in 0 64; do
+      python3 -m cde bench engine --model /tmp/m8b --quantization fp8 --fp8-weight-only-rows $ROWS --concurrency 1 \
+        --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_fp8_rows$ROWS.json" \
+        ${PROFILE:+--profile "$OUT/profile_fp8_rows$ROWS"} 2>&1 | tee "$OUT/bench_8b_fp8_rows$ROWS.log" \
+        || echo "!! fp8paths stage: rows $ROWS failed (exit ${PIPESTATUS[0]})"
+    done
+    grep -h -A2 "^conc |" "$OUT"/bench_8b_fp8_rows*.log | tee "$OUT/fp8paths.txt" ;;
   tps)  # issue 16: the mechanical throughput of multi-token steps, one engine (~4 min)
     python3 -m cde bench engine --model /tmp/m8b --quantization "${TPS_QUANT:-none}" --concurrency 1,32 \
       --tokens-per-step 1,2,4 --prompt-len 64 --max-tokens 256 --attribution --json "$OUT/bench_8b_tps.json" 2>&1 \

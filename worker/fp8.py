@@ -6,8 +6,10 @@ channel (row), scale = amax(|row|) / 448, so every row uses the whole e4m3 range
 LM head and the concept heads stay bfloat16 (attribution and steering read them).
 
 Each call picks its path by its row count (64 rows per item, so per batch bucket):
-- weight-only (rows <= `weight_only_rows`, default 0: never): the weight is dequantized to
-  bfloat16 inside the compiled graph and multiplied by a bfloat16 GEMM;
+- weight-only (rows <= `weight_only_rows`, default 0: never): the activations stay bfloat16; at
+  most MAX_ROWS rows by the Triton GEMM, which widens each FP8 weight tile in registers and applies
+  the channel scales to its float32 sums (`cde::fp8_weight_matmul`); more rows (or a K it cannot
+  tile) dequantize the weight to bfloat16 inside the compiled graph for a bfloat16 GEMM;
 - scaled (more rows): the activations are quantized per token (row) inside the compiled graph,
   scale = amax(|row|) / 448, and multiplied with row-wise scales: at most MAX_ROWS rows by
   the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
@@ -25,7 +27,7 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import fp8_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels.fp8_ops import fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
 from cde.kernels.stream_ops import tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
@@ -80,7 +82,11 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if rows <= self.weight_only_rows:
-            # Weight-only: dequantized in the graph (one fused pointwise kernel), then a bf16 GEMM.
+            if path_for_rows(rows, 0, self.in_features) == "triton":  # the CPU takes the GPU's path
+                out = fp8_weight_matmul(x.reshape(rows, self.in_features), self.weight, self.scale, self.counters)
+                return out.reshape(*x.shape[:-1], self.out_features)
+            # More rows than the Triton GEMM takes: dequantized in the graph (one fused pointwise
+            # kernel that writes a bfloat16 copy of the weight), then a bf16 GEMM.
             return F.linear(x, self.dequantized(x.dtype))
         xq, x_scale = quantize_rows(x.reshape(rows, self.in_features))  # per token, fused into the compiled graph
         return self.matmul(xq, x_scale[:, 0], x.dtype).reshape(*x.shape[:-1], self.out_features)

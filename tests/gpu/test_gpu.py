@@ -39,8 +39,11 @@ def test_flex_paged_attention_matches_dense(dtype, tol, splits, layout):
     mask = PagedBlockMask(len(seqs), cache_pages, "cuda", splits, *layout)
     mask.update(table, torch.tensor(lengths, device="cuda"))
     # static shapes, as the engine's graphs: a layout compiled after another must not turn its
-    # head grouping into a symbol (FlexAttention's lowering rejects a symbolic group)
-    out = torch.compile(flex_paged_attention, dynamic=False)(q, k_cache, v_cache, mask)
+    # head grouping into a symbol (FlexAttention's lowering rejects a symbolic group). The 12 cases
+    # share one code object: past Dynamo's default limit of 8 variants the later ones would run
+    # eagerly (unfused) unnoticed, so the limit is raised and hitting it fails.
+    with torch._dynamo.config.patch(recompile_limit=16, fail_on_recompile_limit_hit=True):
+        out = torch.compile(flex_paged_attention, dynamic=False)(q, k_cache, v_cache, mask)
     for i, pages in enumerate(seqs):
         k = k_cache[:, pages].reshape(kvh, -1, d)[None].double()
         v = v_cache[:, pages].reshape(kvh, -1, d)[None].double()
@@ -322,17 +325,19 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     assert ((block.mlp(x).float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("weight_only_rows", [0, 64])  # one item on FP8 GEMMs; one item weight-only
 @pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384)])  # the 8b's c_attn and MLP c_proj
-def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int) -> None:
-    """The Triton GEMM (one item: 64 rows) and torch._scaled_mm (more), eager and compiled, against
-    the float32 emulation the CPU tests check (run on the CPU), on the same quantized weight and inputs."""
+def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int, weight_only_rows: int) -> None:
+    """The Triton GEMM (one item: 64 rows, with quantized or bfloat16 rows) and torch._scaled_mm
+    (more), eager and compiled, against the float32 emulation the CPU tests check (run on the CPU),
+    on the same quantized weight and inputs."""
     from cde.worker.fp8 import Fp8Linear, path_for_rows
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
     torch.nn.init.normal_(lin.weight, std=0.02)
-    layer = Fp8Linear.from_linear(lin)
-    emulated = Fp8Linear(layer.weight.cpu(), layer.scale.cpu())
+    layer = Fp8Linear.from_linear(lin, weight_only_rows)
+    emulated = Fp8Linear(layer.weight.cpu(), layer.scale.cpu(), weight_only_rows)
     assert emulated.emulate and not layer.emulate
     assert [path_for_rows(64 * items, 0, k) for items in (1, 2, 32)] == ["triton", "cublas", "cublas"]
     compiled = torch.compile(layer)

@@ -63,6 +63,18 @@ def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg):
     assert not counters.any()
 
 
+@pytest.mark.parametrize("m,n,k,cfg", CASES)
+def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m, n, k, cfg):
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k, generator=g).half()
+    wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
+    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
+    out = stream_gemm.stream_gemm(x, wq, counters, torch.float32, scales=(None, ws[:, 0]), config=cfg)
+    ref = (x.double() @ wq.double().t()) * ws.double().t()
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6), (out.double() - ref).abs().max()
+    assert not counters.any()
+
+
 def test_stream_gemm_refuses_what_it_cannot_compute():
     a, b = torch.zeros(64, 512).half(), torch.zeros(96, 512).half()
     enough = torch.zeros(stream_gemm.counter_count(96), dtype=torch.int32)

@@ -5,6 +5,8 @@ through the CLI (tiny preset)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -67,24 +69,32 @@ def _linear(n: int = 96, k: int = 64) -> nn.Linear:
 
 
 def test_fp8_linear_paths_and_their_choice_by_rows() -> None:
-    """Weight-only below the threshold (the bf16 GEMM of the dequantized weight), per-token
-    activation quantization above it; both close to the bfloat16 layer."""
-    lin = _linear()
+    """Weight-only below the threshold (one request: the FP8 weight times the bfloat16 rows, channel
+    scales on the float32 sums; more rows: the bf16 GEMM of the dequantized weight), per-token
+    activation quantization above it; all close to the bfloat16 layer."""
+    lin = _linear(k=256)  # the Triton GEMM's K multiple: one request's weight-only call can take it
     layer = fp8.Fp8Linear.from_linear(lin, weight_only_rows=64)
     assert layer.emulate and layer.weight.dtype == torch.float8_e4m3fn and layer.scale.shape == (96,)
     g = torch.Generator().manual_seed(3)
-    one = torch.randn(1, 64, 64, generator=g).to(torch.bfloat16)  # one item: 64 rows
-    two = torch.randn(2, 64, 64, generator=g).to(torch.bfloat16)  # two items: 128 rows
+    one = torch.randn(1, 64, 256, generator=g).to(torch.bfloat16)  # one item: 64 rows
+    two = torch.randn(2, 64, 256, generator=g).to(torch.bfloat16)  # two items: 128 rows
     weight_only = lambda x: F.linear(x, layer.dequantized(torch.bfloat16))
 
+    def weight_times_rows(x: torch.Tensor) -> torch.Tensor:
+        out = (x.double() @ layer.weight.double().t()) * layer.scale.double()
+        return out.to(torch.bfloat16)
+
     def scaled(x: torch.Tensor) -> torch.Tensor:
-        xq, xs = fp8_ops.quantize_rows(x.reshape(-1, 64))
+        xq, xs = fp8_ops.quantize_rows(x.reshape(-1, 256))
         out = fp8.dequantize(xq, xs) @ fp8.dequantize(layer.weight, layer.scale[:, None]).t()
         return out.to(torch.bfloat16).reshape(*x.shape[:-1], 96)
 
-    assert torch.equal(layer(one), weight_only(one))
+    assert torch.allclose(layer(one).float(), weight_times_rows(one).float(), rtol=8e-3, atol=1e-6)
+    assert not torch.equal(layer(one), weight_only(one))  # the scales applied to the sums, not the weight
     assert torch.allclose(layer(two).float(), scaled(two).float(), rtol=1e-2, atol=1e-3)
     assert not torch.equal(layer(two), weight_only(two))  # the activations were quantized too
+    wide = fp8.Fp8Linear.from_linear(lin, weight_only_rows=128)
+    assert torch.equal(wide(two), weight_only(two))  # past the Triton GEMM's rows: the dequantized weight
     for x in (one, two):
         ref = lin(x).float()
         rel = ((layer(x).float() - ref).norm() / ref.norm()).item()
@@ -286,3 +296,13 @@ def test_serve_fp8_end_to_end_on_the_cpu(tiny_dir: Path) -> None:
         assert "fp8: 8 linear layers quantized" in "".join(server.output)
     finally:
         assert server.stop() == 0
+
+
+def test_the_norm_quant_experiment_compiles_both_choices_to_the_eager_output() -> None:
+    """scripts/norm_quant_experiment.py (issue 29's experiment, timed by `scripts/gpu_run.sh
+    normquant`): its --cpu check compiles the pre-norm + quantization + FP8 linear with Inductor's
+    default choices and with persistent row reductions, and exits 0 only if both match eager."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "norm_quant_experiment.py"
+    res = subprocess.run([sys.executable, str(script), "--cpu"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "| 5 | default |" in res.stdout and "| 5 | persistent rows |" in res.stdout
