@@ -18,9 +18,9 @@ PAGE = 64  # diffusion block = attention tile = KV page
 # with the cached part reused from an earlier step.
 ATTN_EXACT, ATTN_REFRESH, ATTN_REUSE = 0, 1, 2
 # --quantization fp8: passes of at most this many rows run weight-only (cde.worker.fp8). Measured on
-# the H200 (random 8b, 1 request, attribution on, 2026-12-01): weight-only 83.9 tok/s (11.9 ms per
-# pass: the in-graph dequantization writes a bfloat16 copy of every weight), FP8 GEMMs 181.9 tok/s
-# (5.49 ms), bfloat16 166.2 (6.01 ms). So FP8 GEMMs at every size.
+# the H200 (random 8b, 1 request, attribution on, 2026-12-02): weight-only 6.57 ms per pass (the
+# Triton GEMM widening FP8 weight tiles to bfloat16 takes twice the FP8 GEMM's time), FP8 GEMMs
+# 4.30 ms, bfloat16 5.81 ms. So FP8 GEMMs at every size.
 FP8_WEIGHT_ONLY_ROWS = 0
 
 

@@ -158,8 +158,9 @@ def add_quantization_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=FP8_WEIGHT_ONLY_ROWS,
         metavar="N",
-        help="fp8: passes of at most N rows (64 per item) dequantize the weights to bfloat16 in the graph; "
-        "larger ones quantize the activations per token for FP8 GEMMs (default: %(default)s, FP8 GEMMs at every size)",
+        help="fp8: passes of at most N rows (64 per item) keep their activations in bfloat16 (weight-only: more "
+        "accurate, slower); larger ones quantize the activations per token for FP8 GEMMs (default: %(default)s, "
+        "FP8 GEMMs at every size)",
     )
     p.set_defaults(**{QUANTIZATION_FLAGS: True})
 
