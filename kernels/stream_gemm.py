@@ -29,14 +29,24 @@ def _configs() -> list:
     # candidates keep the autotuning at the engine's warm-up short).
     return [
         triton.Config(
-            {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=4, num_stages=stages
+            {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SWAP_AB": swap},
+            num_warps=4,
+            num_stages=stages,
         )
         for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
         for bk in (K_MULTIPLE // 2, K_MULTIPLE)
         for sk in (1, 2, 4, MAX_SPLIT_K)
         for stages in ((4, 6) if sk == 1 else (4,))
+        for swap in (False, True)
         if bn * bk * stages <= 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # shared memory
     ]
+
+
+def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
+    # Swapped operands only where the weight tile is widened (FP8 weights beside bf16 rows): as
+    # the MMA's first operand it may stay in registers; as the second it goes back to shared memory.
+    widened = named_args["a_ptr"].dtype != named_args["b_ptr"].dtype
+    return [c for c in configs if widened or not c.kwargs["SWAP_AB"]]
 
 
 @triton.jit
@@ -60,6 +70,7 @@ def _stream_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -76,12 +87,18 @@ def _stream_gemm_kernel(
     m_ok = offs_m[:, None] < M
     n_ok = offs_n[:, None] < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP_AB: out.T = b @ a.T
     for _ in range(0, k_count):
         a = tl.load(a_ptrs, mask=m_ok, other=0.0)
-        b = tl.load(b_ptrs, mask=n_ok, other=0.0)
-        acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc)  # FP8 weights beside bf16 rows: widened, exactly
+        b = tl.load(b_ptrs, mask=n_ok, other=0.0).to(a.dtype)  # FP8 weights beside bf16 rows: widened, exactly
+        if SWAP_AB:
+            acc_t = tl.dot(b, tl.trans(a), acc_t)
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
     tile_ok = m_ok & (offs_n[None, :] < N)
     if SPLIT_K > 1:
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -121,7 +138,9 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
 _KEY = ["N", "K", "SCALE_A", "SCALE_B"]
-_autotuned = triton.autotune(configs=_configs(), key=_KEY, do_bench=_bench)(_stream_gemm_kernel)
+_autotuned = triton.autotune(
+    configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
+)(_stream_gemm_kernel)
 
 
 def counter_count(n: int) -> int:
@@ -141,7 +160,7 @@ def stream_gemm(
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
     `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
-    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) instead of the autotuner's choice (tests)."""
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB) instead of the autotuner's choice (tests)."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0]

@@ -301,7 +301,8 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
     ref = torch.nn.functional.linear(a, w).float()
     counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
     for split in (1, 2, 4, MAX_SPLIT_K, None):  # None: the autotuner's choice
-        cfg = None if split is None else {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split}
+        tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SWAP_AB": False}
+        cfg = None if split is None else {**tiles, "SPLIT_K": split}
         got = stream_gemm(a, w, counters, torch.bfloat16, config=cfg)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, split
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)

@@ -23,8 +23,14 @@ from cde.kernels.stream_ops import tile_counters
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 
 
-def config(block_n: int, block_k: int, split_k: int) -> dict:
-    return {"BLOCK_M": stream_gemm.MAX_ROWS, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k}
+def config(block_n: int, block_k: int, split_k: int, swap_ab: bool = False) -> dict:
+    return {
+        "BLOCK_M": stream_gemm.MAX_ROWS,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "SPLIT_K": split_k,
+        "SWAP_AB": swap_ab,
+    }
 
 
 # (rows, outputs, K, kernel config): full and partial row and column tiles; K tiles split evenly,
@@ -63,8 +69,10 @@ def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg):
     assert not counters.any()
 
 
+@pytest.mark.parametrize("swap_ab", [False, True], ids=["weights_second", "weights_first"])
 @pytest.mark.parametrize("m,n,k,cfg", CASES)
-def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m, n, k, cfg):
+def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m, n, k, cfg, swap_ab):
+    cfg = {**cfg, "SWAP_AB": swap_ab}  # the MMA's operand order: both are offered to the autotuner
     g = torch.Generator().manual_seed(m * k + n)
     x = torch.randn(m, k, generator=g).half()
     wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
@@ -73,6 +81,15 @@ def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m
     ref = (x.double() @ wq.double().t()) * ws.double().t()
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6), (out.double() - ref).abs().max()
     assert not counters.any()
+
+
+def test_only_the_widening_mode_offers_swapped_operands_to_the_autotuner():
+    configs = stream_gemm._configs()
+    bf16, fp8 = torch.zeros(1, dtype=torch.float16), torch.zeros(1, dtype=torch.float8_e4m3fn)
+    for a, b, swapped in ((bf16, bf16, False), (fp8, fp8, False), (bf16, fp8, True)):
+        kept = stream_gemm._prune(configs, {"a_ptr": a, "b_ptr": b})
+        assert any(c.kwargs["SWAP_AB"] for c in kept) is swapped
+        assert sum(not c.kwargs["SWAP_AB"] for c in kept) == len(configs) // 2  # the unswapped ones always
 
 
 def test_stream_gemm_refuses_what_it_cannot_compute():
