@@ -10,7 +10,8 @@
 # reductions, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
-# steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
+# steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
+# INDUCTOR=KEY=VALUE (bench with that torch._inductor.config value, e.g. INDUCTOR=combo_kernels=True), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
@@ -47,6 +48,7 @@ for STAGE in $STAGES; do
     Q=${QUANT:-none}
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
+      ${INDUCTOR:+--inductor "$INDUCTOR"} \
       2>&1 | tee "$OUT/bench_8b_$Q.log"
     # issue 29: every level beside the H200's weight-read and tensor-core limits
     python3 -m cde bench roofline "$OUT/bench_8b_$Q.json" 2>&1 | tee "$OUT/roofline_$Q.md" ;;

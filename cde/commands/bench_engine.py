@@ -18,6 +18,7 @@ from cde.commands import bench_constrained, bench_flashblock
 from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
 from cde.commands.config_overrides import add_config_overrides, config_overrides
+from cde.commands.inductor_overrides import add_inductor_overrides, apply_inductor_overrides, parse_inductor_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
 from cde.commands.worker import add_quantization_arguments, check_quantization_device
@@ -76,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "DIR/profile-c{N}.txt (default: off)",
     )
     add_config_overrides(p)  # with --preset
+    add_inductor_overrides(p)
     add_quantization_arguments(p)
     bench_flashblock.add_arguments(p)
     bench_constrained.add_arguments(p)
@@ -191,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     engine_settings = engine_args(args, device=device, cuda_graphs=not args.no_cuda_graphs, kv_splits=args.kv_splits)
     check_quantization_device(engine_settings.quantization, device)
     tokens_per_step = _int_list(args.tokens_per_step, "--tokens-per-step", 1, MAX_TOKENS_PER_STEP)
+    inductor = parse_inductor_overrides(args.inductor)
     if args.preset is None:
         resolve_model_args(args, "bench engine")
     model_dir = args.model
@@ -206,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     # shape, with both timings), in the bench's log as JSON lines on stderr.
     setup_logging("bench", "warning")
     logging.getLogger("cde.stream_linear").setLevel(logging.INFO)
+    apply_inductor_overrides(inductor)
     t0 = time.perf_counter()
     engine = Engine(dataclasses.replace(engine_settings, model=model_dir, max_running=max(levels)))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
