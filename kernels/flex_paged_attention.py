@@ -139,17 +139,24 @@ class PagedBlockMask:
 def flex_paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: PagedBlockMask, return_lse: bool = False
 ) -> Any:
-    """q [N, H, 64, Dh]; caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp
-    [N, H, 64] in fp32 when asked; an item with no pages gives 0 and -inf)."""
-    n, h, t, d = q.shape
-    kvh, p = k_cache.shape[:2]
+    """q [N, H, 64, Dh], or already packed [H / G, N, G, 64, Dh] (kernels/qkv_rope.py writes it so);
+    caches [KVH, P, 64, Dh] -> [N, H, 64, Dh] (and the log-sum-exp [N, H, 64] in fp32 when asked;
+    an item with no pages gives 0 and -inf)."""
     layout = LAYOUTS[mask.layout]
     s, g = mask.splits, layout.group
-    if n != mask.n or h % g or (h // g) % kvh:
+    kvh, p = k_cache.shape[:2]
+    if q.dim() == 5:
+        heads, n, q_group, t, d = q.shape
+        fits = q_group == g
+    else:
+        n, h, t, d = q.shape
+        heads, fits = h // g, h % g == 0
+    if not fits or n != mask.n or heads % kvh:
         raise ValueError(f"a block mask of {mask.n} items x {g} packed heads does not fit q {tuple(q.shape)}")
-    heads = h // g  # query sequences: KV heads when fully packed
-    qp = q.view(n, 1, heads, g, t, d).expand(n, s, heads, g, t, d)
-    qf = qp.permute(2, 0, 1, 3, 4, 5).reshape(1, heads, n * s * g * t, d)
+    h = heads * g
+    # Query sequences (KV heads when fully packed), each its items' shares of G heads x 64 rows.
+    q5 = q if q.dim() == 5 else q.view(n, heads, g, t, d).transpose(0, 1)
+    qf = q5[:, :, None].expand(heads, n, s, g, t, d).reshape(1, heads, n * s * g * t, d)
     need_lse = return_lse or s > 1
     res = flex_attention(
         qf,

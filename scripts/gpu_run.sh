@@ -11,7 +11,7 @@
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
-# INDUCTOR=KEY=VALUE (bench with that torch._inductor.config value, e.g. INDUCTOR=combo_kernels=True), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
+# INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
@@ -48,7 +48,7 @@ for STAGE in $STAGES; do
     Q=${QUANT:-none}
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
-      ${INDUCTOR:+--inductor "$INDUCTOR"} \
+      $(for kv in ${INDUCTOR:-}; do printf -- "--inductor %s " "$kv"; done) \
       2>&1 | tee "$OUT/bench_8b_$Q.log"
     # issue 29: every level beside the H200's weight-read and tensor-core limits
     python3 -m cde bench roofline "$OUT/bench_8b_$Q.json" 2>&1 | tee "$OUT/roofline_$Q.md" ;;

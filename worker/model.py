@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.kernels.paged_attention import PagedBatch, paged_attention
+from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
@@ -89,8 +91,28 @@ class Attention(nn.Module):
         meta: PagedBatch,
     ) -> torch.Tensor:
         n, t, _ = x.shape
-        q, k, v = self.qkv(x, cos, sin)
-        y = paged_attention(q, k, v.contiguous(), cache, meta)
+        mask = meta.block_mask
+        if mask is not None and meta.flashblock is None and fused_input_stage(x, self.cfg.head_dim):
+            # CUDA: `qkv` and the cache writes as one kernel, q left packed for the attention.
+            cfg, qk_norm = self.cfg, self.cfg.use_qk_norm
+            q = qkv_rope_write(
+                self.c_attn(x),
+                self.q_norm.weight if qk_norm else None,
+                self.k_norm.weight if qk_norm else None,
+                cos[:, 0],
+                sin[:, 0],
+                cache[0],
+                cache[1],
+                meta.write_pages,
+                cfg.clip_qkv,
+                cfg.norm_eps,
+                cfg.n_head,
+                mask.group,
+            )
+            y = flex_paged_attention(q, cache[0], cache[1], mask)
+        else:
+            q, k, v = self.qkv(x, cos, sin)
+            y = paged_attention(q, k, v.contiguous(), cache, meta)
         return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
 
     def dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -371,6 +371,43 @@ def test_fp8_silu_mul_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
     assert ((q.cpu().float() - ref_q.float()).abs() <= step + 2**-9).all()
 
 
+@pytest.mark.parametrize("items", [1, 32])
+def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
+    """cde::qkv_rope_write on the 8b's attention shape against `Attention.qkv` + `write_kv` (the
+    path the parity tests hold to the official package): within a bfloat16 rounding, q packed
+    8 heads per KV head, k and v in their pages and nothing else written."""
+    from cde.kernels.paged_attention import write_kv
+    from cde.kernels.qkv_rope import qkv_rope_write
+    from cde.shared.config import PAGE, ModelConfig
+    from cde.worker.model import Attention, rope_tables
+
+    torch.manual_seed(3)
+    cfg = ModelConfig(n_layers=1, n_head=32, n_kv_heads=4, n_embd=4096, context_len=64 * PAGE)
+    attn = Attention(cfg).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+        attn.k_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(items, PAGE, cfg.n_embd, device="cuda", dtype=torch.bfloat16)
+    cos, sin = rope_tables(cfg, cfg.context_len, "cuda")
+    pos = torch.randint(0, 64, (items, 1), device="cuda") * PAGE + torch.arange(PAGE, device="cuda")
+    pages = torch.randperm(2 * items, device="cuda")[:items]
+    cache = [torch.randn(4, 2 * items, PAGE, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+    expected = [c.clone() for c in cache]
+    with torch.no_grad():
+        q, k, v = attn.qkv(x, cos[pos][:, None], sin[pos][:, None])
+        write_kv(expected[0], k, pages)
+        write_kv(expected[1], v, pages)
+        out = qkv_rope_write(
+            attn.c_attn(x), attn.q_norm.weight, attn.k_norm.weight, cos[pos], sin[pos], *cache, pages,
+            cfg.clip_qkv, cfg.norm_eps, cfg.n_head, 8,
+        )  # fmt: skip
+    torch.cuda.synchronize()
+    packed = q.view(items, 4, 8, PAGE, 128).transpose(0, 1)
+    for got, want in ((out, packed), *zip(cache, expected)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=8e-3)  # one bf16 step
+        assert (got != want).float().mean().item() < 0.02
+
+
 def test_row_confidence_kernel_matches_softmax_max() -> None:
     from cde.kernels.row_confidence import row_confidence
 

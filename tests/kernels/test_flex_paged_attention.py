@@ -69,6 +69,19 @@ def test_each_item_attends_exactly_its_pages_with_any_number_of_splits(tensors, 
         assert [p for share in shares for p in share] == TABLE[i, :n].tolist()
 
 
+@pytest.mark.parametrize("group,splits", [(1, 1), (4, 1), (2, 3)])
+def test_queries_given_packed_attend_as_the_same_queries_unpacked(tensors, group, splits):
+    """kernels/qkv_rope.py hands the attention q already in the packed order [H / G, N, G, 64, D]."""
+    q, k, v = tensors
+    n, h = q.shape[:2]
+    packed = q.view(n, h // group, group, 64, D).transpose(0, 1).contiguous()
+    (out, lse), _ = attend(q, k, v, LENGTHS, splits, group)
+    (out_packed, lse_packed), _ = attend(packed, k, v, LENGTHS, splits, group)
+    assert torch.equal(out_packed, out) and torch.equal(lse_packed, lse)
+    with pytest.raises(ValueError, match="does not fit"):
+        attend(packed, k, v, LENGTHS, splits, group * 2)  # packed for another grouping
+
+
 @pytest.mark.parametrize("splits", [1, 2])
 def test_a_grouping_whose_rows_do_not_fill_128_row_tiles_keeps_64_row_tiles(splits):
     """3 query heads per KV head: 192 rows per (item, split), which 128-row tiles would straddle."""
