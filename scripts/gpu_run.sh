@@ -7,7 +7,7 @@
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
 # plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `swiglu`: c_fc with silu * up fused into a
 # Triton GEMM vs cuBLAS + pointwise, issue 29; `normquant`: the fp8 pre-norm and quantization as looped or persistent
-# reductions, issue 29; `summary`: issue 29's figures of the stages
+# reductions, issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
@@ -129,6 +129,8 @@ for STAGE in $STAGES; do
     grep -h -A3 "^conc |" "$OUT/bench_8b_none.log" "$OUT/bench_8b_fp8.log" 2>/dev/null | tee "$OUT/fp8_tables.txt" ;;
   normquant)  # issue 29: fp8 pre-norm and per-token quantization, Inductor's looped reductions vs persistent rows (~2 min)
     python3 scripts/norm_quant_experiment.py 2>&1 | tee "$OUT/normquant.log" ;;
+  siluquant)  # issue 29: the fp8 MLP's silu(gate) * up quantization, one row per program vs looped rows (~1 min)
+    python3 scripts/silu_quant_experiment.py 2>&1 | tee "$OUT/siluquant.log" ;;
   fp8paths)  # fp8 at one request: FP8 GEMMs (activations quantized per token) vs weight-only (bf16 rows, ~4 min)
     for ROWS in 0 64; do
       python3 -m cde bench engine --model /tmp/m8b --quantization fp8 --fp8-weight-only-rows $ROWS --concurrency 1 \
