@@ -11,7 +11,9 @@
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
-# INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
+# INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True),
+# BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
+# $OUT/base: two commits side by side in one call), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
@@ -46,6 +48,9 @@ for STAGE in $STAGES; do
     python3 scripts/flex_kernel_options.py ${KERNEL_CASES:-} 2>&1 | tee "$OUT/kernels.log" ;;
   bench)
     Q=${QUANT:-none}
+    if [[ -n ${BASE_TREE:-} ]]; then  # the same bench on an older tree first, for a side-by-side ratio
+      cp -r .whl "$BASE_TREE/" && (cd "$BASE_TREE" && BASE_TREE= OUT="$OUT/base" scripts/gpu_run.sh bench)
+    fi
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
       $(for kv in ${INDUCTOR:-}; do printf -- "--inductor %s " "$kv"; done) \
