@@ -145,18 +145,15 @@ def flex_paged_attention(
     layout = LAYOUTS[mask.layout]
     s, g = mask.splits, layout.group
     kvh, p = k_cache.shape[:2]
-    if q.dim() == 5:
-        heads, n, q_group, t, d = q.shape
-        fits = q_group == g
-    else:
-        n, h, t, d = q.shape
-        heads, fits = h // g, h % g == 0
-    if not fits or n != mask.n or heads % kvh:
-        raise ValueError(f"a block mask of {mask.n} items x {g} packed heads does not fit q {tuple(q.shape)}")
+    shape = tuple(q.shape)
+    if q.dim() == 4 and q.shape[1] % g == 0:
+        q = q.unflatten(1, (-1, g)).transpose(0, 1)  # packed: [H / G, N, G, 64, Dh]
+    if q.dim() != 5 or q.shape[2] != g or q.shape[1] != mask.n or q.shape[0] % kvh:
+        raise ValueError(f"a block mask of {mask.n} items x {g} packed heads does not fit q {shape}")
+    heads, n, _, t, d = q.shape
     h = heads * g
     # Query sequences (KV heads when fully packed), each its items' shares of G heads x 64 rows.
-    q5 = q if q.dim() == 5 else q.view(n, heads, g, t, d).transpose(0, 1)
-    qf = q5[:, :, None].expand(heads, n, s, g, t, d).reshape(1, heads, n * s * g * t, d)
+    qf = q[:, :, None].expand(heads, n, s, g, t, d).reshape(1, heads, n * s * g * t, d)
     need_lse = return_lse or s > 1
     res = flex_attention(
         qf,

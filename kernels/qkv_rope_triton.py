@@ -1,6 +1,7 @@
-"""The attention's input stage on CUDA, one Triton kernel per layer (kernels/qkv_rope.py is the
-op that calls it): from the c_attn output, clip, RMS-normalize each q and k head, rotate them
-(RoPE), write q in FlexAttention's packed layout and k, v into their cache pages.
+"""The attention's input stage on CUDA as one op, `cde::qkv_rope_write`, and its Triton kernel
+(kernels/qkv_rope.py says when the model calls it): from the c_attn output, clip, RMS-normalize
+each q and k head, rotate them (RoPE), write q in FlexAttention's packed layout and k, v into their
+cache pages.
 
 Compiled, the same work was three kernels per layer (q; k with its cache write; v's cache write),
 the q kernel at about 1.2 TB/s at 2,048 rows (docs/benchmarks.md): here each program reads one
@@ -83,6 +84,7 @@ def _qkv_rope_kernel(
         tl.store(dst + HALF, out_hi.to(dtype))
 
 
+@torch.library.custom_op("cde::qkv_rope_write", mutates_args=("k_cache", "v_cache"))
 def qkv_rope_write(
     qkv: torch.Tensor,
     q_weight: torch.Tensor | None,
@@ -97,7 +99,8 @@ def qkv_rope_write(
     n_head: int,
     group: int,
 ) -> torch.Tensor:
-    """kernels/qkv_rope.py's op on the device: the packed q, and k, v written to their pages."""
+    """qkv [N, T, C]; q/k_weight [Dh] (None: no QK norm); cos/sin [N, T, Dh] float32; caches
+    [KV, P, T, Dh]; write_pages [N] -> q [H / group, N, group, T, Dh]."""
     n, t, _ = qkv.shape
     n_kv, cache_pages, _, d = k_cache.shape
     q = torch.empty(n_head // group, n, group, t, d, dtype=qkv.dtype, device=qkv.device)
@@ -127,3 +130,22 @@ def qkv_rope_write(
         num_warps=4,
     )
     return q
+
+
+@qkv_rope_write.register_fake
+def _(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    write_pages: torch.Tensor,
+    clip: float | None,
+    eps: float,
+    n_head: int,
+    group: int,
+) -> torch.Tensor:
+    n, t, _ = qkv.shape
+    return qkv.new_empty(n_head // group, n, group, t, k_cache.shape[-1])
