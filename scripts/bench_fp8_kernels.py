@@ -2,9 +2,12 @@
 kernels/row_confidence.py against what the engine ran before, each checked for agreement first.
 
 1. The transformer's 32-layer linear stack of the 8b (distinct weights per layer, so nothing stays
-   in L2) at 64 and 2048 rows, CUDA-graph timed, beside its weight-read limit: bfloat16 F.linear
-   and torch._scaled_mm with per-row activation scales (cuBLAS), and at 64 rows the split-K Triton
-   GEMM of kernels/stream_gemm.py in both (autotuned per shape; the configs it chose are printed).
+   in L2) at 64 to 2048 rows, CUDA-graph timed, beside its weight-read limit: bfloat16 F.linear
+   and torch._scaled_mm with per-row activation scales (cuBLAS), accumulating as the tensor cores
+   do by default (promoted to float32 every few K steps) and with fast accumulation (vLLM's and
+   torchao's choice for inference), with the fast one's difference to the default; and at 64 rows
+   the split-K Triton GEMM of kernels/stream_gemm.py in both (autotuned per shape; the configs it
+   chose are printed).
 2. The MLP's activation quantization, [rows, 32768] -> e4m3 [rows, 16384] + scales: compiled
    `quantize_rows(silu(gate) * up)` against the Triton kernel.
 3. Selection's confidence over [rows, 100352] bfloat16 logits: softmax + amax against the kernel.
@@ -28,6 +31,15 @@ SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, a
 BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
+def scaled_mm(a: torch.Tensor, sa: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fast: bool) -> torch.Tensor:
+    """cuBLAS's FP8 GEMM with row scales sa [M, 1] and channel scales s [N], bfloat16 out."""
+    return torch._scaled_mm(a, q.t(), scale_a=sa, scale_b=s[None, :], out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+
+def rel_diff(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def graph_ms(fn, reps: int = 20) -> float:
     """Mean ms of fn() replayed from a CUDA graph."""
     return graph_replay_ms(fn, reps)[0]
@@ -44,24 +56,28 @@ def stack(args: argparse.Namespace) -> None:
     limit16, limit8 = (weights * b / (BANDWIDTH_TB_S * 1e12) * 1e3 for b in (2, 1))
     print(f"weight-read limit of the stack at {BANDWIDTH_TB_S} TB/s: bf16 {limit16:.3f} ms, fp8 {limit8:.3f} ms")
     print(
-        "| rows | bf16 F.linear ms | bf16 stream_gemm ms | fp8 _scaled_mm ms | fp8 stream_gemm ms "
-        "| max rel diff bf16 / fp8 |"
+        "| rows | bf16 F.linear ms | bf16 stream_gemm ms | fp8 _scaled_mm ms | fp8 _scaled_mm fast-accum ms "
+        "| fp8 stream_gemm ms | max rel diff bf16 / fp8 / fast-accum |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
-    for rows in (64, 2048):
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for rows in (64, 128, 256, 512, 2048):
         xs = {k: torch.randn(rows, k, device=dev, dtype=torch.bfloat16) for _, k in SHAPES}
         xq = {k: quantize_rows(x) for k, x in xs.items()}
         xq = {k: (q, s[:, 0].contiguous(), s) for k, (q, s) in xq.items()}
         streams = rows <= MAX_ROWS
         worst16 = worst8 = 0.0
+        worst_fast = 0.0  # fast accumulation against the default, over the four shapes
+        for (_, k), (q, s) in zip(SHAPES, wq[0]):
+            a, _, sa2 = xq[k]
+            worst_fast = max(worst_fast, rel_diff(scaled_mm(a, sa2, q, s, True), scaled_mm(a, sa2, q, s, False)))
         for (_, k), w, (q, s) in zip(SHAPES, w16[0], wq[0]) if streams else ():
             a, sa, sa2 = xq[k]
-            ref8 = torch._scaled_mm(a, q.t(), scale_a=sa2, scale_b=s[None, :], out_dtype=torch.bfloat16).float()
-            got8 = stream_gemm(a, q, counters[q.shape[0]], torch.bfloat16, scales=(sa, s)).float()
-            worst8 = max(worst8, ((got8 - ref8).norm() / ref8.norm()).item())
-            ref16 = F.linear(xs[k], w).float()
-            got16 = stream_gemm(xs[k], w, counters[w.shape[0]], torch.bfloat16).float()
-            worst16 = max(worst16, ((got16 - ref16).norm() / ref16.norm()).item())
+            ref8 = scaled_mm(a, sa2, q, s, False)
+            got8 = stream_gemm(a, q, counters[q.shape[0]], torch.bfloat16, scales=(sa, s))
+            worst8 = max(worst8, rel_diff(got8, ref8))
+            ref16 = F.linear(xs[k], w)
+            got16 = stream_gemm(xs[k], w, counters[w.shape[0]], torch.bfloat16)
+            worst16 = max(worst16, rel_diff(got16, ref16))
 
         def bf16(xs: dict = xs) -> None:
             for layer in w16:
@@ -73,11 +89,11 @@ def stack(args: argparse.Namespace) -> None:
                 for w in layer:
                     stream_gemm(xs[w.shape[1]], w, counters[w.shape[0]], torch.bfloat16)
 
-        def scaled(xq: dict = xq) -> None:
+        def scaled(xq: dict = xq, fast: bool = False) -> None:
             for layer in wq:
                 for q, s in layer:
                     a, _, sa2 = xq[q.shape[1]]
-                    torch._scaled_mm(a, q.t(), scale_a=sa2, scale_b=s[None, :], out_dtype=torch.bfloat16)
+                    scaled_mm(a, sa2, q, s, fast)
 
         def fp8_stream(xq: dict = xq) -> None:
             for layer in wq:
@@ -85,9 +101,13 @@ def stack(args: argparse.Namespace) -> None:
                     a, sa, _ = xq[q.shape[1]]
                     stream_gemm(a, q, counters[q.shape[0]], torch.bfloat16, scales=(sa, s))
 
-        t16, tsc = graph_ms(bf16), graph_ms(scaled)
+        t16, tsc, tfast = graph_ms(bf16), graph_ms(scaled), graph_ms(lambda: scaled(fast=True))
         s16, s8 = (f"{graph_ms(fn):.3f}" if streams else "—" for fn in (bf16_stream, fp8_stream))
-        print(f"| {rows} | {t16:.3f} | {s16} | {tsc:.3f} | {s8} | {worst16:.1e} / {worst8:.1e} |", flush=True)
+        print(
+            f"| {rows} | {t16:.3f} | {s16} | {tsc:.3f} | {tfast:.3f} | {s8} "
+            f"| {worst16:.1e} / {worst8:.1e} / {worst_fast:.1e} |",
+            flush=True,
+        )
     print("autotuned stream_gemm configs (M, N, K, scaled): " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
