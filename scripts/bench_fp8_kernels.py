@@ -10,7 +10,8 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
    chose are printed).
 2. The MLP's activation quantization, [rows, 32768] -> e4m3 [rows, 16384] + scales: compiled
    `quantize_rows(silu(gate) * up)` against the Triton kernel.
-3. Selection's confidence over [rows, 100352] bfloat16 logits: softmax + amax against the kernel.
+3. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
+   argmax against the kernel.
 
     python scripts/bench_fp8_kernels.py [--layers 32]
 """
@@ -131,20 +132,25 @@ def act_quant() -> None:
         print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {sdiff:.1e} | {mism:.1e} |", flush=True)
 
 
+def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.softmax(x, -1, dtype=torch.float32).amax(-1), x.argmax(-1)
+
+
 def confidence() -> None:
     dev = "cuda"
-    print("\n| rows | softmax + amax us | Triton us | speed-up | max rel diff |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| rows | softmax + amax, argmax us | Triton us | speed-up | max rel diff | argmax mismatches |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for rows in (64, 1024, 2048):
         x = (torch.randn(rows, 100352, device=dev) * 3).to(torch.bfloat16)
         x[:, 100281:] = float("-inf")
         x[:, 100257] = float("-inf")
-        ref = torch.softmax(x, -1, dtype=torch.float32).amax(-1)
-        got = row_confidence(x)
+        ref, ref_top = torch_confidence(x)
+        got, top = row_confidence(x)
         diff = ((got - ref).abs() / ref).max().item()
-        tr = graph_ms(lambda x=x: torch.softmax(x, -1, dtype=torch.float32).amax(-1), 50)
+        wrong = (top != ref_top).sum().item()
+        tr = graph_ms(lambda x=x: torch_confidence(x), 50)
         tt = graph_ms(lambda x=x: row_confidence(x), 50)
-        print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} |", flush=True)
+        print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} | {wrong} |", flush=True)
 
 
 def main() -> None:

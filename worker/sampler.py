@@ -79,10 +79,9 @@ def _constrain(x: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     return x
 
 
-def select_positions(adjusted: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first.
-    Confidence is the reference's max softmax probability."""
-    row_conf = row_confidence(adjusted)
+def select_positions(row_conf: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """row_conf [R]: each logits row's confidence (the reference's max softmax probability) ->
+    (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first."""
     eligible = sb.grid >= 0
     conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
     if sb.leftmost is not None:  # constrained items: leftmost first (confidence is never above 1)
@@ -160,18 +159,20 @@ def select_and_sample_adjusted(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """select_and_sample over logits that adjust_logits already processed (the runner keeps
     them for logprobs)."""
-    positions, valid = select_positions(adjusted, sb)
-    rows = adjusted[sb.grid.gather(1, positions).clamp(min=0)].float()  # [S, K, V]
-    tokens = rows.argmax(-1)
+    row_conf, row_top = row_confidence(adjusted)
+    positions, valid = select_positions(row_conf, sb)
+    picked = sb.grid.gather(1, positions).clamp(min=0)  # [S, K] logits rows
+    tokens = row_top[picked]  # greedy: each row's argmax, from the same read as its confidence
     if sb.any_sampling:
+        rows = adjusted[picked].float()  # [S, K, V]
         s, k = positions.shape
         item = torch.arange(s, device=rows.device)[:, None].expand(s, k)
         is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
         if rows.device.type == "cpu" if compact is None else compact:
             # On the CPU a sync costs nothing: sample only the selected slots that commit (with
             # a confidence threshold K is 64, and sorting 64 vocabularies per step dominated).
-            picked = (valid & ~is_greedy[:, None]).nonzero(as_tuple=True)
-            tokens[picked] = sample_rows(rows[picked], item[picked], positions[picked], sb)
+            slots = (valid & ~is_greedy[:, None]).nonzero(as_tuple=True)
+            tokens[slots] = sample_rows(rows[slots], item[slots], positions[slots], sb)
         else:  # static shapes, no sync: every slot is sampled, the greedy rows keep argmax
             sampled = sample_rows(rows.reshape(s * k, -1), item.reshape(-1), positions.reshape(-1), sb).view(s, k)
             tokens = torch.where(is_greedy[:, None], tokens, sampled)

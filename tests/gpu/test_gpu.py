@@ -408,7 +408,7 @@ def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
         assert (got != want).float().mean().item() < 0.02
 
 
-def test_row_confidence_kernel_matches_softmax_max() -> None:
+def test_row_confidence_kernel_matches_softmax_max_and_argmax() -> None:
     from cde.kernels.row_confidence import row_confidence
 
     torch.manual_seed(2)
@@ -416,10 +416,14 @@ def test_row_confidence_kernel_matches_softmax_max() -> None:
     x[:, 100281:] = float("-inf")  # the padding columns and banned ids
     x[:7, :50000] = float("-inf")  # a first half all -inf: the kernel's lanes that see only -inf
     x[7, 5] = 80.0  # one dominant logit: confidence ~1
-    got = row_confidence(x)
-    ref = torch.softmax(x.double(), -1).amax(-1).float()
-    assert torch.allclose(got, ref, rtol=1e-5, atol=0)
+    x[8, [70000, 3, 2051]] = 90.0  # tied maxima: the first column, as torch.argmax
+    x[9] = float("-inf")  # all banned: column 0
+    got, top = row_confidence(x)
+    ref = torch.softmax(x[:9].double(), -1).amax(-1).float()
+    assert torch.allclose(got[:9], ref, rtol=1e-5, atol=0)
     assert got[7].item() > 0.999
+    assert torch.equal(top, x.float().argmax(-1))
+    assert top[8:10].tolist() == [3, 0]
 
 
 def test_attribution_overlapped_on_gpu_equals_the_uncaptured_path(tiny_dir):
