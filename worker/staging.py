@@ -23,17 +23,17 @@ class Staging:
     def stage(self, *parts: list) -> list[torch.Tensor]:
         """One 1-D device tensor per list (views of one buffer on CUDA)."""
         sizes = [len(p) for p in parts]
-        flat = torch.tensor([x for p in parts for x in p], dtype=self.dtype)
+        flat = [x for p in parts for x in p]
         if not self.cuda:
-            return list(flat.to(self.device).split(sizes))
-        n = flat.numel()
+            return list(torch.tensor(flat, dtype=self.dtype, device=self.device).split(sizes))
+        n = len(flat)
         if self.copied is not None:
             self.copied.synchronize()  # the previous copy may still be queued behind the GPU's work
         if self.host is None or self.host.numel() < n:
             cap = max(n, 2 * (0 if self.host is None else self.host.numel()), 1024)
             self.host = torch.empty(cap, dtype=self.dtype, pin_memory=True)
             self.dev = torch.empty(cap, dtype=self.dtype, device=self.device)
-        self.host[:n].copy_(flat)
+        self.host.numpy()[:n] = flat  # numpy's view: 8x faster than a tensor of the list
         self.dev[:n].copy_(self.host[:n], non_blocking=True)
         self.copied = torch.cuda.Event()
         self.copied.record()

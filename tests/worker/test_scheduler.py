@@ -122,7 +122,11 @@ def run_fuzz(seed: int, n_ops: int):
                 assert it.page == seq.pages[it.block] and list(it.pages) == seq.pages[: it.block + 1]
                 assert set(it.pages) <= set(s.pages._by_owner[seq.id]) and len(it.tokens) == PAGE
                 if it.is_step:
-                    assert list(it.tokens) == seq.tokens and list(it.eligible) == seq.eligible()
+                    # the masked positions before the request's end, from the block's tokens
+                    # (the sequence keeps them up to date as picks land instead)
+                    base = it.block * PAGE
+                    masked = [t == MASK_ID and base + i < seq.end for i, t in enumerate(seq.tokens)]
+                    assert list(it.tokens) == seq.tokens and list(it.eligible) == masked == seq.eligible()
             step_ids = [it.request.request_id for it in plan.step_items]
             assert len(step_ids) == len(set(step_ids)), "two steps of one request in one pass"
             picks = fake_picks(plan, rng, eot_id)
