@@ -78,6 +78,7 @@ class _Bucket:
     mask: PagedBlockMask
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
+    steered: bool = False  # steer_vec may hold a non-zero row (zero again at the first unsteered pass)
 
 
 def pack(
@@ -235,13 +236,14 @@ class GraphedForward:
         blocks: list,
         write_pages: list,
         pages: list,
-        steer_vec: torch.Tensor,
+        steer_vec: torch.Tensor | None,
         steer_from: list,
         split: FlashBlockSplit | None = None,
         split_caches: list | None = None,
     ) -> torch.Tensor:
-        """Host lists of N real items (steer_vec: a device tensor [N, D]) -> hidden [N, 64, D].
-        `split`: FlashBlock's modes, slots and write slots per item, with its per-layer cache rows."""
+        """Host lists of N real items (steer_vec: a device tensor [N, D], None when no item steers)
+        -> hidden [N, 64, D]. `split`: FlashBlock's modes, slots and write slots per item, with its
+        per-layer cache rows."""
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
@@ -251,8 +253,15 @@ class GraphedForward:
             ways = bucket_splits(self.kv_splits, size, max(len(p) for p in pages))
             b = self.buckets[(size, split is not None, ways)]
         self._fill(b, tokens, blocks, write_pages, pages, steer_from, split)
-        b.steer_vec.zero_()
-        b.steer_vec[:n] = steer_vec
+        # An unsteered pass (the common one) queues no copy before its replay, and no fill
+        # unless the bucket's last pass steered.
+        if steer_vec is not None:
+            b.steer_vec[:n] = steer_vec
+            b.steer_vec[n:].zero_()
+            b.steered = True
+        elif b.steered:
+            b.steer_vec.zero_()
+            b.steered = False
         if b.graph is None:
             return self._run(b)
         b.graph.replay()

@@ -297,7 +297,7 @@ class ModelRunner:
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
     def _forward(
-        self, items: Items, steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
+        self, items: Items, steer_vec: torch.Tensor | None, steer_from: list[int], split: FlashBlockSplit | None
     ) -> torch.Tensor:
         if self.graphed is not None:
             return self.graphed(
@@ -324,9 +324,11 @@ class ModelRunner:
         return FlashBlockSplit(modes, slots, writes)
 
     def _forward_eager(
-        self, items: Items, steer_vec: torch.Tensor, steer_from: list[int], split: FlashBlockSplit | None
+        self, items: Items, steer_vec: torch.Tensor | None, steer_from: list[int], split: FlashBlockSplit | None
     ) -> torch.Tensor:
         dev = self.device
+        if steer_vec is None:
+            steer_vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=dev)
         tokens = torch.tensor([it.tokens for it in items], device=dev)
         abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
         max_pages = max(len(it.pages) for it in items)
@@ -371,14 +373,18 @@ class ModelRunner:
         h = hidden.reshape(-1, self.cfg.n_embd)[rows]  # a copy: the next pass overwrites `hidden`
         return self.attribution.launch(h, tok.reshape(-1), target)
 
-    def _steering_inputs(self, items: Items) -> tuple[torch.Tensor, list[int]]:
-        vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
+    def _steering_inputs(self, items: Items) -> tuple[torch.Tensor | None, list[int]]:
+        """Per item: the vector it injects ([N, D] on the device; None when no item steers, so an
+        unsteered pass queues nothing for it) and its first injected layer."""
+        vec = None
         start = [self.cfg.n_layers + 1] * len(items)  # past the last layer: no injection
         for i, it in enumerate(items):
             state = self.steering.get(it.slot)
             if it.is_step and state is not None:
                 alpha = alpha_now(state, it.committed)
                 if alpha != 0.0:
+                    if vec is None:
+                        vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
                     vec[i] = alpha * state.direction
                     start[i] = state.inject_layer
         return vec, start
