@@ -1,7 +1,11 @@
 """Weight-streaming GEMM for few rows (Triton, CUDA): out[M, N] = a[M, K] @ b[N, K].T, in bfloat16,
 in FP8 with row scales (out = (aq @ bq.T) * sa[:, None] * sb[None, :]), or with bfloat16 activations
 and FP8 weights (out = (a @ bq.T) * sb[None, :]: the weight tile is widened to bfloat16 in registers,
-exactly, so a one-request pass reads FP8 weights without quantizing its activations).
+exactly, so a one-request pass reads FP8 weights without quantizing its activations); or, in
+bfloat16, the MLP's up projection with `silu(gate) * up` in its epilogue (SWIGLU: b is c_fc's
+weight [2N, K], up rows first; each CTA streams the up and gate rows of its output columns and
+writes only their product, so the [M, 2N] projection never goes to memory and no pointwise kernel
+reads it back).
 
 At 64 rows (one request) a pass is bound by reading every weight once. cuBLAS reads the FP8
 weights at about half the bandwidth there, and its bfloat16 kernels for the 8b's narrower shapes
@@ -23,6 +27,8 @@ import triton
 import triton.language as tl
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 
+SMEM_TILES = 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # weight-tile elements a config may keep in flight
+
 
 def _configs() -> list:
     # A split share streams 1/SPLIT_K of K: the deeper pipeline is only tried unsplit (fewer
@@ -38,15 +44,22 @@ def _configs() -> list:
         for sk in (1, 2, 4, MAX_SPLIT_K)
         for stages in ((4, 6) if sk == 1 else (4,))
         for swap in (False, True)
-        if bn * bk * stages <= 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # shared memory
+        if bn * bk * stages <= SMEM_TILES  # shared memory
     ]
 
 
 def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
     # Swapped operands only where the weight tile is widened (FP8 weights beside bf16 rows): as
     # the MMA's first operand it may stay in registers; as the second it goes back to shared memory.
+    # SWIGLU (same-dtype operands) streams two weight tiles per step: half the pipeline fits.
     widened = named_args["a_ptr"].dtype != named_args["b_ptr"].dtype
-    return [c for c in configs if widened or not c.kwargs["SWAP_AB"]]
+    tiles = 2 if kwargs.get("SWIGLU") else 1
+    return [
+        c
+        for c in configs
+        if (widened or not c.kwargs["SWAP_AB"])
+        and tiles * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * c.num_stages <= SMEM_TILES
+    ]
 
 
 @triton.jit
@@ -71,6 +84,7 @@ def _stream_gemm_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    SWIGLU: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -86,7 +100,9 @@ def _stream_gemm_kernel(
     b_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], K contiguous
     m_ok = offs_m[:, None] < M
     n_ok = offs_n[:, None] < N
+    g_ptrs = b_ptrs + N * stride_bn  # SWIGLU: the gate rows of the same output columns
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: gate
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP_AB: out.T = b @ a.T
     for _ in range(0, k_count):
         a = tl.load(a_ptrs, mask=m_ok, other=0.0)
@@ -95,6 +111,9 @@ def _stream_gemm_kernel(
             acc_t = tl.dot(b, tl.trans(a), acc_t)
         else:
             acc = tl.dot(a, tl.trans(b), acc)
+        if SWIGLU:
+            acc_g = tl.dot(a, tl.trans(tl.load(g_ptrs, mask=n_ok, other=0.0)), acc_g)
+            g_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if SWAP_AB:
@@ -103,17 +122,37 @@ def _stream_gemm_kernel(
     if SPLIT_K > 1:
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
         tl.store(part_ptr + pid_k * M * N + tile_offs, acc, mask=tile_ok)
+        if SWIGLU:  # the gate partials after every share's up partials
+            tl.store(part_ptr + (SPLIT_K + pid_k) * M * N + tile_offs, acc_g, mask=tile_ok)
         tl.debug_barrier()  # every thread's partial is written before the counter says so
         tile = pid_m * tl.num_programs(0) + pid_n
         finished = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if finished == SPLIT_K - 1:  # the last of the tile: sum every share in split order
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 acc += tl.load(part_ptr + s * M * N + tile_offs, mask=tile_ok, other=0.0, cache_modifier=".cg")
+                if SWIGLU:
+                    acc_g += tl.load(
+                        part_ptr + (SPLIT_K + s) * M * N + tile_offs, mask=tile_ok, other=0.0, cache_modifier=".cg"
+                    )
+            if SWIGLU:
+                acc = _silu_mul(acc, acc_g, c_ptr.dtype.element_ty)
             _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
+        if SWIGLU:
+            acc = _silu_mul(acc, acc_g, c_ptr.dtype.element_ty)
         _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+
+
+@triton.jit
+def _silu_mul(up, gate, dtype):
+    # The unfused path's numerics: up and gate rounded to the output dtype as c_fc writes them,
+    # then silu(gate) * up in float32 as the compiled pointwise kernel computes it.
+    up = up.to(dtype).to(tl.float32)
+    gate = gate.to(dtype).to(tl.float32)
+    return gate * tl.sigmoid(gate) * up
 
 
 @triton.jit
@@ -137,7 +176,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -155,15 +194,19 @@ def stream_gemm(
     out_dtype: torch.dtype,
     scales: tuple[torch.Tensor | None, torch.Tensor] | None = None,
     config: dict | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
-    `counters`: counter_count(N) int32 zeros, used by one
+    `swiglu` (both bfloat16, no scales): b is [2N, K], up rows then gate rows, and the result is
+    silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB) instead of the autotuner's choice (tests)."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
-    n = b.shape[0]
+    n = b.shape[0] // 2 if swiglu else b.shape[0]
+    if swiglu and (scales is not None or a.dtype != b.dtype or b.shape[0] % 2):
+        raise ValueError("stream_gemm's swiglu takes two same-dtype operands, no scales, and an even row count")
     if k % K_MULTIPLE or m > MAX_ROWS or counters.numel() < counter_count(n):
         raise ValueError(
             f"stream_gemm needs K divisible by {K_MULTIPLE}, at most {MAX_ROWS} rows and {counter_count(n)} "
@@ -172,13 +215,13 @@ def stream_gemm(
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     # Partials for the largest split: allocated per call from the caching allocator (and, inside a
     # CUDA graph, from its pool), never initialised: each share writes its own before it is read.
-    part = torch.empty(MAX_SPLIT_K * m * n, dtype=torch.float32, device=a.device)
+    part = torch.empty((2 if swiglu else 1) * MAX_SPLIT_K * m * n, dtype=torch.float32, device=a.device)
     sa, sb = scales if scales is not None else (None, None)
 
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None}
+    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu}
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
     args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))

@@ -83,6 +83,34 @@ def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m
     assert not counters.any()
 
 
+@pytest.mark.parametrize("m,n,k,cfg", CASES)
+def test_stream_gemm_swiglu_writes_silu_gate_times_up(m, n, k, cfg):
+    """c_fc's weight [2n, K] (up rows, then gate rows) -> silu(gate) * up [m, n], with the unfused
+    path's roundings: up and gate rounded to the output dtype, the product in float32."""
+    g = torch.Generator().manual_seed(m + 2 * n + k)
+    a = torch.randn(m, k, generator=g).half()
+    w = (torch.randn(2 * n, k, generator=g) * 0.05).half()
+    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
+    out = stream_gemm.stream_gemm(a, w, counters, torch.float16, config=cfg, swiglu=True)
+    up, gate = (a.double() @ w.double().t()).half().float().chunk(2, dim=-1)
+    ref = (torch.nn.functional.silu(gate) * up).half()
+    assert out.shape == (m, n)
+    assert torch.allclose(out.float(), ref.float(), rtol=2e-3, atol=1e-4), (out.float() - ref.float()).abs().max()
+    assert not counters.any()
+    assert torch.equal(stream_gemm.stream_gemm(a, w, counters, torch.float16, config=cfg, swiglu=True), out)
+
+
+def test_swiglu_keeps_half_the_pipeline_and_no_swapped_operands():
+    configs = stream_gemm._configs()
+    half = torch.zeros(1, dtype=torch.float16)
+    plain = stream_gemm._prune(configs, {"a_ptr": half, "b_ptr": half})
+    fused = stream_gemm._prune(configs, {"a_ptr": half, "b_ptr": half}, SWIGLU=True)
+    assert fused and set(map(str, fused)) < set(map(str, plain))
+    for c in fused:
+        assert not c.kwargs["SWAP_AB"]
+        assert 2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * c.num_stages <= stream_gemm.SMEM_TILES
+
+
 def test_only_the_widening_mode_offers_swapped_operands_to_the_autotuner():
     configs = stream_gemm._configs()
     bf16, fp8 = torch.zeros(1, dtype=torch.float16), torch.zeros(1, dtype=torch.float8_e4m3fn)
