@@ -3,6 +3,10 @@ with one name on every device. On CUDA it runs the split-K Triton GEMM (kernels/
 at most 64 rows, K a multiple of 256); elsewhere F.linear. The op is opaque to torch.compile, so
 the compiled blocks call it as it is (worker/stream_linear.py decides where it runs).
 
+`cde::stream_swiglu(x, w, counters)`: the MLP's up projection and activation, `swiglu(x @ w.T)`
+for c_fc's weight w [2F, K], in one op: on CUDA the same GEMM with the activation in its epilogue
+(the [M, 2F] projection is never written), elsewhere the two steps.
+
 `tile_counters`: the split-K tile counters a weight carries for the CUDA kernel (and for the FP8
 op of kernels/fp8_ops.py), zero before and after every call.
 """
@@ -24,7 +28,13 @@ def tile_counters(n: int, device: torch.device | str) -> torch.Tensor:
     return torch.zeros(stream_gemm.counter_count(n) if cuda else 0, dtype=torch.int32, device=device)
 
 
-# The counters are scratch that every call leaves as it found it (zero), so the op is pure.
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation on c_fc's output [..., 2F] (up, then gate): silu(gate) * up [..., F]."""
+    up, gate = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# The counters are scratch that every call leaves as it found it (zero), so the ops are pure.
 @torch.library.custom_op("cde::stream_linear", mutates_args=())
 def stream_linear(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
@@ -35,9 +45,24 @@ def _(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+@torch.library.custom_op("cde::stream_swiglu", mutates_args=())
+def stream_swiglu(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return swiglu(F.linear(x, w))
+
+
+@stream_swiglu.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[0] // 2)
+
+
 def _cuda_stream_linear(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return stream_gemm.stream_gemm(x, w, counters, x.dtype)
 
 
+def _cuda_stream_swiglu(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return stream_gemm.stream_gemm(x, w, counters, x.dtype, swiglu=True)
+
+
 if stream_gemm is not None:
     stream_linear.register_kernel("cuda")(_cuda_stream_linear)
+    stream_swiglu.register_kernel("cuda")(_cuda_stream_swiglu)

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from cde.kernels.fp8_ops import fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
-from cde.kernels.stream_ops import tile_counters
+from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
@@ -116,8 +116,7 @@ class Fp8MLP(nn.Module):
         h = self.c_fc(x)
         rows = h.numel() // h.shape[-1]
         if rows <= self.c_proj.weight_only_rows:
-            up, gate = h.chunk(2, dim=-1)
-            return self.c_proj(F.silu(gate) * up)
+            return self.c_proj(swiglu(h))
         q, scale = silu_mul_quantize(h.reshape(rows, h.shape[-1]))
         return self.c_proj.matmul(q, scale, x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
 

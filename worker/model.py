@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
+from cde.kernels.stream_ops import swiglu
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
@@ -135,8 +136,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(cfg.ffn_size, cfg.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = self.c_fc(x).chunk(2, dim=-1)
-        return self.c_proj(F.silu(gate) * up)
+        return self.c_proj(swiglu(self.c_fc(x)))
 
 
 class Block(nn.Module):
