@@ -308,6 +308,23 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
 
 
+@pytest.mark.parametrize("rows", [64, 5])
+def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
+    """c_fc of the 8b with silu(gate) * up in the split-K GEMM's epilogue, autotuned, against
+    F.linear (cuBLAS) then the activation: the same values to bfloat16 rounding."""
+    from cde.kernels.stream_gemm import counter_count, stream_gemm
+    from cde.kernels.stream_ops import swiglu
+
+    torch.manual_seed(1)
+    a = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * 16384, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    ref = swiglu(torch.nn.functional.linear(a, w)).float()
+    counters = torch.zeros(counter_count(16384), dtype=torch.int32, device="cuda")
+    got = stream_gemm(a, w, counters, torch.bfloat16, swiglu=True)
+    assert got.shape == (rows, 16384) and ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, swiglu=True), got)
+
+
 def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     """worker/stream_linear.py on the GPU: every block shape timed on both kernels, and the model's
     outputs with the chosen kernels within bfloat16 rounding of cuBLAS everywhere."""
@@ -317,13 +334,21 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     model = load_checkpoint(small_dir, dtype=torch.bfloat16, device="cuda")[1]
     x = torch.randn(1, 64, model.cfg.n_embd, device="cuda", dtype=torch.bfloat16)
     block = model.transformer.blocks[0]
-    ref = block.mlp(x).float()
+    with torch.inference_mode():
+        ref = block.mlp(x).float()
     choices = stream_linear.install(model)
-    assert len(choices) == 4 and all(c["cublas_ms"] > 0 and c["stream_ms"] > 0 for c in choices.values())
-    for m in model.modules():
-        if isinstance(m, stream_linear.StreamLinear):
-            m.stream = True  # whichever was faster: the Triton GEMM's outputs
-    assert ((block.mlp(x).float() - ref).norm() / ref.norm()).item() < 1e-2
+    linears, mlp = choices["linears"], choices["swiglu"]
+    assert len(linears) == 4 and all(c["cublas_ms"] > 0 and c["stream_ms"] > 0 for c in linears.values())
+    assert mlp["unfused_ms"] > 0 and mlp["fused_ms"] > 0
+    for fused in (False, True):  # whichever was faster: the Triton GEMMs' outputs, unfused and fused
+        for m in model.modules():
+            if isinstance(m, stream_linear.StreamLinear):
+                m.stream = True
+            if isinstance(m, stream_linear.StreamMLP):
+                m.fused = fused
+        with torch.inference_mode():  # as the engine runs (where autograd records, the ops step aside)
+            got = block.mlp(x).float()
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2, fused
 
 
 @pytest.mark.parametrize("weight_only_rows", [0, 64])  # one item on FP8 GEMMs; one item weight-only
