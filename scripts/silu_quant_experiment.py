@@ -29,24 +29,26 @@ from cde.worker.cuda_timing import graph_replay_ms
 
 
 @triton.jit
+def _silu_mul_chunk(x_row, F, cols, ok):
+    up = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(x_row + F + cols, mask=ok, other=0.0).to(tl.float32)
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def _silu_mul_quantize_looped(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row, q_row = x_ptr + row * stride_x, q_ptr + row * stride_q
     amax = tl.zeros([CHUNK], dtype=tl.float32)
     for start in range(0, F, CHUNK):
         cols = start + tl.arange(0, CHUNK)
-        ok = cols < F
-        up = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(x_row + F + cols, mask=ok, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(gate * tl.sigmoid(gate) * up))
+        amax = tl.maximum(amax, tl.abs(_silu_mul_chunk(x_row, F, cols, cols < F)))
     scale = tl.maximum(tl.max(amax, axis=0) / E4M3_MAX, MIN_SCALE)
     tl.store(s_ptr + row, scale)
-    for start in range(0, F, CHUNK):
+    for start in range(0, F, CHUNK):  # the row again (mostly from L2): every h computed the same way
         cols = start + tl.arange(0, CHUNK)
         ok = cols < F
-        up = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(x_row + F + cols, mask=ok, other=0.0).to(tl.float32)
-        q = tl.clamp(tl.div_rn(gate * tl.sigmoid(gate) * up, scale), -E4M3_MAX, E4M3_MAX)
+        q = tl.clamp(tl.div_rn(_silu_mul_chunk(x_row, F, cols, ok), scale), -E4M3_MAX, E4M3_MAX)
         tl.store(q_row + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
 
 
