@@ -6,7 +6,10 @@
 - `cde::fp8_weight_matmul(x, wq, w_scale, counters)`: (x @ wq.T) * w_scale[None, :] for activations
   [M, K] in their own dtype (bfloat16) and e4m3 weights: weight-only, the activations unquantized;
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
-  quantized per row to e4m3 -> (q [M, F], scales [M]).
+  quantized per row to e4m3 -> (q [M, F], scales [M]);
+- `cde::add_norm_quantize(x, delta, weight, eps)`: out = x + rms_norm(delta, weight, eps) for x,
+  delta [M, K] (a post-norm block's residual), and out quantized per row to e4m3 -> (out, q [M,
+  K], scales [M]).
 
 On CUDA they run the Triton kernels of kernels/stream_gemm.py and kernels/fp8_triton.py; elsewhere
 the same arithmetic in float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
@@ -17,7 +20,7 @@ inside a graph capture.
 from __future__ import annotations
 
 import torch
-from cde.kernels.stream_ops import swiglu
+from cde.kernels.stream_ops import rms_norm, swiglu
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -84,6 +87,23 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(rows, width // 2, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
 
 
+@torch.library.custom_op("cde::add_norm_quantize", mutates_args=())
+def add_norm_quantize(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out = x + rms_norm(delta, weight, eps)
+    q, scale = quantize_rows(out)
+    return out, q, scale[:, 0]
+
+
+@add_norm_quantize.register_fake
+def _(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, width = x.shape
+    return torch.empty_like(x), x.new_empty(rows, width, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
+
+
 try:
     from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
@@ -100,3 +120,4 @@ if fp8_triton is not None:
         lambda x, wq, w_scale, counters: stream_gemm.stream_gemm(x, wq, counters, x.dtype, scales=(None, w_scale))
     )
     silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)
+    add_norm_quantize.register_kernel("cuda")(fp8_triton.add_norm_quantize)

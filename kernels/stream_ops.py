@@ -7,6 +7,9 @@ the compiled blocks call it as it is (worker/stream_linear.py decides where it r
 for c_fc's weight w [2F, K], in one op: on CUDA the same GEMM with the activation in its epilogue
 (the [M, 2F] projection is never written), elsewhere the two steps.
 
+`rms_norm` and `swiglu` are the one definition of the model's norm and activation, which the
+fused kernels (here and in kernels/fp8_ops.py) compute in their epilogues.
+
 `tile_counters`: the split-K tile counters a weight carries for the CUDA kernel (and for the FP8
 op of kernels/fp8_ops.py), zero before and after every call.
 """
@@ -26,6 +29,13 @@ def tile_counters(n: int, device: torch.device | str) -> torch.Tensor:
     """The counters of a weight with n output rows: what the CUDA kernel needs, none elsewhere."""
     cuda = torch.device(device).type == "cuda" and stream_gemm is not None
     return torch.zeros(stream_gemm.counter_count(n) if cuda else 0, dtype=torch.int32, device=device)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm: float32 statistics, cast back (the reference's numerics)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * xf).to(x.dtype)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,10 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
    torchao's choice for inference), with the fast one's difference to the default; and at 64 rows
    the split-K Triton GEMM of kernels/stream_gemm.py in both (autotuned per shape; the configs it
    chose are printed).
-2. The MLP's activation quantization, [rows, 32768] -> e4m3 [rows, 16384] + scales: compiled
-   `quantize_rows(silu(gate) * up)` against the Triton kernel.
+2. The activation quantizations: the MLP's, [rows, 32768] -> e4m3 [rows, 16384] + scales, compiled
+   `quantize_rows(silu(gate) * up)` against the Triton kernel; a post-norm block's residual after
+   attention, compiled `quantize_rows(x + rms_norm(delta))` against the Triton kernel that also
+   writes the residual.
 3. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
    argmax against the kernel.
 
@@ -22,10 +24,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from cde.kernels.fp8_triton import silu_mul_quantize
+from cde.kernels.fp8_triton import add_norm_quantize, silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs
-from cde.kernels.stream_ops import swiglu
+from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
@@ -114,22 +116,47 @@ def stack(args: argparse.Namespace) -> None:
 
 
 def act_quant() -> None:
+    """The FP8 path's two fused activation quantizers against their compiled definitions."""
     dev = "cuda"
 
-    def compiled_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def silu_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows(swiglu(x))
 
-    ref_fn = torch.compile(compiled_quant, dynamic=False)
-    print("\n| rows | compiled quantize_rows(silu*up) us | Triton us | speed-up | scales max rel diff | q mismatches |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for rows in (64, 2048):
-        x = torch.randn(rows, 32768, device=dev, dtype=torch.bfloat16)
-        rq, rs = ref_fn(x)
-        q, s = silu_mul_quantize(x)
-        sdiff = ((s - rs[:, 0]).abs() / rs[:, 0]).max().item()
-        mism = (q.float() != rq.float()).float().mean().item()
-        tr, tt = graph_ms(lambda x=x: ref_fn(x), 50), graph_ms(lambda x=x: silu_mul_quantize(x), 50)
-        print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {sdiff:.1e} | {mism:.1e} |", flush=True)
+    def residual_ref(x: torch.Tensor, d: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_rows(x + rms_norm(d, w, 1e-5))
+
+    def silu_inputs(rows: int) -> tuple[torch.Tensor, ...]:
+        return (torch.randn(rows, 32768, device=dev, dtype=torch.bfloat16),)
+
+    def residual_inputs(rows: int) -> tuple[torch.Tensor, ...]:
+        x, d = (torch.randn(rows, 4096, device=dev, dtype=torch.bfloat16) for _ in "xd")
+        return x, d, torch.rand(4096, device=dev, dtype=torch.bfloat16) + 0.5
+
+    cases = (
+        ("quantize_rows(silu*up)", silu_ref, silu_mul_quantize, silu_inputs),
+        (
+            "quantize_rows(x + rms_norm(d))",
+            residual_ref,
+            lambda x, d, w: add_norm_quantize(x, d, w, 1e-5)[1:],
+            residual_inputs,
+        ),
+    )
+    print("\n| op | rows | compiled us | Triton us | speed-up | scales max rel diff | q mismatches |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, ref, op, inputs in cases:
+        ref_fn = torch.compile(ref, dynamic=False)
+        for rows in (64, 2048):
+            args = inputs(rows)
+            rq, rs = ref_fn(*args)
+            q, s = op(*args)
+            sdiff = ((s - rs[:, 0]).abs() / rs[:, 0]).max().item()
+            mism = (q.float() != rq.float()).float().mean().item()
+            tr = graph_ms(lambda a=args, f=ref_fn: f(*a), 50)
+            tt = graph_ms(lambda a=args, f=op: f(*a), 50)
+            print(
+                f"| {name} | {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {sdiff:.1e} | {mism:.1e} |",
+                flush=True,
+            )
 
 
 def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

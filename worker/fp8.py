@@ -14,7 +14,8 @@ Each call picks its path by its row count (64 rows per item, so per batch bucket
   scale = amax(|row|) / 448, and multiplied with row-wise scales: at most MAX_ROWS rows by
   the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
   more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
-The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`).
+The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`), and a
+post-norm block's residual after attention by another on its way to c_fc (`Fp8Block`).
 On the CPU the ops of kernels/fp8_ops.py emulate the GPU's: the same e4m3 rounding
 (float8_e4m3fn casts) and the same scales, multiplied in float32. So the CPU tests cover the
 quantizer, the path choice and the accuracy of every path; the GPU tests measure the real kernels.
@@ -27,12 +28,12 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels.fp8_ops import add_norm_quantize, fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
 from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
-from cde.worker.model import BLOCK_LINEARS
+from cde.worker.model import BLOCK_LINEARS, Block
 
 QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
@@ -118,12 +119,30 @@ class Fp8MLP(nn.Module):
         self.c_fc, self.c_proj = c_fc, c_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.c_fc(x)
-        rows = h.numel() // h.shape[-1]
+        rows = x.numel() // x.shape[-1]
         if rows <= self.c_proj.weight_only_rows:
-            return self.c_proj(swiglu(h))
-        q, scale = silu_mul_quantize(h.reshape(rows, h.shape[-1]))
-        return self.c_proj.matmul(q, scale, x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
+            return self.c_proj(swiglu(self.c_fc(x)))
+        xq, x_scale = quantize_rows(x.reshape(rows, x.shape[-1]))  # per token, fused into the compiled graph
+        return self.quantized(xq, x_scale[:, 0], x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
+
+    def quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The MLP of e4m3 rows [M, K] with their float32 scales [M] -> [M, K] in dtype."""
+        q, scale = silu_mul_quantize(self.c_fc.matmul(xq, x_scale, dtype))
+        return self.c_proj.matmul(q, scale, dtype)
+
+
+class Fp8Block(Block):
+    """A post-norm block whose residual after attention, x + ln_1(a), comes with its rows quantized
+    for c_fc from one fused op (`cde::add_norm_quantize`): the rows are read once, where the compiled
+    graph read them twice (the norm, then the add and the quantization, two looped reductions)."""
+
+    def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.mlp.c_fc.weight_only_rows:  # bfloat16 rows into c_fc: nothing to quantize
+            return super().attn_residual_and_mlp(x, a)
+        x2, a2 = x.reshape(rows, x.shape[-1]), a.reshape(rows, x.shape[-1])
+        out, q, scale = add_norm_quantize(x2, a2, self.ln_1.weight, self.ln_1.eps)
+        return out.reshape(x.shape), self.mlp.quantized(q, scale, x.dtype).reshape(x.shape)
 
 
 def path_for_rows(rows: int, weight_only_rows: int, in_features: int = K_MULTIPLE) -> str:
@@ -157,6 +176,7 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
             after += q.weight.numel() + q.scale.numel() * 4
             setattr(owner, name, q)
         block.mlp = Fp8MLP(block.mlp.c_fc, block.mlp.c_proj)
+        block.__class__ = Fp8Block  # the same modules and weights; only the step between attention and the MLP changes
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     log.info(

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
-from cde.kernels.stream_ops import swiglu
+from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
@@ -28,10 +28,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32 statistics, cast back: the reference's numerics.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(
@@ -161,18 +158,25 @@ class Block(nn.Module):
         """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
         here, it fuses into the block's last residual add."""
         if self.post_norm:
-            x = x + self.ln_1(self.attn(x, cos, sin, cache, meta))
-            x = x + self.ln_2(self.mlp(x))
+            x, m = self.attn_residual_and_mlp(x, self.attn(x, cos, sin, cache, meta))
+            x = x + self.ln_2(m)
         else:
             x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
             x = x + self.mlp(self.ln_2(x))
         return x + gate[:, None, None] * inject
 
+    def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Post-norm, between attention's output a and the MLP's: the residual x + ln_1(a) and the
+        MLP's output on it (the FP8 block, worker/fp8.py, fuses the add, the norm and c_fc's
+        activation quantization here)."""
+        x = x + self.ln_1(a)
+        return x, self.mlp(x)
+
     def dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The block over the whole sequence with `Attention.dense` (no cache, no steering)."""
         if self.post_norm:
-            x = x + self.ln_1(self.attn.dense(x, cos, sin, mask))
-            return x + self.ln_2(self.mlp(x))
+            x, m = self.attn_residual_and_mlp(x, self.attn.dense(x, cos, sin, mask))
+            return x + self.ln_2(m)
         x = x + self.attn.dense(self.ln_1(x), cos, sin, mask)
         return x + self.mlp(self.ln_2(x))
 

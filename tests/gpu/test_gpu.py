@@ -380,6 +380,27 @@ def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int, weight_only
 
 
 @pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
+    """The post-norm residual's fused Triton kernel against cde::add_norm_quantize's definition on
+    the CPU (bfloat16, the 8b's width): residuals one bfloat16 rounding apart at most, scales to
+    float32 precision, e4m3 values at most a rounding tie (one e4m3 step) apart."""
+    from cde.kernels.fp8_ops import add_norm_quantize
+
+    torch.manual_seed(2)
+    x, delta = (torch.randn(rows, 4096, device="cuda") * s for s in (2.0, 0.3))
+    x, delta = x.to(torch.bfloat16), delta.to(torch.bfloat16)
+    w = (torch.rand(4096, device="cuda") + 0.5).to(torch.bfloat16)
+    out, q, scale = add_norm_quantize(x, delta, w, 1e-5)
+    ref_out, ref_q, ref_scale = add_norm_quantize(x.cpu(), delta.cpu(), w.cpu(), 1e-5)
+    assert torch.allclose(out.cpu().float(), ref_out.float(), rtol=2**-7, atol=0)
+    assert (out.cpu() != ref_out).float().mean().item() < 1e-3
+    assert torch.allclose(scale.cpu(), ref_scale, rtol=2**-7)
+    step = ref_q.float().abs().clamp(min=2**-6) * 2**-3
+    assert ((q.cpu().float() - ref_q.float()).abs() <= step + 2**-9).all()
+    assert (q.cpu().float() != ref_q.float()).float().mean().item() < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 64, 2048])
 def test_fp8_silu_mul_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
     """The fused Triton kernel against cde::silu_mul_quantize's float32 definition on the CPU:
     the same scales, and e4m3 values that differ at most by a rounding tie (one e4m3 step)."""

@@ -155,3 +155,21 @@ def test_the_swiglu_experiment_kernel_is_silu_gate_times_up():
     res = subprocess.run([sys.executable, str(script), "--interpret"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "max relative error" in res.stdout
+
+
+def test_add_norm_quantize_kernel_writes_the_residual_and_its_scales():
+    """The post-norm residual x + RMSNorm(delta) and its per-row scales against the op's CPU
+    definition (float16 here; its e4m3 values are checked on the GPU, see above). Row 2's delta is
+    zero: the norm is 0, not NaN."""
+    from cde.kernels import fp8_triton
+
+    g = torch.Generator().manual_seed(9)
+    x, delta = (torch.randn(4, 3000, generator=g) * 2).half(), (torch.randn(4, 3000, generator=g) * 5).half()
+    delta[2] = 0.0
+    w = (torch.rand(3000, generator=g) + 0.5).half()
+    out, _, scale = fp8_triton.add_norm_quantize(x, delta, w, 1e-5)
+    ref, _, ref_scale = fp8_ops.add_norm_quantize(x, delta, w, 1e-5)
+    assert out.dtype == torch.float16 and out.shape == (4, 3000)
+    assert torch.allclose(out.float(), ref.float(), rtol=2**-10, atol=0)  # one float16 rounding at most
+    assert torch.equal(out[2], x[2])
+    assert torch.allclose(scale, ref_scale, rtol=2**-10)

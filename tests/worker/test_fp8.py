@@ -141,6 +141,48 @@ def test_silu_mul_quantize_op_quantizes_the_float32_product_per_row() -> None:
     assert torch.equal(q.float().abs().amax(-1)[[0, 1, 3, 4, 5]], torch.full((5,), 448.0))
 
 
+def test_add_norm_quantize_op_is_the_post_norm_residual_quantized_per_row() -> None:
+    """Against float64 arithmetic: out = x + bfloat16(RMSNorm(delta)), rounded to bfloat16, and
+    its rows quantized to e4m3 with amax / 448 scales."""
+    g = torch.Generator().manual_seed(8)
+    x, delta = (
+        torch.randn(5, 512, generator=g).to(torch.bfloat16),
+        (torch.randn(5, 512, generator=g) * 3).to(torch.bfloat16),
+    )
+    w = (torch.rand(512, generator=g) + 0.5).to(torch.bfloat16)
+    out, q, scale = fp8_ops.add_norm_quantize(x, delta, w, 1e-5)
+    assert out.dtype == torch.bfloat16 and q.dtype == torch.float8_e4m3fn and scale.shape == (5,)
+    d = delta.double()
+    normed = (w.double() * d / (d.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).to(torch.bfloat16)
+    ref = (x.double() + normed.double()).to(torch.bfloat16)
+    assert (out.double() - ref.double()).abs().le(ref.double().abs() * 2**-7).all()  # one rounding apart at most
+    h = out.double()
+    assert torch.allclose(scale.double(), h.abs().amax(-1) / 448.0, rtol=1e-6)
+    back = q.double() * scale.double()[:, None]
+    assert ((back - h).abs() <= h.abs() * E4M3_REL + scale.double()[:, None] * E4M3_SUBNORMAL_HALF_STEP + 1e-9).all()
+
+
+def test_fp8_block_fuses_the_residual_into_the_mlp_input_and_keeps_its_output(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The FP8 block's step between attention and the MLP (one fused op) against the plain
+    block's (x + ln_1(a), then the MLP quantizing its input) on the same layers: equal, and the
+    fused op is what runs."""
+    engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=2))
+    block = engine.runner.model.transformer.blocks[0]
+    assert isinstance(block, fp8.Fp8Block) and block.post_norm
+    torch.manual_seed(7)
+    x, a = (torch.randn(2, 64, engine.cfg.n_embd) * s for s in (1.0, 3.0))
+    x, a = x.to(torch.bfloat16), a.to(torch.bfloat16)
+    calls, op = [], fp8.add_norm_quantize
+    monkeypatch.setattr(fp8, "add_norm_quantize", lambda *args: calls.append(1) or op(*args))
+    fused_x, fused_m = block.attn_residual_and_mlp(x, a)
+    monkeypatch.undo()
+    plain_x, plain_m = fp8.Block.attn_residual_and_mlp(block, x, a)
+    assert calls == [1]
+    assert torch.equal(fused_x, plain_x) and torch.equal(fused_m, plain_m)
+
+
 def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) -> None:
     engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=2))
     model = engine.runner.model
@@ -152,6 +194,7 @@ def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) ->
     assert model.transformer.lm_head.weight is model.transformer.tok_emb.weight
     assert not any(isinstance(m, nn.Linear) for m in model.transformer.blocks.modules())
     assert all(isinstance(b.mlp, fp8.Fp8MLP) for b in model.transformer.blocks)
+    assert all(isinstance(b, fp8.Fp8Block) for b in model.transformer.blocks)
     # the published weight names stay: a quantized model's state dict names what the checkpoint does
     assert "transformer.blocks.0.mlp.c_fc.weight" in model.state_dict()
 
