@@ -31,11 +31,16 @@ def _silu_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, BLOCK:
     ok = cols < F
     up = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     gate = tl.load(x_ptr + row * stride_x + F + cols, mask=ok, other=0.0).to(tl.float32)
-    h = gate * tl.sigmoid(gate) * up
+    _quantize_row(gate * tl.sigmoid(gate) * up, q_ptr + row * stride_q + cols, s_ptr + row, ok)
+
+
+@triton.jit
+def _quantize_row(h, q_ptrs, s_ptr, ok):
+    # A float32 row in registers -> e4m3 with scale amax / 448 (worker/fp8.py's quantize_rows).
     scale = tl.maximum(tl.max(tl.abs(h), axis=0) / E4M3_MAX, MIN_SCALE)
-    tl.store(s_ptr + row, scale)
+    tl.store(s_ptr, scale)
     q = tl.clamp(tl.div_rn(h, scale), -E4M3_MAX, E4M3_MAX)
-    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=ok)
 
 
 def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,11 +70,7 @@ def _add_norm_quantize_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, s_ptr, K, eps
     normed = (w * (d * r)).to(out_ptr.dtype.element_ty).to(tl.float32)
     out = (x + normed).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * K + cols, out, mask=ok)
-    h = out.to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(h), axis=0) / E4M3_MAX, MIN_SCALE)
-    tl.store(s_ptr + row, scale)
-    q = tl.clamp(tl.div_rn(h, scale), -E4M3_MAX, E4M3_MAX)
-    tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    _quantize_row(out.to(tl.float32), q_ptr + row * K + cols, s_ptr + row, ok)
 
 
 def add_norm_quantize(

@@ -119,16 +119,20 @@ class Fp8MLP(nn.Module):
         self.c_fc, self.c_proj = c_fc, c_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
+        h = self.c_fc(x)
+        rows = h.numel() // h.shape[-1]
         if rows <= self.c_proj.weight_only_rows:
-            return self.c_proj(swiglu(self.c_fc(x)))
-        xq, x_scale = quantize_rows(x.reshape(rows, x.shape[-1]))  # per token, fused into the compiled graph
-        return self.quantized(xq, x_scale[:, 0], x.dtype).reshape(*x.shape[:-1], self.c_proj.out_features)
+            return self.c_proj(swiglu(h))
+        return self.project(h.reshape(rows, h.shape[-1])).reshape(*x.shape[:-1], self.c_proj.out_features)
 
     def quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The MLP of e4m3 rows [M, K] with their float32 scales [M] -> [M, K] in dtype."""
-        q, scale = silu_mul_quantize(self.c_fc.matmul(xq, x_scale, dtype))
-        return self.c_proj.matmul(q, scale, dtype)
+        return self.project(self.c_fc.matmul(xq, x_scale, dtype))
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """c_fc's output [M, 2F] -> c_proj of `silu(gate) * up`, quantized by the fused op."""
+        q, scale = silu_mul_quantize(h)
+        return self.c_proj.matmul(q, scale, h.dtype)
 
 
 class Fp8Block(Block):
