@@ -11,7 +11,8 @@
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
-# INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True),
+# WATCH=S (bench reports the engine's progress every S seconds, with every thread's stack when no pass ran
+# for S seconds, and the GPU's load to gpu_load_*.csv), INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True),
 # BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
 # $OUT/base: two commits side by side in one call), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
@@ -51,10 +52,15 @@ for STAGE in $STAGES; do
     if [[ -n ${BASE_TREE:-} ]]; then  # the same bench on an older tree first, for a side-by-side ratio
       cp -r .whl "$BASE_TREE/" && (cd "$BASE_TREE" && BASE_TREE= OUT="$OUT/base" scripts/gpu_run.sh bench)
     fi
+    if [[ -n ${WATCH:-} ]]; then  # the GPU's load beside the watch's reports: a stall on the GPU or the host
+      nvidia-smi --query-gpu=timestamp,utilization.gpu,power.draw --format=csv,noheader -lms $((WATCH * 1000)) \
+        > "$OUT/gpu_load_$Q.csv" & LOAD_PID=$!
+    fi
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
-      $(for kv in ${INDUCTOR:-}; do printf -- "--inductor %s " "$kv"; done) \
+      ${WATCH:+--watch "$WATCH"} $(for kv in ${INDUCTOR:-}; do printf -- "--inductor %s " "$kv"; done) \
       2>&1 | tee "$OUT/bench_8b_$Q.log"
+    [[ -n ${WATCH:-} ]] && kill "$LOAD_PID"
     # issue 29: every level beside the H200's weight-read and tensor-core limits
     python3 -m cde bench roofline "$OUT/bench_8b_$Q.json" 2>&1 | tee "$OUT/roofline_$Q.md" ;;
   fb)  # FlashBlock on the 8b shape: contexts 1k/2k/4k, 16 concurrent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,6 +18,7 @@ import torch
 from cde.commands import bench_constrained, bench_flashblock
 from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
+from cde.commands.bench_watch import Watch
 from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.commands.inductor_overrides import add_inductor_overrides, apply_inductor_overrides, parse_inductor_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
@@ -75,6 +77,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also profile 32 steps in each of the first two blocks of every level; op tables to "
         "DIR/profile-c{N}.txt (default: off)",
+    )
+    p.add_argument(
+        "--watch",
+        type=float,
+        default=0,
+        metavar="S",
+        help="every S seconds, the engine's progress on stderr, and every thread's stack when no pass "
+        "ran for S seconds: a run that does not finish says why (default: off)",
     )
     add_config_overrides(p)  # with --preset
     add_inductor_overrides(p)
@@ -214,7 +224,62 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(dataclasses.replace(engine_settings, model=model_dir, max_running=max(levels)))
     print(f"engine loaded and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
     args.steer_layer = engine.cfg.n_layers // 4  # layer 8 of the 8B's 32
-    results = []
+    with Watch(engine, args.watch) if args.watch else contextlib.nullcontext():
+        results = _levels(engine, args, levels, prompt_lens, tokens_per_step, device)
+        if args.flashblock_tau is not None:
+            bench_flashblock.print_table(results)
+        else:
+            print_table(results)
+        for res in results:
+            res.pop("outputs"), res.pop("last_block_s")
+        if args.json:
+            settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None), list))}
+            with open(args.json, "w") as f:  # the model's config too: a random checkpoint's directory is temporary
+                json.dump({"args": settings, "config": dataclasses.asdict(engine.cfg), "results": results}, f, indent=2)
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            for c in levels:
+                profile_steps(engine, _requests(c, args, f"prof{c}"), os.path.join(args.profile, f"profile-c{c}.txt"))
+    return 0
+
+
+def print_table(results: list[dict]) -> None:
+    cols = [
+        ("concurrency", "conc", "{:d}"),
+        ("output_tok_per_s", "tok/s", "{:.1f}"),
+        ("ms_per_forward", "ms/fwd", "{:.2f}"),
+        ("ms_per_forward_first_block", "ms/fwd 1st block", "{:.2f}"),
+        ("ms_per_forward_after", "ms/fwd after", "{:.2f}"),
+        ("time_to_first_block_s", "TTFB s", "{:.3f}"),
+        ("inter_block_latency_s", "ITL s", "{:.3f}"),
+        ("time_to_last_block_s", "TTLB s", "{:.2f}"),
+        ("forward_passes_per_block", "fwd/block", "{:.1f}"),
+        ("tokens_per_step", "tok/step", "{:d}"),
+        ("tokens_per_forward", "tok/fwd", "{:.2f}"),
+        ("gpu_idle_fraction", "idle", "{:.2f}"),
+        ("recompiles_after_warmup", "recomp", "{:d}"),
+        ("steering_half", "steer", "{}"),
+        ("attribution", "attr", "{}"),
+        ("constrained", "grammar", "{}"),
+        ("gc_ms", "GC ms", "{:.1f}"),
+        ("peak_device_gb", "peak GB", "{:.1f}"),
+        ("quantization", "quant", "{}"),
+    ]
+    print(" | ".join(h for _, h, _ in cols))
+    for r in results:
+        print(" | ".join("—" if r[k] is None else f.format(r[k]) for k, _, f in cols))
+
+
+def _levels(
+    engine: Engine,
+    args: argparse.Namespace,
+    levels: list[int],
+    prompt_lens: list[int],
+    tokens_per_step: list[int],
+    device: str,
+) -> list[dict]:
+    """Every (prompt length, tokens per step, concurrency) level, warmed then measured."""
+    results: list[dict] = []
     for plen, tps, c in [(p, t, c) for p in prompt_lens for t in tokens_per_step for c in levels]:
         args.prompt_len, args.tokens_per_step = plen, tps
         # Warm every variant the level will run, so compilation stays out of the measurement.
@@ -253,45 +318,4 @@ def run(args: argparse.Namespace) -> int:
             res["tokens_per_step"], res["quantization"] = tps, args.quantization
             results.append(res)
             print(json.dumps({k: v for k, v in res.items() if k not in ("outputs", "last_block_s")}), flush=True)
-    if args.flashblock_tau is not None:
-        bench_flashblock.print_table(results)
-    else:
-        print_table(results)
-    for res in results:
-        res.pop("outputs"), res.pop("last_block_s")
-    if args.json:
-        settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None), list))}
-        with open(args.json, "w") as f:  # the model's config too: a random checkpoint's directory is temporary
-            json.dump({"args": settings, "config": dataclasses.asdict(engine.cfg), "results": results}, f, indent=2)
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-        for c in levels:
-            profile_steps(engine, _requests(c, args, f"prof{c}"), os.path.join(args.profile, f"profile-c{c}.txt"))
-    return 0
-
-
-def print_table(results: list[dict]) -> None:
-    cols = [
-        ("concurrency", "conc", "{:d}"),
-        ("output_tok_per_s", "tok/s", "{:.1f}"),
-        ("ms_per_forward", "ms/fwd", "{:.2f}"),
-        ("ms_per_forward_first_block", "ms/fwd 1st block", "{:.2f}"),
-        ("ms_per_forward_after", "ms/fwd after", "{:.2f}"),
-        ("time_to_first_block_s", "TTFB s", "{:.3f}"),
-        ("inter_block_latency_s", "ITL s", "{:.3f}"),
-        ("time_to_last_block_s", "TTLB s", "{:.2f}"),
-        ("forward_passes_per_block", "fwd/block", "{:.1f}"),
-        ("tokens_per_step", "tok/step", "{:d}"),
-        ("tokens_per_forward", "tok/fwd", "{:.2f}"),
-        ("gpu_idle_fraction", "idle", "{:.2f}"),
-        ("recompiles_after_warmup", "recomp", "{:d}"),
-        ("steering_half", "steer", "{}"),
-        ("attribution", "attr", "{}"),
-        ("constrained", "grammar", "{}"),
-        ("gc_ms", "GC ms", "{:.1f}"),
-        ("peak_device_gb", "peak GB", "{:.1f}"),
-        ("quantization", "quant", "{}"),
-    ]
-    print(" | ".join(h for _, h, _ in cols))
-    for r in results:
-        print(" | ".join("—" if r[k] is None else f.format(r[k]) for k, _, f in cols))
+    return results

@@ -382,9 +382,12 @@ def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int, weight_only
 @pytest.mark.parametrize("rows", [1, 64, 2048])
 def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
     """The post-norm residual's fused Triton kernel against cde::add_norm_quantize's definition on
-    the CPU (bfloat16, the 8b's width): residuals one bfloat16 rounding apart at most, scales to
-    float32 precision, e4m3 values at most a rounding tie (one e4m3 step) apart."""
+    the CPU (bfloat16, the 8b's width). The norm is rounded to bfloat16 before the sum (the model's
+    numerics); the GPU's rsqrt can flip that rounding by one step of the norm, which the sum keeps even
+    where x cancels it, so a residual may differ by one step of the norm and one of the sum, and a
+    row's scale by what that does to its largest value. e4m3 values at most one step apart."""
     from cde.kernels.fp8_ops import add_norm_quantize
+    from cde.kernels.stream_ops import rms_norm
 
     torch.manual_seed(2)
     x, delta = (torch.randn(rows, 4096, device="cuda") * s for s in (2.0, 0.3))
@@ -392,9 +395,11 @@ def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
     w = (torch.rand(4096, device="cuda") + 0.5).to(torch.bfloat16)
     out, q, scale = add_norm_quantize(x, delta, w, 1e-5)
     ref_out, ref_q, ref_scale = add_norm_quantize(x.cpu(), delta.cpu(), w.cpu(), 1e-5)
-    assert torch.allclose(out.cpu().float(), ref_out.float(), rtol=2**-7, atol=0)
+    normed = rms_norm(delta.cpu(), w.cpu(), 1e-5).float()
+    step = 2**-7 * (normed.abs() + ref_out.float().abs())  # a bfloat16 step is <= 2^-7 of its value
+    assert ((out.cpu().float() - ref_out.float()).abs() <= step).all()
     assert (out.cpu() != ref_out).float().mean().item() < 1e-3
-    assert torch.allclose(scale.cpu(), ref_scale, rtol=2**-7)
+    assert torch.allclose(scale.cpu(), ref_scale, rtol=2**-6)
     step = ref_q.float().abs().clamp(min=2**-6) * 2**-3
     assert ((q.cpu().float() - ref_q.float()).abs() <= step + 2**-9).all()
     assert (q.cpu().float() != ref_q.float()).float().mean().item() < 1e-2
