@@ -7,9 +7,10 @@
   [M, K] in their own dtype (bfloat16) and e4m3 weights: weight-only, the activations unquantized;
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
   quantized per row to e4m3 -> (q [M, F], scales [M]);
-- `cde::add_norm_quantize(x, delta, weight, eps)`: out = x + rms_norm(delta, weight, eps) for x,
-  delta [M, K] (a post-norm block's residual), and out quantized per row to e4m3 -> (out, q [M,
-  K], scales [M]).
+- `cde::add_norm_quantize(x, delta, weight, eps, inject=None, gate=None)`: out = x + rms_norm(delta,
+  weight, eps) for x, delta [M, K] (a post-norm block's residual), plus the steering gate * inject
+  where given (inject [M, K], gate [G]: one per M // G consecutive rows, an item's), and out
+  quantized per row to e4m3 -> (out, q [M, K], scales [M]).
 
 On CUDA they run the Triton kernels of kernels/stream_gemm.py and kernels/fp8_triton.py; elsewhere
 the same arithmetic in float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
@@ -89,16 +90,28 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.library.custom_op("cde::add_norm_quantize", mutates_args=())
 def add_norm_quantize(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    inject: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = x + rms_norm(delta, weight, eps)
+    if inject is not None and gate is not None:  # the model's roundings: the product, then the sum
+        out = out + gate.repeat_interleave(x.shape[0] // gate.numel())[:, None] * inject
     q, scale = quantize_rows(out)
     return out, q, scale[:, 0]
 
 
 @add_norm_quantize.register_fake
 def _(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    inject: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, width = x.shape
     return torch.empty_like(x), x.new_empty(rows, width, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)

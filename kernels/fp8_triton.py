@@ -4,10 +4,11 @@ its GEMM for few rows is kernels/stream_gemm.py):
 - `silu_mul_quantize`: the MLP's `silu(gate) * up` quantized per row to e4m3, in one kernel that
   reads the up/gate row once (compiled, it was two kernels that each read it and recomputed the
   product: 145 us per layer at 2048 rows on the H200).
-- `add_norm_quantize`: a post-norm block's residual after attention, x + RMSNorm(delta), and its rows
-  quantized per row to e4m3 for the MLP's c_fc, in one kernel that reads the two rows once
+- `add_norm_quantize`: a post-norm block's residual, x + RMSNorm(delta) (after attention; at the
+  block's end plus the steering, gate * inject), and its rows quantized per row to e4m3 for the
+  next linear (the MLP's c_fc; the next block's c_attn), in one kernel that reads the rows once
   (compiled, it was two kernels with looped reductions: the norm, then the add and the
-  quantization re-reading the rows).
+  quantization re-reading the rows; at the block's end the quantization was the next block's).
 
 Imported where Triton is installed (CUDA machines; the CPU tests run it in Triton's interpreter).
 """
@@ -57,33 +58,77 @@ def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _add_norm_quantize_kernel(x_ptr, d_ptr, w_ptr, out_ptr, q_ptr, s_ptr, K, eps, BLOCK: tl.constexpr):
+def _add_norm_quantize_kernel(
+    x_ptr,
+    d_ptr,
+    w_ptr,
+    inj_ptr,
+    g_ptr,
+    out_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    eps,
+    rows_per_gate,
+    STEER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # One row per program, held in registers (BLOCK >= K); the roundings are the model's: the norm
-    # to the activations' dtype, then the sum.
+    # to the activations' dtype, then the sum (then the steering product, then its sum).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
+    dtype = out_ptr.dtype.element_ty
     d = tl.load(d_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
     r = tl.math.rsqrt(tl.sum(d * d, axis=0) / K + eps)
-    normed = (w * (d * r)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    out = (x + normed).to(out_ptr.dtype.element_ty)
+    normed = (w * (d * r)).to(dtype).to(tl.float32)
+    out = (x + normed).to(dtype)
+    if STEER:
+        g = tl.load(g_ptr + row // rows_per_gate).to(tl.float32)
+        inj = tl.load(inj_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (g * inj).to(dtype).to(tl.float32)).to(dtype)
     tl.store(out_ptr + row * K + cols, out, mask=ok)
     _quantize_row(out.to(tl.float32), q_ptr + row * K + cols, s_ptr + row, ok)
 
 
 def add_norm_quantize(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    inject: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, delta [M, K], the norm's weight [K] -> (x + RMSNorm(delta) [M, K] in x's
-    dtype, its rows quantized to e4m3 [M, K], float32 scales [M])."""
+    """x, delta [M, K], the norm's weight [K], optionally the steering inject [M, K] and gate [G]
+    (one per M // G rows) -> (x + RMSNorm(delta) (+ gate * inject) [M, K] in x's dtype, its rows
+    quantized to e4m3 [M, K], float32 scales [M])."""
     x, delta = x.contiguous(), delta.contiguous()  # the kernel indexes rows of width K
     m, k = x.shape
     out = torch.empty_like(x)
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    if inject is not None and gate is not None:
+        steer, inj, g, rows_per_gate = True, inject.contiguous(), gate, m // gate.numel()
+    else:  # unread when STEER is off
+        steer, inj, g, rows_per_gate = False, x, x, 1
     block = triton.next_power_of_2(k)
     warps = max(4, min(32, block // 512))
-    _add_norm_quantize_kernel[(m,)](x, delta, weight, out, q, scale, k, eps, BLOCK=block, num_warps=warps)
+    _add_norm_quantize_kernel[(m,)](
+        x,
+        delta,
+        weight,
+        inj,
+        g,
+        out,
+        q,
+        scale,
+        k,
+        eps,
+        rows_per_gate,
+        STEER=steer,
+        BLOCK=block,
+        num_warps=warps,
+    )
     return out, q, scale

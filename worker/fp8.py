@@ -15,7 +15,8 @@ Each call picks its path by its row count (64 rows per item, so per batch bucket
   the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
   more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
 The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`), and a
-post-norm block's residual after attention by another on its way to c_fc (`Fp8Block`).
+post-norm block's two residuals by another, on their way to c_fc and to the next block's c_attn
+(`Fp8Block`).
 On the CPU the ops of kernels/fp8_ops.py emulate the GPU's: the same e4m3 rounding
 (float8_e4m3fn casts) and the same scales, multiplied in float32. So the CPU tests cover the
 quantizer, the path choice and the accuracy of every path; the GPU tests measure the real kernels.
@@ -24,6 +25,7 @@ quantizer, the path choice and the accuracy of every path; the GPU tests measure
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -33,7 +35,10 @@ from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
-from cde.worker.model import BLOCK_LINEARS, Block
+from cde.worker.model import BLOCK_LINEARS, Block, HandedOn
+
+if TYPE_CHECKING:
+    from cde.kernels.paged_attention import PagedBatch
 
 QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
@@ -136,9 +141,35 @@ class Fp8MLP(nn.Module):
 
 
 class Fp8Block(Block):
-    """A post-norm block whose residual after attention, x + ln_1(a), comes with its rows quantized
-    for c_fc from one fused op (`cde::add_norm_quantize`): the rows are read once, where the compiled
-    graph read them twice (the norm, then the add and the quantization, two looped reductions)."""
+    """A post-norm block whose residuals come with their rows quantized for the next linear, each
+    from one fused op (`cde::add_norm_quantize`): after attention, x + ln_1(a) for c_fc; at the
+    end, x + ln_2(m) plus the steering for the next block's c_attn, handed on with x. The rows are
+    read once, where the compiled graph read them twice (the norm, then the add and the
+    quantization, two looped reductions) or, at the end, in the next block again."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+        inject: torch.Tensor,
+        gate: torch.Tensor,
+        handed: HandedOn = None,
+    ) -> tuple[torch.Tensor, HandedOn]:
+        shape, rows = x.shape, x.numel() // x.shape[-1]
+        if not self.post_norm or rows <= self.attn.c_attn.weight_only_rows:  # bfloat16 rows into c_attn
+            return super().forward(x, cos, sin, cache, meta, inject, gate)
+        if handed is None:
+            qkv = self.attn.c_attn(x)
+        else:
+            qkv = self.attn.c_attn.matmul(*handed, x.dtype).reshape(*shape[:-1], -1)
+        x, m = self.attn_residual_and_mlp(x, self.attn.attend(qkv, cos, sin, cache, meta))
+        out, q, scale = add_norm_quantize(
+            x.reshape(rows, -1), m.reshape(rows, -1), self.ln_2.weight, self.ln_2.eps, inject.reshape(rows, -1), gate
+        )
+        return out.reshape(shape), (q, scale)
 
     def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = x.numel() // x.shape[-1]

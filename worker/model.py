@@ -19,6 +19,9 @@ from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
+# What a block hands the next one beside its output x: None, or (FP8 blocks) x's rows quantized for
+# c_attn, (e4m3 rows [M, D], float32 scales [M]).
+HandedOn = tuple[torch.Tensor, torch.Tensor] | None
 
 
 class RMSNorm(nn.Module):
@@ -66,9 +69,14 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[N, T, D] -> q [N, H, T, hd], k and v [N, KV, T, hd]: clipped, QK-normed, rotated (the
         part of attention that any attention kernel shares; cde/train/train_model.py's dense one too)."""
+        return self.split_heads(self.c_attn(x), cos, sin)
+
+    def split_heads(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """c_attn's output [N, T, D + 2 KV] -> `qkv`'s q, k, v."""
         cfg = self.cfg
-        n, t, _ = x.shape
-        qkv = self.c_attn(x)
+        n, t, _ = qkv.shape
         if cfg.clip_qkv is not None:
             qkv = qkv.clamp(min=-cfg.clip_qkv, max=cfg.clip_qkv)
         kv = cfg.n_kv_heads * cfg.head_dim
@@ -88,13 +96,25 @@ class Attention(nn.Module):
         cache: tuple[torch.Tensor, torch.Tensor],
         meta: PagedBatch,
     ) -> torch.Tensor:
-        n, t, _ = x.shape
+        return self.attend(self.c_attn(x), cos, sin, cache, meta)
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+    ) -> torch.Tensor:
+        """Attention from c_attn's output [N, T, D + 2 KV] on (the FP8 block gives it from rows
+        quantized before)."""
+        n, t, _ = qkv.shape
         mask = meta.block_mask
-        if mask is not None and meta.flashblock is None and fused_input_stage(x, self.cfg.head_dim):
+        if mask is not None and meta.flashblock is None and fused_input_stage(qkv, self.cfg.head_dim):
             # CUDA: `qkv` and the cache writes as one kernel, q left packed for the attention.
             cfg, qk_norm = self.cfg, self.cfg.use_qk_norm
             q = qkv_rope_write(
-                self.c_attn(x),
+                qkv,
                 self.q_norm.weight if qk_norm else None,
                 self.k_norm.weight if qk_norm else None,
                 cos[:, 0],
@@ -109,7 +129,7 @@ class Attention(nn.Module):
             )
             y = flex_paged_attention(q, cache[0], cache[1], mask)
         else:
-            q, k, v = self.qkv(x, cos, sin)
+            q, k, v = self.split_heads(qkv, cos, sin)
             y = paged_attention(q, k, v.contiguous(), cache, meta)
         return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
 
@@ -154,16 +174,19 @@ class Block(nn.Module):
         meta: PagedBatch,
         inject: torch.Tensor,
         gate: torch.Tensor,
-    ) -> torch.Tensor:
+        handed: HandedOn = None,
+    ) -> tuple[torch.Tensor, HandedOn]:
         """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
-        here, it fuses into the block's last residual add."""
+        here, it fuses into the block's last residual add. `handed`: what the block before handed
+        on with x, and the second output what this one hands on (None; an FP8 block, worker/fp8.py,
+        hands on its output already quantized for the next block's c_attn)."""
         if self.post_norm:
             x, m = self.attn_residual_and_mlp(x, self.attn(x, cos, sin, cache, meta))
             x = x + self.ln_2(m)
         else:
             x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
             x = x + self.mlp(self.ln_2(x))
-        return x + gate[:, None, None] * inject
+        return x + gate[:, None, None] * inject, None
 
     def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Post-norm, between attention's output a and the MLP's: the residual x + ln_1(a) and the
@@ -239,8 +262,9 @@ class SteerlingModel(nn.Module):
         # Always in the graph: the gates are data, so steering on/off never changes the graph.
         layers = torch.arange(1, len(self.transformer.blocks) + 1, device=steer_from.device)
         gates = (steer_from[None, :] <= layers[:, None]).to(x.dtype)  # [L, N]
+        handed: HandedOn = None
         for i, block in enumerate(self.transformer.blocks):
-            x = block(x, cos, sin, caches[i], meta, inject, gates[i])
+            x, handed = block(x, cos, sin, caches[i], meta, inject, gates[i], handed)
         return self.transformer.ln_f(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

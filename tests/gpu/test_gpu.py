@@ -379,13 +379,16 @@ def test_fp8_linear_on_gpu_matches_its_cpu_emulation(n: int, k: int, weight_only
         assert ((ref - exact).norm() / exact.norm()).item() < 6e-2
 
 
+@pytest.mark.parametrize("steer", [False, True])
 @pytest.mark.parametrize("rows", [1, 64, 2048])
-def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
+def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int, steer: bool) -> None:
     """The post-norm residual's fused Triton kernel against cde::add_norm_quantize's definition on
     the CPU (bfloat16, the 8b's width). The norm is rounded to bfloat16 before the sum (the model's
     numerics); the GPU's rsqrt can flip that rounding by one step of the norm, which the sum keeps even
     where x cancels it, so a residual may differ by one step of the norm and one of the sum, and a
-    row's scale by what that does to its largest value. e4m3 values at most one step apart."""
+    row's scale by what that does to its largest value. e4m3 values at most one step apart. With
+    the steering (a block's end: gate * inject, the gate per item of 64 rows, every other item's
+    0), one more rounding of the sum."""
     from cde.kernels.fp8_ops import add_norm_quantize
     from cde.kernels.stream_ops import rms_norm
 
@@ -393,10 +396,15 @@ def test_fp8_add_norm_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
     x, delta = (torch.randn(rows, 4096, device="cuda") * s for s in (2.0, 0.3))
     x, delta = x.to(torch.bfloat16), delta.to(torch.bfloat16)
     w = (torch.rand(4096, device="cuda") + 0.5).to(torch.bfloat16)
-    out, q, scale = add_norm_quantize(x, delta, w, 1e-5)
-    ref_out, ref_q, ref_scale = add_norm_quantize(x.cpu(), delta.cpu(), w.cpu(), 1e-5)
+    items = max(1, rows // 64)
+    inject = (torch.randn(rows, 4096, device="cuda") * 0.5).to(torch.bfloat16) if steer else None
+    gate = (torch.arange(items, device="cuda") % 2 == 0).to(torch.bfloat16) if steer else None
+    out, q, scale = add_norm_quantize(x, delta, w, 1e-5, inject, gate)
+    cpu = [None if t is None else t.cpu() for t in (inject, gate)]
+    ref_out, ref_q, ref_scale = add_norm_quantize(x.cpu(), delta.cpu(), w.cpu(), 1e-5, *cpu)
     normed = rms_norm(delta.cpu(), w.cpu(), 1e-5).float()
-    step = 2**-7 * (normed.abs() + ref_out.float().abs())  # a bfloat16 step is <= 2^-7 of its value
+    # a bfloat16 step is <= 2^-7 of its value: the norm's, the sum's and (steering) the sum before it
+    step = 2**-7 * (normed.abs() + ref_out.float().abs() + (x.cpu().float() + normed).abs() * steer)
     assert ((out.cpu().float() - ref_out.float()).abs() <= step).all()
     assert (out.cpu() != ref_out).float().mean().item() < 1e-3
     assert torch.allclose(scale.cpu(), ref_scale, rtol=2**-6)

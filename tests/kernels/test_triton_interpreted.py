@@ -173,3 +173,20 @@ def test_add_norm_quantize_kernel_writes_the_residual_and_its_scales():
     assert torch.allclose(out.float(), ref.float(), rtol=2**-10, atol=0)  # one float16 rounding at most
     assert torch.equal(out[2], x[2])
     assert torch.allclose(scale, ref_scale, rtol=2**-10)
+
+
+def test_add_norm_quantize_kernel_adds_the_steering_of_each_item():
+    """At a block's end: plus gate * inject, the gate per item of 2 rows here (64 in the model);
+    item 1's gate is 0, so its rows are the residual alone."""
+    from cde.kernels import fp8_triton
+
+    g = torch.Generator().manual_seed(11)
+    x, delta, inject = ((torch.randn(4, 3000, generator=g) * s).half() for s in (2.0, 5.0, 0.5))
+    w = (torch.rand(3000, generator=g) + 0.5).half()
+    gate = torch.tensor([1.0, 0.0], dtype=torch.float16)
+    out, _, scale = fp8_triton.add_norm_quantize(x, delta, w, 1e-5, inject, gate)
+    ref, _, ref_scale = fp8_ops.add_norm_quantize(x, delta, w, 1e-5, inject, gate)
+    plain, _, _ = fp8_triton.add_norm_quantize(x, delta, w, 1e-5)
+    assert torch.allclose(out.float(), ref.float(), rtol=2**-9, atol=0)  # two float16 roundings at most
+    assert torch.equal(out[2:], plain[2:]) and not torch.equal(out[:2], plain[:2])
+    assert torch.allclose(scale, ref_scale, rtol=2**-9)

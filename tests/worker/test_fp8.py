@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from cde.kernels import fp8_ops
 from cde.kernels.stream_ops import tile_counters
-from cde.shared.protocol import GenerateRequest
+from cde.shared.protocol import GenerateRequest, SteeringSpec
 from cde.worker import fp8
 from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs
@@ -162,6 +162,23 @@ def test_add_norm_quantize_op_is_the_post_norm_residual_quantized_per_row() -> N
     assert ((back - h).abs() <= h.abs() * E4M3_REL + scale.double()[:, None] * E4M3_SUBNORMAL_HALF_STEP + 1e-9).all()
 
 
+def test_add_norm_quantize_op_adds_the_steering_with_the_model_roundings() -> None:
+    """With the steering (gate per item of 64 rows, inject per row), against float64 arithmetic:
+    the post-norm residual rounded to bfloat16, plus bfloat16(gate * inject), rounded again; the
+    rows of an item whose gate is 0 are the residual alone."""
+    g = torch.Generator().manual_seed(10)
+    x, delta, inject = ((torch.randn(128, 256, generator=g) * s).to(torch.bfloat16) for s in (1.0, 3.0, 0.7))
+    w = (torch.rand(256, generator=g) + 0.5).to(torch.bfloat16)
+    gate = torch.tensor([1.0, 0.0], dtype=torch.bfloat16)  # the first item steers, the second does not
+    out, _, scale = fp8_ops.add_norm_quantize(x, delta, w, 1e-5, inject, gate)
+    plain, _, _ = fp8_ops.add_norm_quantize(x, delta, w, 1e-5)
+    assert torch.equal(out[64:], plain[64:])
+    ref = (plain[:64].double() + inject[:64].double()).to(torch.bfloat16)
+    assert (out[:64].double() - ref.double()).abs().le(ref.double().abs() * 2**-8).all()  # rounding ties
+    assert not torch.equal(out[:64], plain[:64])
+    assert torch.allclose(scale.double(), out.double().abs().amax(-1) / 448.0, rtol=1e-6)
+
+
 def test_fp8_block_fuses_the_residual_into_the_mlp_input_and_keeps_its_output(
     tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,6 +198,38 @@ def test_fp8_block_fuses_the_residual_into_the_mlp_input_and_keeps_its_output(
     plain_x, plain_m = fp8.Block.attn_residual_and_mlp(block, x, a)
     assert calls == [1]
     assert torch.equal(fused_x, plain_x) and torch.equal(fused_m, plain_m)
+
+
+def test_fp8_blocks_hand_on_their_quantized_output_and_keep_the_tokens(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each FP8 block's end (x + ln_2(m) plus the steering, quantized for the next block's c_attn
+    by the fused op and handed on) against plain blocks on the same FP8 layers, where c_attn
+    quantizes its input itself: the same greedy tokens for a steered and an unsteered request in
+    one batch, two fused calls per layer and pass, and the steering does change the tokens."""
+    op = fp8.add_norm_quantize
+
+    def generate(fused: bool, steer: bool) -> tuple[list[list[int]], int, int]:
+        engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=2))
+        blocks = engine.runner.model.transformer.blocks
+        if not fused:
+            for block in blocks:
+                block.__class__ = fp8.Block
+        calls: list[int] = []
+        monkeypatch.setattr(fp8, "add_norm_quantize", lambda *args: calls.append(1) or op(*args))
+        spec = SteeringSpec([3], strength=12.0, inject_layer=1, schedule="fixed") if steer else None
+        reqs = [
+            GenerateRequest("s", [5, 6, 7], max_tokens=16, steering=spec),
+            GenerateRequest("u", [9, 8], max_tokens=16),
+        ]
+        out = engine.generate(reqs)
+        monkeypatch.undo()
+        return [out["s"], out["u"]], len(calls), engine.forward_passes * len(blocks)
+
+    fused, calls, layer_passes = generate(fused=True, steer=True)
+    plain, plain_calls, _ = generate(fused=False, steer=True)
+    assert fused == plain and calls == 2 * layer_passes and plain_calls == 0
+    assert generate(fused=True, steer=False)[0][0] != fused[0]
 
 
 def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) -> None:
