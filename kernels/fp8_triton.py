@@ -87,8 +87,9 @@ def _add_norm_quantize_kernel(
     out = (x + normed).to(dtype)
     if STEER:
         g = tl.load(g_ptr + row // rows_per_gate).to(tl.float32)
-        inj = tl.load(inj_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
-        out = (out.to(tl.float32) + (g * inj).to(dtype).to(tl.float32)).to(dtype)
+        if g != 0.0:  # an unsteered row (most of them) adds zero: its inject row is not read
+            inj = tl.load(inj_ptr + row * K + cols, mask=ok, other=0.0).to(tl.float32)
+            out = (out.to(tl.float32) + (g * inj).to(dtype).to(tl.float32)).to(dtype)
     tl.store(out_ptr + row * K + cols, out, mask=ok)
     _quantize_row(out.to(tl.float32), q_ptr + row * K + cols, s_ptr + row, ok)
 
