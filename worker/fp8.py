@@ -25,7 +25,6 @@ quantizer, the path choice and the accuracy of every path; the GPU tests measure
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -36,9 +35,6 @@ from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
 from cde.worker.model import BLOCK_LINEARS, Block, HandedOn
-
-if TYPE_CHECKING:
-    from cde.kernels.paged_attention import PagedBatch
 
 QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
@@ -147,29 +143,21 @@ class Fp8Block(Block):
     read once, where the compiled graph read them twice (the norm, then the add and the
     quantization, two looped reductions) or, at the end, in the next block again."""
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        meta: PagedBatch,
-        inject: torch.Tensor,
-        gate: torch.Tensor,
-        handed: HandedOn = None,
+    def attn_input(self, x: torch.Tensor, handed: HandedOn) -> torch.Tensor:
+        if handed is None:  # the first block, or bfloat16 rows
+            return super().attn_input(x, handed)
+        return self.attn.c_attn.matmul(*handed, x.dtype).reshape(*x.shape[:-1], -1)
+
+    def residual_out(
+        self, x: torch.Tensor, m: torch.Tensor, inject: torch.Tensor, gate: torch.Tensor
     ) -> tuple[torch.Tensor, HandedOn]:
-        shape, rows = x.shape, x.numel() // x.shape[-1]
-        if not self.post_norm or rows <= self.attn.c_attn.weight_only_rows:  # bfloat16 rows into c_attn
-            return super().forward(x, cos, sin, cache, meta, inject, gate)
-        if handed is None:
-            qkv = self.attn.c_attn(x)
-        else:
-            qkv = self.attn.c_attn.matmul(*handed, x.dtype).reshape(*shape[:-1], -1)
-        x, m = self.attn_residual_and_mlp(x, self.attn.attend(qkv, cos, sin, cache, meta))
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.attn.c_attn.weight_only_rows:  # bfloat16 rows into the next c_attn
+            return super().residual_out(x, m, inject, gate)
         out, q, scale = add_norm_quantize(
             x.reshape(rows, -1), m.reshape(rows, -1), self.ln_2.weight, self.ln_2.eps, inject.reshape(rows, -1), gate
         )
-        return out.reshape(shape), (q, scale)
+        return out.reshape(x.shape), (q, scale)
 
     def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = x.numel() // x.shape[-1]

@@ -181,12 +181,23 @@ class Block(nn.Module):
         on with x, and the second output what this one hands on (None; an FP8 block, worker/fp8.py,
         hands on its output already quantized for the next block's c_attn)."""
         if self.post_norm:
-            x, m = self.attn_residual_and_mlp(x, self.attn(x, cos, sin, cache, meta))
-            x = x + self.ln_2(m)
-        else:
-            x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
-            x = x + self.mlp(self.ln_2(x))
+            x, m = self.attn_residual_and_mlp(x, self.attn.attend(self.attn_input(x, handed), cos, sin, cache, meta))
+            return self.residual_out(x, m, inject, gate)
+        x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
+        x = x + self.mlp(self.ln_2(x))
         return x + gate[:, None, None] * inject, None
+
+    def attn_input(self, x: torch.Tensor, handed: HandedOn) -> torch.Tensor:
+        """Post-norm: c_attn's output on x (the FP8 block multiplies the rows handed on instead)."""
+        return self.attn.c_attn(x)
+
+    def residual_out(
+        self, x: torch.Tensor, m: torch.Tensor, inject: torch.Tensor, gate: torch.Tensor
+    ) -> tuple[torch.Tensor, HandedOn]:
+        """Post-norm, after the MLP's output m: the block's output x + ln_2(m) plus the steering, and
+        what it hands on (None; the FP8 block fuses the add, the norm, the steering and the next
+        c_attn's activation quantization here)."""
+        return x + self.ln_2(m) + gate[:, None, None] * inject, None
 
     def attn_residual_and_mlp(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Post-norm, between attention's output a and the MLP's: the residual x + ln_1(a) and the
