@@ -4,8 +4,10 @@ Every S seconds a daemon thread prints one JSON line to stderr: the engine's for
 far, its running and waiting requests, and the least advanced running ones (block, steps,
 committed tokens). Passes that keep counting while no request advances are a scheduling
 livelock; passes that stop counting are a wait that never ends (the host on the GPU, or the GPU
-on a kernel), and then the thread also dumps every Python thread's stack. The thread only reads
-(racily, for a report), so it cannot change what it watches.
+on a kernel), and then the thread also dumps every Python thread's stack. Should a C call hold
+the GIL so that the thread itself cannot run, faulthandler's own watchdog (C, no GIL) dumps the
+stacks after three periods. The thread only reads (racily, for a report), so it cannot change
+what it watches.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        faulthandler.cancel_dump_traceback_later()
 
     def report(self) -> dict:
         s = self.engine.scheduler
@@ -50,7 +53,10 @@ class Watch:
 
     def _loop(self) -> None:
         start, passes = time.monotonic(), -1
+        # re-armed every period: it fires only when this thread could not run for three of them
+        faulthandler.dump_traceback_later(3 * self.every_s)
         while not self._stop.wait(self.every_s):
+            faulthandler.dump_traceback_later(3 * self.every_s)
             report = self.report()
             report["s"] = round(time.monotonic() - start, 1)
             print(json.dumps(report), file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@ progress and no stacks; when no pass runs for a whole period it dumps every thre
 main thread's included, so a bench that never finishes says where it waits."""
 
 import json
+import re
 import time
 
 from cde.shared.protocol import GenerateRequest
@@ -46,3 +47,18 @@ def test_a_running_engine_is_reported_and_a_stalled_one_dumps_its_stacks(tiny_di
     assert len({r["forward_passes"] for r, _ in reports}) == 1 and reports[-1][0]["waiting"] == 1
     assert [dumped for _, dumped in reports] == [False] + [True] * (len(reports) - 1)
     assert "test_a_running_engine_is_reported_and_a_stalled_one_dumps_its_stacks" in stalled  # the main thread
+
+
+def test_a_call_that_holds_the_gil_still_gets_its_stacks_dumped(tiny_dir, capfd):
+    """The report thread cannot run while a C call holds the GIL; faulthandler's watchdog can."""
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=4))
+    with Watch(engine, every_s=0.05):
+        time.sleep(0.12)  # the thread runs: it re-arms the watchdog and reports
+        re.match(r"(a+)+$", "a" * 24 + "b")  # backtracks in C, holding the GIL, for ~0.5 s
+    err = capfd.readouterr().err
+    assert "Timeout (" in err  # the watchdog's dump, not the thread's
+    assert "test_a_call_that_holds_the_gil_still_gets_its_stacks_dumped" in err
+
+    with Watch(engine, every_s=0.05):
+        time.sleep(0.4)  # nothing holds the GIL: the watchdog never fires
+    assert "Timeout (" not in capfd.readouterr().err
