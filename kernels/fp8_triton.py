@@ -10,6 +10,11 @@ its GEMM for few rows is kernels/stream_gemm.py):
   (compiled, it was two kernels with looped reductions: the norm, then the add and the
   quantization re-reading the rows; at the block's end the quantization was the next block's).
 
+Both signal `gdc_launch_dependents` as they start (on CUDA; Triton's interpreter has no inline
+PTX), so that a GEMM launched after them with programmatic dependent launch (kernels/stream_gemm.py's
+PREFETCH) starts fetching its weights meanwhile; it still waits for them to finish before it reads
+what they write.
+
 Imported where Triton is installed (CUDA machines; the CPU tests run it in Triton's interpreter).
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 # Globals a @triton.jit function reads must be constexpr (the same values as worker/fp8.py's).
 E4M3_MAX = tl.constexpr(448.0)
@@ -25,8 +31,10 @@ MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, BLOCK: tl.constexpr):
+def _silu_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
     # One row per program, held in registers (BLOCK >= F): the up/gate row is read once.
+    if TRIGGER:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < F
@@ -53,7 +61,9 @@ def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty(m, dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(f)
     warps = max(4, min(32, block // 512))  # 16 values of each half per thread at most
-    _silu_mul_quantize_kernel[(m,)](x, q, scale, f, x.stride(0), q.stride(0), BLOCK=block, num_warps=warps)
+    _silu_mul_quantize_kernel[(m,)](
+        x, q, scale, f, x.stride(0), q.stride(0), BLOCK=block, TRIGGER=x.is_cuda, num_warps=warps
+    )
     return q, scale
 
 
@@ -72,9 +82,12 @@ def _add_norm_quantize_kernel(
     rows_per_gate,
     STEER: tl.constexpr,
     BLOCK: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):
     # One row per program, held in registers (BLOCK >= K); the roundings are the model's: the norm
     # to the activations' dtype, then the sum (then the steering product, then its sum).
+    if TRIGGER:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
@@ -130,6 +143,7 @@ def add_norm_quantize(
         rows_per_gate,
         STEER=steer,
         BLOCK=block,
+        TRIGGER=x.is_cuda,
         num_warps=warps,
     )
     return out, q, scale

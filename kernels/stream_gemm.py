@@ -16,6 +16,14 @@ finish (a per-tile counter) sums them in split order, so the result does not dep
 finished last, applies the scales and writes the tile: no second kernel. It then resets its
 counter, so the counters are zero between calls and the op is pure from outside.
 
+PREFETCH > 0 launches the kernel with programmatic dependent launch (Hopper): its CTAs start while
+the kernel before it still runs (once that kernel's CTAs signal `gdc_launch_dependents`, as
+kernels/fp8_triton.py's do), prefetch their first PREFETCH weight tiles into L2 (weights are never
+written, so they may be read early) and wait (`gdc_wait`) for the kernel before to finish before
+they read the activations or write anything. A weight-streaming GEMM of ~15 us per call loses ~4 us
+to its start (launch, the first tiles' DRAM latency); the short latency-bound kernels before it
+leave HBM idle meanwhile.
+
 Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
 interpreter: tests/kernels/test_triton_interpreted.py).
 """
@@ -26,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
+from triton.language.extra.cuda import gdc_wait
 
 SMEM_TILES = 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # weight-tile elements a config may keep in flight
 
@@ -87,6 +96,7 @@ def _stream_gemm_kernel(
     SPLIT_K: tl.constexpr,
     SWAP_AB: tl.constexpr,
     SWIGLU: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -106,6 +116,12 @@ def _stream_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: gate
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP_AB: out.T = b @ a.T
+    if PREFETCH > 0:
+        # one prefetch per 64 elements of a weight row (a 128-byte line holds 64 bfloat16 or 128 e4m3)
+        lines = offs_n[:, None] * stride_bn + k_first * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
+        for t in tl.static_range(PREFETCH):
+            _prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
+        gdc_wait()  # the kernel before this one has finished: its outputs (our activations) are visible
     for _ in range(0, k_count):
         a = tl.load(a_ptrs, mask=m_ok, other=0.0)
         b = tl.load(b_ptrs, mask=n_ok, other=0.0).to(a.dtype)  # FP8 weights beside bf16 rows: widened, exactly
@@ -149,6 +165,13 @@ def _stream_gemm_kernel(
 
 
 @triton.jit
+def _prefetch_l2(ptrs, mask, base):
+    # PTX prefetch to L2; the masked-off lines are clamped to the weight's first, which exists
+    ptrs = tl.where(mask, ptrs, base)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _silu_mul(up, gate, dtype):
     # The unfused path's numerics: up and gate rounded to the output dtype as c_fc writes them,
     # then silu(gate) * up in float32 as the compiled pointwise kernel computes it.
@@ -178,7 +201,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -197,13 +220,15 @@ def stream_gemm(
     scales: tuple[torch.Tensor | None, torch.Tensor] | None = None,
     config: dict | None = None,
     swiglu: bool = False,
+    prefetch: int = 0,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
     `swiglu` (both bfloat16, no scales): b is [2N, K], up rows then gate rows, and the result is
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
-    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB) instead of the autotuner's choice (tests)."""
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
+    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0] // 2 if swiglu else b.shape[0]
@@ -223,7 +248,9 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu}
+    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
+    if prefetch:
+        flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
     args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
@@ -232,6 +259,14 @@ def stream_gemm(
     else:
         _stream_gemm_kernel[grid](*args, **flags, **config)
     return out
+
+
+def tuned_launch_configs() -> dict[tuple, dict]:
+    """The autotuner's choices as `stream_gemm(config=...)`, per key (N, K, SCALE_A, SCALE_B, SWIGLU,
+    PREFETCH, dtypes)."""
+    return {
+        key: {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for key, c in _autotuned.cache.items()
+    }
 
 
 def tuned_configs() -> list[tuple[tuple, str]]:

@@ -12,7 +12,10 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
    `quantize_rows(silu(gate) * up)` against the Triton kernel; a post-norm block's residual after
    attention, compiled `quantize_rows(x + rms_norm(delta))` against the Triton kernel that also
    writes the residual.
-3. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
+3. The FP8 stack at one request chained as the engine runs it, each GEMM's input written by the
+   fused residual kernel just before it: the GEMM launched plainly, then with programmatic
+   dependent launch and its first 1-8 weight tiles prefetched to L2 while that kernel runs.
+4. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
    argmax against the kernel.
 
     python scripts/bench_fp8_kernels.py [--layers 32]
@@ -26,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from cde.kernels.fp8_triton import add_norm_quantize, silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
-from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs
+from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs, tuned_launch_configs
 from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
@@ -115,6 +118,55 @@ def stack(args: argparse.Namespace) -> None:
     print("autotuned stream_gemm configs (M, N, K, scaled): " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
+def pdl_chain(args: argparse.Namespace) -> None:
+    dev = "cuda"
+    torch.manual_seed(0)
+    wq = [
+        [quantize_rows(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02) for n, k in SHAPES]
+        for _ in range(args.layers)
+    ]
+    wq = [[(q, s[:, 0].contiguous()) for q, s in layer] for layer in wq]
+    counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
+    ins = {
+        k: (
+            *(torch.randn(MAX_ROWS, k, device=dev, dtype=torch.bfloat16) for _ in "xd"),
+            torch.rand(k, device=dev) + 0.5,
+        )
+        for _, k in SHAPES
+    }
+
+    configs: dict[int, dict] = {}  # the plain launch's autotuned config per weight: every row runs the same
+
+    def chain(prefetch: int | None) -> list[torch.Tensor]:  # None: the residual kernels alone
+        outs = []
+        for layer in wq:
+            for q, s in layer:
+                x, d, w = ins[q.shape[1]]
+                _, xq, xs = add_norm_quantize(x, d, w.to(x.dtype), 1e-5)
+                if prefetch is not None:
+                    config = configs.get(q.shape[0]) if prefetch else None
+                    out = stream_gemm(xq, q, counters[q.shape[0]], torch.bfloat16, (xs, s), config, prefetch=prefetch)
+                    outs.append(out)
+        return outs
+
+    alone = graph_ms(lambda: chain(None))
+    ref = chain(0)
+    for key, config in tuned_launch_configs().items():
+        if key[0] in {n for n, _ in SHAPES} and key[2] and key[5] == 0:  # N; SCALE_A; PREFETCH 0
+            configs[key[0]] = config
+    print(
+        f"\n{args.layers} layers x 4 (residual kernel, FP8 GEMM) at {MAX_ROWS} rows; "
+        f"the residual kernels alone {alone:.3f} ms"
+    )
+    print("| prefetched tiles (0: plain launch) | ms | ms less the residual kernels | max rel diff to plain |")
+    print("| --- | --- | --- | --- |")
+    for prefetch in (0, 1, 2, 4, 8):
+        diff = max(rel_diff(g, r) for g, r in zip(chain(prefetch), ref))
+        ms = graph_ms(lambda p=prefetch: chain(p))
+        print(f"| {prefetch} | {ms:.3f} | {ms - alone:.3f} | {diff:.1e} |", flush=True)
+    print("autotuned stream_gemm configs: " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
+
+
 def act_quant() -> None:
     """The FP8 path's two fused activation quantizers against their compiled definitions."""
     dev = "cuda"
@@ -187,6 +239,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__)
     confidence()
     act_quant()
+    pdl_chain(args)
     stack(args)  # last: it holds 23 GB of weights
 
 
