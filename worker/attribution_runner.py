@@ -7,8 +7,9 @@ there. The engine launches the next forward pass before it reads them: the GPU d
 next step while the attribution of the last one finishes, instead of idling while the host
 schedules.
 
-The graphs have their own memory pool: they run concurrently with the forward graphs, which
-share theirs on the assumption that they replay one after another.
+The graphs have their own memory pool and their own capture stream (hence their own cuBLAS
+workspace): they run concurrently with the forward graphs, which share theirs on the assumption
+that they replay one after another.
 """
 
 from __future__ import annotations
@@ -65,7 +66,12 @@ class AttributionRunner:
                 self._fn(self.model, self.cfg, h, tok, target)
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # Captured on the runner's own stream, not torch's shared default capture stream: cuBLAS
+        # keeps one workspace per (handle, stream) and a captured GEMM keeps its pointer, so graphs
+        # captured on one stream share split-K partials and stream-K flags. Replayed beside the
+        # forward graphs, two such GEMMs at once gave wrong sums or spun forever (the bf16
+        # 32-request stall: GPU 100% busy at idle power, the host waiting on this stream).
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             out = self._fn(self.model, self.cfg, h, tok, target)
         return _Graph(h, tok, target, graph, out)
 

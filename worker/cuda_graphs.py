@@ -178,6 +178,7 @@ class GraphedForward:
         for block in model.transformer.blocks:
             block.compile()
         self.pool = torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream()
         self.buckets: dict[tuple[int, bool, int], _Bucket] = {}  # (size, FlashBlock family, kv splits)
         self.copied: torch.cuda.Event | None = None
 
@@ -217,7 +218,8 @@ class GraphedForward:
                 self._run(b)
         torch.cuda.current_stream().wait_stream(side)
         b.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(b.graph, pool=self.pool):
+        # its own capture stream, hence its own cuBLAS workspace (worker/attribution_runner.py says why)
+        with torch.cuda.graph(b.graph, pool=self.pool, stream=self.capture_stream):
             b.out = self._run(b)
 
     def capture_all(self, split_caches: list | None = None) -> None:
