@@ -292,7 +292,8 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
 @pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 16384), (32768, 4096)])  # c_attn, MLP c_proj, c_fc
 def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: int) -> None:
     """kernels/stream_gemm.py in bfloat16 at every split-K way, against F.linear (cuBLAS): the
-    same product to bfloat16 rounding, the counters zero after every call, the same bits twice."""
+    same product to bfloat16 rounding, the counters zero after every call, the same bits twice,
+    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first)."""
     from cde.kernels.stream_gemm import MAX_SPLIT_K, counter_count, stream_gemm
 
     torch.manual_seed(0)
@@ -306,6 +307,8 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         got = stream_gemm(a, w, counters, torch.bfloat16, config=cfg)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, split
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
+        if cfg is not None:  # launched early (PDL) with tiles prefetched: the same bits
+            assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, prefetch=4), got), split
 
 
 @pytest.mark.parametrize("rows", [64, 5])
