@@ -18,7 +18,7 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
 4. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
    argmax against the kernel.
 
-    python scripts/bench_fp8_kernels.py [--layers 32]
+    python scripts/bench_fp8_kernels.py [--layers 32] [--only SECTION...]
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def pdl_chain(args: argparse.Namespace) -> None:
     print("autotuned stream_gemm configs: " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
-def act_quant() -> None:
+def act_quant(args: argparse.Namespace) -> None:
     """The FP8 path's two fused activation quantizers against their compiled definitions."""
     dev = "cuda"
 
@@ -215,7 +215,7 @@ def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.softmax(x, -1, dtype=torch.float32).amax(-1), x.argmax(-1)
 
 
-def confidence() -> None:
+def confidence(args: argparse.Namespace) -> None:
     dev = "cuda"
     print("\n| rows | softmax + amax, argmax us | Triton us | speed-up | max rel diff | argmax mismatches |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -232,15 +232,18 @@ def confidence() -> None:
         print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} | {wrong} |", flush=True)
 
 
+SECTIONS = ["confidence", "act_quant", "pdl_chain", "stack"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="these sections (default: all)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    confidence()
-    act_quant()
-    pdl_chain(args)
-    stack(args)  # last: it holds 23 GB of weights
+    for name in SECTIONS:  # in this order, whatever --only's: the stack last, it holds 23 GB of weights
+        if name in args.only:
+            {"confidence": confidence, "act_quant": act_quant, "pdl_chain": pdl_chain, "stack": stack}[name](args)
 
 
 if __name__ == "__main__":

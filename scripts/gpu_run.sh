@@ -16,6 +16,7 @@
 # BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
 # $OUT/base: two commits side by side in one call), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
+# FP8_KERNELS="pdl_chain stack" (`fp8kernels`: only those sections of scripts/bench_fp8_kernels.py).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
 # attribution sections of that model, e.g. cde/demo/reference.tar.xz, to eval_base.md/json).
@@ -169,7 +170,7 @@ for STAGE in $STAGES; do
       --set block_size=8192 /tmp/m8b8k > /dev/null
     python3 -m cde bench prefix-cache --model /tmp/m8b8k --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix_cache.log" ;;
   fp8kernels)  # issues 16, 29: the split-K Triton GEMM (bf16, fp8), activation quantization, confidence vs before (~3 min)
-    python3 scripts/bench_fp8_kernels.py 2>&1 | tee "$OUT/fp8_kernels.log" ;;
+    python3 scripts/bench_fp8_kernels.py ${FP8_KERNELS:+--only $FP8_KERNELS} 2>&1 | tee "$OUT/fp8_kernels.log" ;;
   swiglu)  # issue 29: c_fc with silu(gate) * up fused into a Triton GEMM's epilogue vs cuBLAS + pointwise
     python3 scripts/swiglu_gemm_experiment.py 2>&1 | tee "$OUT/swiglu.log" ;;
   official)  # the official generator on the same GPU and checkpoint
