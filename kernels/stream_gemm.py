@@ -82,6 +82,10 @@ def _stream_gemm_kernel(
     sb_ptr,
     part_ptr,
     count_ptr,
+    next_ptr,
+    next_rows,
+    next_stride,
+    next_prefix,
     M,
     N,
     K,
@@ -97,6 +101,7 @@ def _stream_gemm_kernel(
     SWAP_AB: tl.constexpr,
     SWIGLU: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
+    PREFETCH_NEXT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -134,6 +139,10 @@ def _stream_gemm_kernel(
             g_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if PREFETCH_NEXT:  # this CTA's weights are read: its share of the next GEMM's goes to L2
+        ctas = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+        cta = (pid_k * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
+        _prefetch_rows(next_ptr, next_rows, next_stride, next_prefix, cta, ctas)
     if SWAP_AB:
         acc = tl.trans(acc_t)
     tile_ok = m_ok & (offs_n[None, :] < N)
@@ -172,6 +181,27 @@ def _prefetch_l2(ptrs, mask, base):
 
 
 @triton.jit
+def _prefetch_rows(base, rows, stride, prefix, cta, ctas, LANES: tl.constexpr = 128):
+    # CTA `cta` of `ctas`: the first `prefix` bytes (a multiple of 16) of its share of the `rows`
+    # rows at base (`stride` elements apart), one bulk prefetch to L2 per row (Hopper's TMA,
+    # `cp.async.bulk.prefetch`), a row per thread of the configs' 4 warps at a time (fewer lanes
+    # than threads would repeat each). Issued, not waited for: the fetch runs on while the short
+    # kernels after this GEMM do. Every row's start, not the weight's first rows: every CTA of the
+    # next GEMM streams rows of its own from K = 0 at once, and the last to finish sets the time.
+    for first in range(cta * LANES, rows, ctas * LANES):
+        row = first + tl.arange(0, LANES)
+        ok = row < rows
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0",
+            "=r,l,r",
+            [tl.where(ok, base + row.to(tl.int64) * stride, base), tl.full([LANES], prefix, tl.int32)],
+            tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
 def _silu_mul(up, gate, dtype):
     # The unfused path's numerics: up and gate rounded to the output dtype as c_fc writes them,
     # then silu(gate) * up in float32 as the compiled pointwise kernel computes it.
@@ -201,7 +231,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH", "PREFETCH_NEXT"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -221,6 +251,8 @@ def stream_gemm(
     config: dict | None = None,
     swiglu: bool = False,
     prefetch: int = 0,
+    prefetch_next: torch.Tensor | None = None,
+    prefetch_next_bytes: int = 0,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
@@ -228,7 +260,10 @@ def stream_gemm(
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
-    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first."""
+    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
+    `prefetch_next`: the weight [N', K'] of the GEMM after this one (CUDA), of which the kernel sends
+    about `prefetch_next_bytes`, the same start of every row, to L2 as it finishes; a hint that
+    changes no result."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0] // 2 if swiglu else b.shape[0]
@@ -248,12 +283,26 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
+    nxt = prefetch_next if prefetch_next is not None and prefetch_next_bytes > 0 else None
+    if nxt is not None and not (a.is_cuda and _bulk_aligned(nxt)):  # no inline PTX in Triton's interpreter
+        nxt = None
+    flags = {
+        "SCALE_A": sa is not None,
+        "SCALE_B": sb is not None,
+        "SWIGLU": swiglu,
+        "PREFETCH": prefetch,
+        "PREFETCH_NEXT": nxt is not None,
+    }
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    next_args: tuple = (out, 0, 0, 0)  # unread without PREFETCH_NEXT
+    if nxt is not None:
+        row_bytes = nxt.stride(0) * nxt.element_size()
+        prefix = min(row_bytes, max(16, prefetch_next_bytes // nxt.shape[0])) // 16 * 16
+        next_args = (nxt, nxt.shape[0], nxt.stride(0), prefix)
+    args = (a, b, out, *scale_ptrs, part, counters, *next_args, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:
@@ -261,9 +310,14 @@ def stream_gemm(
     return out
 
 
+def _bulk_aligned(w: torch.Tensor) -> bool:
+    """Whether every row of w starts on 16 bytes, as a bulk prefetch's address must."""
+    return w.dim() == 2 and w.stride(1) == 1 and (w.data_ptr() | w.stride(0) * w.element_size()) % 16 == 0
+
+
 def tuned_launch_configs() -> dict[tuple, dict]:
     """The autotuner's choices as `stream_gemm(config=...)`, per key (N, K, SCALE_A, SCALE_B, SWIGLU,
-    PREFETCH, dtypes)."""
+    PREFETCH, PREFETCH_NEXT, dtypes)."""
     return {
         key: {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for key, c in _autotuned.cache.items()
     }

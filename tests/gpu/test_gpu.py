@@ -293,7 +293,8 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
 def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: int) -> None:
     """kernels/stream_gemm.py in bfloat16 at every split-K way, against F.linear (cuBLAS): the
     same product to bfloat16 rounding, the counters zero after every call, the same bits twice,
-    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first)."""
+    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first) and with
+    PREFETCH_NEXT (a weight's bytes to L2 as the GEMM finishes)."""
     from cde.kernels.stream_gemm import MAX_SPLIT_K, counter_count, stream_gemm
 
     torch.manual_seed(0)
@@ -307,8 +308,10 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         got = stream_gemm(a, w, counters, torch.bfloat16, config=cfg)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, split
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
-        if cfg is not None:  # launched early (PDL) with tiles prefetched: the same bits
+        if cfg is not None:  # launched early (PDL) with tiles prefetched, the next weight to L2: the same bits
             assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, prefetch=4), got), split
+            nxt = {"prefetch_next": w, "prefetch_next_bytes": 3 << 20}
+            assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, **nxt), got), split
 
 
 @pytest.mark.parametrize("rows", [64, 5])
