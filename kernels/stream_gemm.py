@@ -185,11 +185,12 @@ def _prefetch_rows(base, rows, stride, prefix, cta, ctas, LANES: tl.constexpr = 
     # CTA `cta` of `ctas`: the first `prefix` bytes (a multiple of 16) of its share of the `rows`
     # rows at base (`stride` elements apart), one bulk prefetch to L2 per row (Hopper's TMA,
     # `cp.async.bulk.prefetch`), a row per thread of the configs' 4 warps at a time (fewer lanes
-    # than threads would repeat each). Issued, not waited for: the fetch runs on while the short
-    # kernels after this GEMM do. Every row's start, not the weight's first rows: every CTA of the
-    # next GEMM streams rows of its own from K = 0 at once, and the last to finish sets the time.
-    for first in range(cta * LANES, rows, ctas * LANES):
-        row = first + tl.arange(0, LANES)
+    # than threads would repeat each), rows dealt out in turn so that every CTA (SM) issues some.
+    # Issued, not waited for: the fetch runs on while the short kernels after this GEMM do. Every
+    # row's start, not the weight's first rows: every CTA of the next GEMM streams rows of its own
+    # from K = 0 at once, and the last to finish sets the time.
+    for first in range(0, rows, ctas * LANES):
+        row = first + cta + ctas * tl.arange(0, LANES)
         ok = row < rows
         tl.inline_asm_elementwise(
             "cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0",
