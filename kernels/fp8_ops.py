@@ -122,19 +122,15 @@ def _(
 
 
 try:
-    from cde.kernels import fp8_triton, stream_gemm
+    from cde.kernels import fp8_triton, l2_prefetch, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
-    fp8_triton = stream_gemm = None  # type: ignore[assignment]
+    fp8_triton = l2_prefetch = stream_gemm = None  # type: ignore[assignment]
 
 
 # The FP8 GEMM's weight tiles fetched to L2 while the activation kernel before it runs (programmatic
 # dependent launch): on the H200 the 32-layer one-request chain took 3.149 ms plain, 3.016 / 3.000 /
 # 3.019 / 3.083 ms with 1 / 2 / 4 / 8 tiles (`FP8_KERNELS=pdl_chain scripts/gpu_run.sh fp8kernels`).
 PREFETCH_TILES = 2
-# The next GEMM's weight bytes (the start of every row) a GEMM sends to L2 as it finishes, to be
-# fetched while the short kernels between the two run (HBM idles there otherwise); under the
-# H200's 50 MB of L2. Not yet measured: `FP8_KERNELS=l2_next scripts/gpu_run.sh fp8kernels` sweeps it.
-NEXT_WEIGHT_BYTES = 24 << 20
 
 
 def _cuda_fp8_matmul(
@@ -154,7 +150,7 @@ def _cuda_fp8_matmul(
         scales=(x_scale, w_scale),
         prefetch=PREFETCH_TILES,
         prefetch_next=next_weight,
-        prefetch_next_bytes=NEXT_WEIGHT_BYTES,
+        prefetch_next_bytes=l2_prefetch.AHEAD_BYTES,
     )
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from cde.kernels.l2_prefetch import prefetch_rows, row_prefix
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
 
@@ -139,10 +140,10 @@ def _stream_gemm_kernel(
             g_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if PREFETCH_NEXT:  # this CTA's weights are read: its share of the next GEMM's goes to L2
+    if PREFETCH_NEXT:  # this CTA's weights are read: its share of the next GEMM's goes to L2 (l2_prefetch.py)
         ctas = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
         cta = (pid_k * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
-        _prefetch_rows(next_ptr, next_rows, next_stride, next_prefix, cta, ctas)
+        prefetch_rows(next_ptr, next_rows, next_stride, next_prefix, cta, ctas)
     if SWAP_AB:
         acc = tl.trans(acc_t)
     tile_ok = m_ok & (offs_n[None, :] < N)
@@ -178,28 +179,6 @@ def _prefetch_l2(ptrs, mask, base):
     # PTX prefetch to L2; the masked-off lines are clamped to the weight's first, which exists
     ptrs = tl.where(mask, ptrs, base)
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(base, rows, stride, prefix, cta, ctas, LANES: tl.constexpr = 128):
-    # CTA `cta` of `ctas`: the first `prefix` bytes (a multiple of 16) of its share of the `rows`
-    # rows at base (`stride` elements apart), one bulk prefetch to L2 per row (Hopper's TMA,
-    # `cp.async.bulk.prefetch`), a row per thread of the configs' 4 warps at a time (fewer lanes
-    # than threads would repeat each), rows dealt out in turn so that every CTA (SM) issues some.
-    # Issued, not waited for: the fetch runs on while the short kernels after this GEMM do. Every
-    # row's start, not the weight's first rows: every CTA of the next GEMM streams rows of its own
-    # from K = 0 at once, and the last to finish sets the time.
-    for first in range(0, rows, ctas * LANES):
-        row = first + cta + ctas * tl.arange(0, LANES)
-        ok = row < rows
-        tl.inline_asm_elementwise(
-            "cp.async.bulk.prefetch.L2.global [$1], $2; // dummy $0",
-            "=r,l,r",
-            [tl.where(ok, base + row.to(tl.int64) * stride, base), tl.full([LANES], prefix, tl.int32)],
-            tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
 
 @triton.jit
@@ -262,9 +241,9 @@ def stream_gemm(
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
     `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
-    `prefetch_next`: the weight [N', K'] of the GEMM after this one (CUDA), of which the kernel sends
-    about `prefetch_next_bytes`, the same start of every row, to L2 as it finishes; a hint that
-    changes no result."""
+    `prefetch_next`: the weight [N', K'] of the GEMM after this one, of which the kernel sends about
+    `prefetch_next_bytes`, the same start of every row, to L2 as it finishes (kernels/l2_prefetch.py;
+    CUDA); a hint that changes no result."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0] // 2 if swiglu else b.shape[0]
@@ -284,36 +263,26 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    nxt = prefetch_next if prefetch_next is not None and prefetch_next_bytes > 0 else None
-    if nxt is not None and not (a.is_cuda and _bulk_aligned(nxt)):  # no inline PTX in Triton's interpreter
-        nxt = None
+    prefix = row_prefix(prefetch_next, prefetch_next_bytes)
     flags = {
         "SCALE_A": sa is not None,
         "SCALE_B": sb is not None,
         "SWIGLU": swiglu,
         "PREFETCH": prefetch,
-        "PREFETCH_NEXT": nxt is not None,
+        "PREFETCH_NEXT": prefix > 0,
     }
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    next_args: tuple = (out, 0, 0, 0)  # unread without PREFETCH_NEXT
-    if nxt is not None:
-        row_bytes = nxt.stride(0) * nxt.element_size()
-        prefix = min(row_bytes, max(16, prefetch_next_bytes // nxt.shape[0])) // 16 * 16
-        next_args = (nxt, nxt.shape[0], nxt.stride(0), prefix)
+    nxt = prefetch_next if prefix else None
+    next_args = (out, 0, 0, 0) if nxt is None else (nxt, nxt.shape[0], nxt.stride(0), prefix)  # unread when None
     args = (a, b, out, *scale_ptrs, part, counters, *next_args, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:
         _stream_gemm_kernel[grid](*args, **flags, **config)
     return out
-
-
-def _bulk_aligned(w: torch.Tensor) -> bool:
-    """Whether every row of w starts on 16 bytes, as a bulk prefetch's address must."""
-    return w.dim() == 2 and w.stride(1) == 1 and (w.data_ptr() | w.stride(0) * w.element_size()) % 16 == 0
 
 
 def tuned_launch_configs() -> dict[tuple, dict]:

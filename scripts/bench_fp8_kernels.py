@@ -205,8 +205,8 @@ def pdl_chain(args: argparse.Namespace) -> None:
 
 def l2_next(args: argparse.Namespace) -> None:
     """Each GEMM sends the start of every row of the next one's weight to L2 as it finishes (the
-    engine's `NEXT_WEIGHT_BYTES`), with the engine's PREFETCH_TILES, autotuned as the engine does, without
-    and with a 10 us window after c_attn."""
+    engine's kernels/l2_prefetch.py AHEAD_BYTES), with the engine's PREFETCH_TILES, autotuned as
+    the engine does, without and with a 10 us window after c_attn."""
     chain = Fp8Chain(args.layers)
     ref = chain.run(PREFETCH_TILES, fixed=False)
     print(

@@ -440,7 +440,8 @@ def test_fp8_silu_mul_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
 def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
     """cde::qkv_rope_write on the 8b's attention shape against `Attention.qkv` + `write_kv` (the
     path the parity tests hold to the official package): within a bfloat16 rounding, q packed
-    8 heads per KV head, k and v in their pages and nothing else written."""
+    8 heads per KV head, k and v in their pages and nothing else written; the same bits when the
+    kernel also sends c_proj's weight to L2."""
     from cde.kernels.paged_attention import write_kv
     from cde.kernels.qkv_rope import qkv_rope_write
     from cde.shared.config import PAGE, ModelConfig
@@ -462,11 +463,17 @@ def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
         q, k, v = attn.qkv(x, cos[pos][:, None], sin[pos][:, None])
         write_kv(expected[0], k, pages)
         write_kv(expected[1], v, pages)
-        out = qkv_rope_write(
-            attn.c_attn(x), attn.q_norm.weight, attn.k_norm.weight, cos[pos], sin[pos], *cache, pages,
-            cfg.clip_qkv, cfg.norm_eps, cfg.n_head, 8,
-        )  # fmt: skip
+        qkv = attn.c_attn(x)
+        args = (attn.q_norm.weight, attn.k_norm.weight, cos[pos], sin[pos])
+        before = [c.clone() for c in cache]
+        out = qkv_rope_write(qkv, *args, *cache, pages, cfg.clip_qkv, cfg.norm_eps, cfg.n_head, 8)
+        written = [c.clone() for c in cache]
+        for c, b in zip(cache, before):
+            c.copy_(b)
+        # c_proj's weight sent to L2 by the same kernel (kernels/l2_prefetch.py): the same bits
+        ahead = qkv_rope_write(qkv, *args, *cache, pages, cfg.clip_qkv, cfg.norm_eps, cfg.n_head, 8, attn.c_proj.weight)
     torch.cuda.synchronize()
+    assert torch.equal(ahead, out) and all(torch.equal(c, w) for c, w in zip(cache, written))
     packed = q.view(items, 4, 8, PAGE, 128).transpose(0, 1)
     for got, want in ((out, packed), *zip(cache, expected)):
         torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=8e-3)  # one bf16 step
