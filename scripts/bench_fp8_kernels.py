@@ -120,21 +120,23 @@ def stack(args: argparse.Namespace) -> None:
     print("autotuned stream_gemm configs (M, N, K, scaled): " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
-class Fp8Chain:
-    """The 8b's FP8 linear stack at one request (64 rows) chained as the engine runs it: 32 layers of
+class LinearChain:
+    """The 8b's linear stack at one request (64 rows) chained as the engine runs it: 32 layers of
     distinct weights (nothing stays in L2 between replays), each GEMM's input written by the fused
     residual kernel just before it, optionally with a spin of `window_us` after attention's c_attn
-    (the engine's QKV + RoPE, attention and quantization run there)."""
+    (the engine's QKV + RoPE, attention and quantization run there). FP8 weights with quantized
+    rows, or bfloat16 with bfloat16 rows."""
 
-    def __init__(self, layers: int):
+    def __init__(self, layers: int, fp8: bool = True):
         dev = "cuda"
         torch.manual_seed(0)
-        self.wq = [
-            [quantize_rows(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02) for n, k in SHAPES]
-            for _ in range(layers)
-        ]
-        self.wq = [[(q, s[:, 0].contiguous()) for q, s in layer] for layer in self.wq]
-        self.in_order = [q for layer in self.wq for q, _ in layer]  # the weights in pass order
+        self.fp8 = fp8
+        self.weights = []  # in pass order: (weight, its channel scales or None)
+        for _ in range(layers):
+            for n, k in SHAPES:
+                w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+                q, s = quantize_rows(w) if fp8 else (w, None)
+                self.weights.append((q, None if s is None else s[:, 0].contiguous()))
         self.counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
         self.ins = {
             k: (
@@ -146,26 +148,32 @@ class Fp8Chain:
         self.configs: dict[int, dict] = {}  # per weight: the plain launch's autotuned config
 
     def run(
-        self, prefetch: int | None, next_bytes: int = 0, window_us: float = 0.0, fixed: bool = True
+        self,
+        prefetch: int | None,
+        next_bytes: int = 0,
+        window_us: float = 0.0,
+        fixed: bool = True,
+        cublas: bool = False,
     ) -> list[torch.Tensor]:
         """prefetch None: the residual kernels (and windows) alone. `fixed`: every GEMM in the plain
-        launch's autotuned config (the autotuner's own choice otherwise)."""
+        launch's autotuned config (the autotuner's own choice otherwise). `cublas` (bfloat16):
+        F.linear instead of the Triton GEMM."""
         outs = []
-        for i, q in enumerate(self.in_order):
-            s = self.wq[i // len(SHAPES)][i % len(SHAPES)][1]
-            x, d, w = self.ins[q.shape[1]]
-            _, xq, xs = add_norm_quantize(x, d, w.to(x.dtype), 1e-5)
-            if prefetch is not None:
-                after = self.in_order[i + 1] if i + 1 < len(self.in_order) else None
-                config = self.configs.get(q.shape[0]) if fixed else None
+        for i, (w, s) in enumerate(self.weights):
+            x, d, g = self.ins[w.shape[1]]
+            out, xq, xs = add_norm_quantize(x, d, g.to(x.dtype), 1e-5)
+            if prefetch is not None and cublas:
+                outs.append(F.linear(out, w))
+            elif prefetch is not None:
+                after = self.weights[i + 1][0] if i + 1 < len(self.weights) else None
                 outs.append(
                     stream_gemm(
-                        xq,
-                        q,
-                        self.counters[q.shape[0]],
+                        xq if self.fp8 else out,
+                        w,
+                        self.counters[w.shape[0]],
                         torch.bfloat16,
-                        (xs, s),
-                        config,
+                        (xs, s) if self.fp8 else None,
+                        self.configs.get(w.shape[0]) if fixed else None,
                         prefetch=prefetch,
                         prefetch_next=after,
                         prefetch_next_bytes=next_bytes,
@@ -178,7 +186,7 @@ class Fp8Chain:
     def fix_configs(self) -> None:
         """Every later `run(fixed=True)` takes the configs the plain launch autotuned to."""
         for key, config in tuned_launch_configs().items():
-            if key[0] in {n for n, _ in SHAPES} and key[2] and key[5] == 0 and not key[6]:  # SCALE_A, plain
+            if key[0] in {n for n, _ in SHAPES} and key[2] == self.fp8 and key[5] == 0 and not key[6]:  # plain
                 self.configs[key[0]] = config
 
 
@@ -186,7 +194,7 @@ CYCLES_PER_US = 1980  # torch.cuda._sleep spins in SM clock cycles: the H200's b
 
 
 def pdl_chain(args: argparse.Namespace) -> None:
-    chain = Fp8Chain(args.layers)
+    chain = LinearChain(args.layers)
     alone = graph_ms(lambda: chain.run(None))
     ref = chain.run(0)
     chain.fix_configs()
@@ -204,24 +212,41 @@ def pdl_chain(args: argparse.Namespace) -> None:
 
 
 def l2_next(args: argparse.Namespace) -> None:
-    """Each GEMM sends the start of every row of the next one's weight to L2 as it finishes (the
-    engine's kernels/l2_prefetch.py AHEAD_BYTES), with the engine's PREFETCH_TILES, autotuned as
-    the engine does, without and with a 10 us window after c_attn."""
-    chain = Fp8Chain(args.layers)
-    ref = chain.run(PREFETCH_TILES, fixed=False)
+    """Each GEMM sends the start of every row of the next one's weight to L2 as it finishes
+    (kernels/l2_prefetch.py; the engine sends AHEAD_BYTES), autotuned as the engine does, without
+    and with a 10 us window after c_attn: FP8 with the engine's PREFETCH_TILES; then bfloat16
+    (no PDL tiles: in the engine compiled kernels precede its GEMMs) beside cuBLAS, which the
+    engine's bfloat16 one-request linears run where it is faster alone."""
+    for fp8 in (True, False):
+        ahead_table(LinearChain(args.layers, fp8))  # one chain's weights at a time
+        torch.cuda.empty_cache()
+
+
+def ahead_table(chain: LinearChain) -> None:
+    tiles = PREFETCH_TILES if chain.fp8 else 0
+    ref = chain.run(tiles, fixed=False)
     print(
-        f"\n{args.layers} layers x 4 (residual kernel, FP8 GEMM) at {MAX_ROWS} rows, {PREFETCH_TILES} tiles "
-        "prefetched; each GEMM sends MB of the next weight (every row's start) to L2 (bulk prefetch)"
+        f"\n{len(chain.weights) // len(SHAPES)} layers x 4 (residual kernel, {'FP8' if chain.fp8 else 'bfloat16'} "
+        f"GEMM) at {MAX_ROWS} rows, {tiles} tiles prefetched; each GEMM sends MB of the next weight (every "
+        "row's start) to L2"
     )
-    print("| window after c_attn us | the kernels but the GEMMs ms | next MB | ms | GEMMs ms | max rel diff |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| window after c_attn us | the kernels but the GEMMs ms | GEMMs | next MB | ms | GEMMs ms | max rel diff |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for window in (0.0, 10.0):
         alone = graph_ms(lambda w=window: chain.run(None, window_us=w))
-        for mb in (0, 4, 8, 16, 24, 32, 48):
-            run = lambda w=window, b=mb << 20: chain.run(PREFETCH_TILES, b, w, fixed=False)
+        runs = [
+            ("Triton", mb, lambda w=window, b=mb << 20: chain.run(tiles, b, w, fixed=False))
+            for mb in (0, 4, 8, 16, 24, 32, 48)
+        ]
+        if not chain.fp8:
+            runs.insert(0, ("cuBLAS", 0, lambda w=window: chain.run(0, window_us=w, cublas=True)))
+        for name, mb, run in runs:
             diff = max(rel_diff(g, r) for g, r in zip(run(), ref))
             ms = graph_ms(run)
-            print(f"| {window:.0f} | {alone:.3f} | {mb} | {ms:.3f} | {ms - alone:.3f} | {diff:.1e} |", flush=True)
+            print(
+                f"| {window:.0f} | {alone:.3f} | {name} | {mb} | {ms:.3f} | {ms - alone:.3f} | {diff:.1e} |",
+                flush=True,
+            )
 
 
 def act_quant(args: argparse.Namespace) -> None:
