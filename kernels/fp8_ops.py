@@ -133,29 +133,19 @@ except ImportError:  # no Triton (CPU environments): the float32 definitions abo
 PREFETCH_TILES = 2
 
 
-def _cuda_fp8_matmul(
-    xq: torch.Tensor,
-    x_scale: torch.Tensor,
-    wq: torch.Tensor,
-    w_scale: torch.Tensor,
-    counters: torch.Tensor,
-    out_dtype: torch.dtype,
-    next_weight: torch.Tensor | None = None,
-) -> torch.Tensor:
-    return stream_gemm.stream_gemm(
-        xq,
-        wq,
-        counters,
-        out_dtype,
-        scales=(x_scale, w_scale),
-        prefetch=PREFETCH_TILES,
-        prefetch_next=next_weight,
-        prefetch_next_bytes=l2_prefetch.AHEAD_BYTES,
-    )
-
-
 if fp8_triton is not None:
-    fp8_matmul.register_kernel("cuda")(_cuda_fp8_matmul)
+    fp8_matmul.register_kernel("cuda")(
+        lambda xq, x_scale, wq, w_scale, counters, out_dtype, next_weight=None: stream_gemm.stream_gemm(
+            xq,
+            wq,
+            counters,
+            out_dtype,
+            scales=(x_scale, w_scale),
+            prefetch=PREFETCH_TILES,
+            prefetch_next=next_weight,
+            prefetch_next_bytes=l2_prefetch.AHEAD_BYTES,
+        )
+    )
     fp8_weight_matmul.register_kernel("cuda")(
         lambda x, wq, w_scale, counters: stream_gemm.stream_gemm(x, wq, counters, x.dtype, scales=(None, w_scale))
     )

@@ -49,6 +49,17 @@ def row_prefix(w: torch.Tensor | None, nbytes: int = AHEAD_BYTES) -> int:
     return prefix_bytes(w.shape[0], w.stride(0) * w.element_size(), w.data_ptr(), nbytes)
 
 
+def prefetch_args(
+    w: torch.Tensor | None, unread: torch.Tensor, nbytes: int = AHEAD_BYTES
+) -> tuple[torch.Tensor, int, int, int]:
+    """A kernel's arguments for `prefetch_rows` of w: (base, rows, stride, prefix); with a prefix of
+    0 (send nothing: see `row_prefix`) the base is `unread`, any tensor of the call."""
+    prefix = row_prefix(w, nbytes)
+    if w is None or not prefix:
+        return unread, 0, 0, 0
+    return w, w.shape[0], w.stride(0), prefix
+
+
 def prefix_bytes(rows: int, row_bytes: int, address: int, nbytes: int) -> int:
     """About nbytes / rows, a multiple of 16 between 16 and the row; 0 where nbytes is not positive
     or a row does not start on 16 bytes (a bulk prefetch's address must)."""

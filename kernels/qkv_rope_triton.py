@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_rows, row_prefix
+from cde.kernels.l2_prefetch import prefetch_args, prefetch_rows
 
 ROWS = 16  # rows of one item per program: 64-row items split evenly, 4 KB of bfloat16 per head
 
@@ -118,8 +118,7 @@ def qkv_rope_write(
     n_kv, cache_pages, _, d = k_cache.shape
     q = torch.empty(n_head // group, n, group, t, d, dtype=qkv.dtype, device=qkv.device)
     norm = q_weight is not None and k_weight is not None
-    prefix = row_prefix(ahead)
-    ahead_args = (qkv, 0, 0, 0) if ahead is None or not prefix else (ahead, ahead.shape[0], ahead.stride(0), prefix)
+    ahead_args = prefetch_args(ahead, qkv)
     _qkv_rope_kernel[(n * t // ROWS, n_head + 2 * n_kv)](
         qkv.contiguous(),
         q_weight if norm else qkv,  # unread without the norm
@@ -143,7 +142,7 @@ def qkv_rope_write(
         ROWS=ROWS,
         CLIP=clip is not None,
         NORM=norm,
-        AHEAD=prefix > 0,
+        AHEAD=ahead_args[3] > 0,
         num_warps=4,  # prefetch_rows' lanes: a row per thread
     )
     return q

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_rows, row_prefix
+from cde.kernels.l2_prefetch import prefetch_args, prefetch_rows
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
 
@@ -263,20 +263,18 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    prefix = row_prefix(prefetch_next, prefetch_next_bytes)
+    next_args = prefetch_args(prefetch_next, out, prefetch_next_bytes)
     flags = {
         "SCALE_A": sa is not None,
         "SCALE_B": sb is not None,
         "SWIGLU": swiglu,
         "PREFETCH": prefetch,
-        "PREFETCH_NEXT": prefix > 0,
+        "PREFETCH_NEXT": next_args[3] > 0,
     }
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    nxt = prefetch_next if prefix else None
-    next_args = (out, 0, 0, 0) if nxt is None else (nxt, nxt.shape[0], nxt.stride(0), prefix)  # unread when None
     args = (a, b, out, *scale_ptrs, part, counters, *next_args, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
