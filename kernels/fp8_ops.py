@@ -1,10 +1,8 @@
 """The FP8 path's operations as torch custom ops, one name on every device:
 
-- `cde::fp8_matmul(xq, x_scale, wq, w_scale, counters, out_dtype, next_weight=None)`: (xq @ wq.T) *
-  x_scale[:, None] * w_scale[None, :] for e4m3 activations [M, K] and weights [N, K] with float32
-  scales (`counters`: the weight's split-K tile counters, kernels/stream_ops.py's `tile_counters`;
-  `next_weight`: the weight of the GEMM that follows, whose start the CUDA kernel sends to L2 as it
-  finishes: a hint, no part of the result);
+- `cde::fp8_matmul(xq, x_scale, wq, w_scale, counters, out_dtype)`: (xq @ wq.T) * x_scale[:, None] *
+  w_scale[None, :] for e4m3 activations [M, K] and weights [N, K] with float32 scales (`counters`:
+  the weight's split-K tile counters, kernels/stream_ops.py's `tile_counters`);
 - `cde::fp8_weight_matmul(x, wq, w_scale, counters)`: (x @ wq.T) * w_scale[None, :] for activations
   [M, K] in their own dtype (bfloat16) and e4m3 weights: weight-only, the activations unquantized;
 - `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
@@ -52,7 +50,6 @@ def fp8_matmul(
     w_scale: torch.Tensor,
     counters: torch.Tensor,
     out_dtype: torch.dtype,
-    next_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return ((xq.float() @ wq.float().t()) * x_scale[:, None] * w_scale[None, :]).to(out_dtype)
 
@@ -65,7 +62,6 @@ def _(
     w_scale: torch.Tensor,
     counters: torch.Tensor,
     out_dtype: torch.dtype,
-    next_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return xq.new_empty(xq.shape[0], wq.shape[0], dtype=out_dtype)
 
@@ -122,9 +118,9 @@ def _(
 
 
 try:
-    from cde.kernels import fp8_triton, l2_prefetch, stream_gemm
+    from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
-    fp8_triton = l2_prefetch = stream_gemm = None  # type: ignore[assignment]
+    fp8_triton = stream_gemm = None  # type: ignore[assignment]
 
 
 # The FP8 GEMM's weight tiles fetched to L2 while the activation kernel before it runs (programmatic
@@ -132,18 +128,10 @@ except ImportError:  # no Triton (CPU environments): the float32 definitions abo
 # 3.019 / 3.083 ms with 1 / 2 / 4 / 8 tiles (`FP8_KERNELS=pdl_chain scripts/gpu_run.sh fp8kernels`).
 PREFETCH_TILES = 2
 
-
 if fp8_triton is not None:
     fp8_matmul.register_kernel("cuda")(
-        lambda xq, x_scale, wq, w_scale, counters, out_dtype, next_weight=None: stream_gemm.stream_gemm(
-            xq,
-            wq,
-            counters,
-            out_dtype,
-            scales=(x_scale, w_scale),
-            prefetch=PREFETCH_TILES,
-            prefetch_next=next_weight,
-            prefetch_next_bytes=l2_prefetch.AHEAD_BYTES,
+        lambda xq, x_scale, wq, w_scale, counters, out_dtype: stream_gemm.stream_gemm(
+            xq, wq, counters, out_dtype, scales=(x_scale, w_scale), prefetch=PREFETCH_TILES
         )
     )
     fp8_weight_matmul.register_kernel("cuda")(

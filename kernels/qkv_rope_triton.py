@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_args, prefetch_rows
 
 ROWS = 16  # rows of one item per program: 64-row items split evenly, 4 KB of bfloat16 per head
 
@@ -31,10 +30,6 @@ def _qkv_rope_kernel(
     k_ptr,
     v_ptr,
     pages_ptr,
-    ahead_ptr,
-    ahead_rows,
-    ahead_stride,
-    ahead_prefix,
     n_items,
     cache_pages,
     clip,
@@ -47,13 +42,8 @@ def _qkv_rope_kernel(
     ROWS: tl.constexpr,
     CLIP: tl.constexpr,
     NORM: tl.constexpr,
-    AHEAD: tl.constexpr,
 ):
     D: tl.constexpr = 2 * HALF
-    if AHEAD:  # first, so that the fetch runs on through this kernel and the attention after it
-        ctas = tl.num_programs(0) * tl.num_programs(1)
-        cta = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        prefetch_rows(ahead_ptr, ahead_rows, ahead_stride, ahead_prefix, cta, ctas)
     row0 = tl.program_id(0).to(tl.int64) * ROWS  # first row of this program, over all items' rows
     head = tl.program_id(1)  # q heads, then k heads, then v heads (c_attn's output order)
     item = row0 // T
@@ -108,17 +98,13 @@ def qkv_rope_write(
     eps: float,
     n_head: int,
     group: int,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """qkv [N, T, C]; q/k_weight [Dh] (None: no QK norm); cos/sin [N, T, Dh] float32; caches
-    [KV, P, T, Dh]; write_pages [N] -> q [H / group, N, group, T, Dh]. `ahead`: a weight [N', K']
-    (attention's c_proj) whose rows' starts, up to kernels/l2_prefetch.py's AHEAD_BYTES in all, the
-    kernel sends to L2 first (CUDA; a hint that changes no result)."""
+    [KV, P, T, Dh]; write_pages [N] -> q [H / group, N, group, T, Dh]."""
     n, t, _ = qkv.shape
     n_kv, cache_pages, _, d = k_cache.shape
     q = torch.empty(n_head // group, n, group, t, d, dtype=qkv.dtype, device=qkv.device)
     norm = q_weight is not None and k_weight is not None
-    ahead_args = prefetch_args(ahead, qkv)
     _qkv_rope_kernel[(n * t // ROWS, n_head + 2 * n_kv)](
         qkv.contiguous(),
         q_weight if norm else qkv,  # unread without the norm
@@ -129,7 +115,6 @@ def qkv_rope_write(
         k_cache,
         v_cache,
         write_pages,
-        *ahead_args,  # unread without AHEAD
         n,
         cache_pages,
         0.0 if clip is None else clip,
@@ -142,8 +127,7 @@ def qkv_rope_write(
         ROWS=ROWS,
         CLIP=clip is not None,
         NORM=norm,
-        AHEAD=ahead_args[3] > 0,
-        num_warps=4,  # prefetch_rows' lanes: a row per thread
+        num_warps=4,
     )
     return q
 
@@ -162,7 +146,6 @@ def _(
     eps: float,
     n_head: int,
     group: int,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, t, _ = qkv.shape
     return qkv.new_empty(n_head // group, n, group, t, k_cache.shape[-1])

@@ -33,7 +33,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_args, prefetch_rows
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
 
@@ -83,10 +82,6 @@ def _stream_gemm_kernel(
     sb_ptr,
     part_ptr,
     count_ptr,
-    next_ptr,
-    next_rows,
-    next_stride,
-    next_prefix,
     M,
     N,
     K,
@@ -102,7 +97,6 @@ def _stream_gemm_kernel(
     SWAP_AB: tl.constexpr,
     SWIGLU: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
-    PREFETCH_NEXT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -140,10 +134,6 @@ def _stream_gemm_kernel(
             g_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if PREFETCH_NEXT:  # this CTA's weights are read: its share of the next GEMM's goes to L2 (l2_prefetch.py)
-        ctas = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        cta = (pid_k * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
-        prefetch_rows(next_ptr, next_rows, next_stride, next_prefix, cta, ctas)
     if SWAP_AB:
         acc = tl.trans(acc_t)
     tile_ok = m_ok & (offs_n[None, :] < N)
@@ -211,7 +201,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH", "PREFETCH_NEXT"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -231,8 +221,6 @@ def stream_gemm(
     config: dict | None = None,
     swiglu: bool = False,
     prefetch: int = 0,
-    prefetch_next: torch.Tensor | None = None,
-    prefetch_next_bytes: int = 0,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
@@ -240,10 +228,7 @@ def stream_gemm(
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
-    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
-    `prefetch_next`: the weight [N', K'] of the GEMM after this one, of which the kernel sends about
-    `prefetch_next_bytes`, the same start of every row, to L2 as it finishes (kernels/l2_prefetch.py;
-    CUDA); a hint that changes no result."""
+    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0] // 2 if swiglu else b.shape[0]
@@ -263,19 +248,12 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    next_args = prefetch_args(prefetch_next, out, prefetch_next_bytes)
-    flags = {
-        "SCALE_A": sa is not None,
-        "SCALE_B": sb is not None,
-        "SWIGLU": swiglu,
-        "PREFETCH": prefetch,
-        "PREFETCH_NEXT": next_args[3] > 0,
-    }
+    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    args = (a, b, out, *scale_ptrs, part, counters, *next_args, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:
@@ -285,7 +263,7 @@ def stream_gemm(
 
 def tuned_launch_configs() -> dict[tuple, dict]:
     """The autotuner's choices as `stream_gemm(config=...)`, per key (N, K, SCALE_A, SCALE_B, SWIGLU,
-    PREFETCH, PREFETCH_NEXT, dtypes)."""
+    PREFETCH, dtypes)."""
     return {
         key: {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for key, c in _autotuned.cache.items()
     }

@@ -14,8 +14,7 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
    writes the residual.
 3. The FP8 stack at one request chained as the engine runs it, each GEMM's input written by the
    fused residual kernel just before it: the GEMM launched plainly, then with programmatic
-   dependent launch and its first 1-8 weight tiles prefetched to L2 while that kernel runs; then
-   (l2_next) each GEMM sending the next one's first 4-48 MB of weight to L2 as it finishes.
+   dependent launch and its first 1-8 weight tiles prefetched to L2 while that kernel runs.
 4. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
    argmax against the kernel.
 
@@ -28,7 +27,6 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import PREFETCH_TILES
 from cde.kernels.fp8_triton import add_norm_quantize, silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs, tuned_launch_configs
@@ -120,84 +118,42 @@ def stack(args: argparse.Namespace) -> None:
     print("autotuned stream_gemm configs (M, N, K, scaled): " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
 
 
-class LinearChain:
-    """The 8b's linear stack at one request (64 rows) chained as the engine runs it: 32 layers of
-    distinct weights (nothing stays in L2 between replays), each GEMM's input written by the fused
-    residual kernel just before it, optionally with a spin of `window_us` after attention's c_attn
-    (the engine's QKV + RoPE, attention and quantization run there). FP8 weights with quantized
-    rows, or bfloat16 with bfloat16 rows."""
+def pdl_chain(args: argparse.Namespace) -> None:
+    dev = "cuda"
+    torch.manual_seed(0)
+    wq = [
+        [quantize_rows(torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02) for n, k in SHAPES]
+        for _ in range(args.layers)
+    ]
+    wq = [[(q, s[:, 0].contiguous()) for q, s in layer] for layer in wq]
+    counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
+    ins = {
+        k: (
+            *(torch.randn(MAX_ROWS, k, device=dev, dtype=torch.bfloat16) for _ in "xd"),
+            torch.rand(k, device=dev) + 0.5,
+        )
+        for _, k in SHAPES
+    }
 
-    def __init__(self, layers: int, fp8: bool = True):
-        dev = "cuda"
-        torch.manual_seed(0)
-        self.fp8 = fp8
-        self.weights = []  # in pass order: (weight, its channel scales or None)
-        for _ in range(layers):
-            for n, k in SHAPES:
-                w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
-                q, s = quantize_rows(w) if fp8 else (w, None)
-                self.weights.append((q, None if s is None else s[:, 0].contiguous()))
-        self.counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
-        self.ins = {
-            k: (
-                *(torch.randn(MAX_ROWS, k, device=dev, dtype=torch.bfloat16) for _ in "xd"),
-                torch.rand(k, device=dev) + 0.5,
-            )
-            for _, k in SHAPES
-        }
-        self.configs: dict[int, dict] = {}  # per weight: the plain launch's autotuned config
+    configs: dict[int, dict] = {}  # the plain launch's autotuned config per weight: every row runs the same
 
-    def run(
-        self,
-        prefetch: int | None,
-        next_bytes: int = 0,
-        window_us: float = 0.0,
-        fixed: bool = True,
-        cublas: bool = False,
-    ) -> list[torch.Tensor]:
-        """prefetch None: the residual kernels (and windows) alone. `fixed`: every GEMM in the plain
-        launch's autotuned config (the autotuner's own choice otherwise). `cublas` (bfloat16):
-        F.linear instead of the Triton GEMM."""
+    def chain(prefetch: int | None) -> list[torch.Tensor]:  # None: the residual kernels alone
         outs = []
-        for i, (w, s) in enumerate(self.weights):
-            x, d, g = self.ins[w.shape[1]]
-            out, xq, xs = add_norm_quantize(x, d, g.to(x.dtype), 1e-5)
-            if prefetch is not None and cublas:
-                outs.append(F.linear(out, w))
-            elif prefetch is not None:
-                after = self.weights[i + 1][0] if i + 1 < len(self.weights) else None
-                outs.append(
-                    stream_gemm(
-                        xq if self.fp8 else out,
-                        w,
-                        self.counters[w.shape[0]],
-                        torch.bfloat16,
-                        (xs, s) if self.fp8 else None,
-                        self.configs.get(w.shape[0]) if fixed else None,
-                        prefetch=prefetch,
-                        prefetch_next=after,
-                        prefetch_next_bytes=next_bytes,
-                    )
-                )
-            if window_us and i % len(SHAPES) == 0:  # after c_attn
-                torch.cuda._sleep(int(window_us * CYCLES_PER_US))
+        for layer in wq:
+            for q, s in layer:
+                x, d, w = ins[q.shape[1]]
+                _, xq, xs = add_norm_quantize(x, d, w.to(x.dtype), 1e-5)
+                if prefetch is not None:
+                    config = configs.get(q.shape[0]) if prefetch else None
+                    out = stream_gemm(xq, q, counters[q.shape[0]], torch.bfloat16, (xs, s), config, prefetch=prefetch)
+                    outs.append(out)
         return outs
 
-    def fix_configs(self) -> None:
-        """Every later `run(fixed=True)` takes the configs the plain launch autotuned to."""
-        for key, config in tuned_launch_configs().items():
-            if key[0] in {n for n, _ in SHAPES} and key[2] == self.fp8 and key[5] == 0 and not key[6]:  # plain
-                self.configs[key[0]] = config
-
-
-CYCLES_PER_US = 1980  # torch.cuda._sleep spins in SM clock cycles: the H200's boost clock
-
-
-def pdl_chain(args: argparse.Namespace) -> None:
-    chain = LinearChain(args.layers)
-    alone = graph_ms(lambda: chain.run(None))
-    ref = chain.run(0)
-    chain.fix_configs()
+    alone = graph_ms(lambda: chain(None))
+    ref = chain(0)
+    for key, config in tuned_launch_configs().items():
+        if key[0] in {n for n, _ in SHAPES} and key[2] and key[5] == 0:  # N; SCALE_A; PREFETCH 0
+            configs[key[0]] = config
     print(
         f"\n{args.layers} layers x 4 (residual kernel, FP8 GEMM) at {MAX_ROWS} rows; "
         f"the residual kernels alone {alone:.3f} ms"
@@ -205,48 +161,10 @@ def pdl_chain(args: argparse.Namespace) -> None:
     print("| prefetched tiles (0: plain launch) | ms | ms less the residual kernels | max rel diff to plain |")
     print("| --- | --- | --- | --- |")
     for prefetch in (0, 1, 2, 4, 8):
-        diff = max(rel_diff(g, r) for g, r in zip(chain.run(prefetch), ref))
-        ms = graph_ms(lambda p=prefetch: chain.run(p))
+        diff = max(rel_diff(g, r) for g, r in zip(chain(prefetch), ref))
+        ms = graph_ms(lambda p=prefetch: chain(p))
         print(f"| {prefetch} | {ms:.3f} | {ms - alone:.3f} | {diff:.1e} |", flush=True)
     print("autotuned stream_gemm configs: " + "; ".join(f"{k}: {v}" for k, v in tuned_configs()))
-
-
-def l2_next(args: argparse.Namespace) -> None:
-    """Each GEMM sends the start of every row of the next one's weight to L2 as it finishes
-    (kernels/l2_prefetch.py; the engine sends AHEAD_BYTES), autotuned as the engine does, without
-    and with a 10 us window after c_attn: FP8 with the engine's PREFETCH_TILES; then bfloat16
-    (no PDL tiles: in the engine compiled kernels precede its GEMMs) beside cuBLAS, which the
-    engine's bfloat16 one-request linears run where it is faster alone."""
-    for fp8 in (True, False):
-        ahead_table(LinearChain(args.layers, fp8))  # one chain's weights at a time
-        torch.cuda.empty_cache()
-
-
-def ahead_table(chain: LinearChain) -> None:
-    tiles = PREFETCH_TILES if chain.fp8 else 0
-    ref = chain.run(tiles, fixed=False)
-    print(
-        f"\n{len(chain.weights) // len(SHAPES)} layers x 4 (residual kernel, {'FP8' if chain.fp8 else 'bfloat16'} "
-        f"GEMM) at {MAX_ROWS} rows, {tiles} tiles prefetched; each GEMM sends MB of the next weight (every "
-        "row's start) to L2"
-    )
-    print("| window after c_attn us | the kernels but the GEMMs ms | GEMMs | next MB | ms | GEMMs ms | max rel diff |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for window in (0.0, 10.0):
-        alone = graph_ms(lambda w=window: chain.run(None, window_us=w))
-        runs = [
-            ("Triton", mb, lambda w=window, b=mb << 20: chain.run(tiles, b, w, fixed=False))
-            for mb in (0, 4, 8, 16, 24, 32, 48)
-        ]
-        if not chain.fp8:
-            runs.insert(0, ("cuBLAS", 0, lambda w=window: chain.run(0, window_us=w, cublas=True)))
-        for name, mb, run in runs:
-            diff = max(rel_diff(g, r) for g, r in zip(run(), ref))
-            ms = graph_ms(run)
-            print(
-                f"| {window:.0f} | {alone:.3f} | {name} | {mb} | {ms:.3f} | {ms - alone:.3f} | {diff:.1e} |",
-                flush=True,
-            )
 
 
 def act_quant(args: argparse.Namespace) -> None:
@@ -314,26 +232,18 @@ def confidence(args: argparse.Namespace) -> None:
         print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} | {wrong} |", flush=True)
 
 
-SECTIONS = {
-    "confidence": confidence,
-    "act_quant": act_quant,
-    "pdl_chain": pdl_chain,
-    "l2_next": l2_next,
-    "stack": stack,
-}
+SECTIONS = ["confidence", "act_quant", "pdl_chain", "stack"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=32)
-    p.add_argument(
-        "--only", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="these sections (default: all)"
-    )
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="these sections (default: all)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for name in SECTIONS:  # in this order, whatever --only's: the stack last, it holds 23 GB of weights
         if name in args.only:
-            SECTIONS[name](args)
+            {"confidence": confidence, "act_quant": act_quant, "pdl_chain": pdl_chain, "stack": stack}[name](args)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,6 @@ class Fp8Linear(nn.Module):
         # The Triton GEMM's split-K tile counters (kernels/stream_gemm.py): scratch, not state.
         self.register_buffer("counters", tile_counters(self.out_features, weight.device), persistent=False)
         self.weight_only_rows = weight_only_rows
-        # The weight of the linear a pass multiplies next (set by quantize_model; a plain attribute,
-        # not a buffer: it is that layer's): the Triton GEMM sends its start to L2 as it finishes.
-        self.next_weight: torch.Tensor | None = None
         # CUDA runs torch._scaled_mm; anything else emulates it in float32 (CPU tests).
         self.emulate = weight.device.type != "cuda"
 
@@ -99,7 +96,7 @@ class Fp8Linear(nn.Module):
     def matmul(self, xq: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """e4m3 rows [M, K] with their float32 scales [M] -> [M, N] in dtype."""
         if self.emulate or path_for_rows(xq.shape[0], 0, self.in_features) == "triton":
-            return fp8_matmul(xq, x_scale, self.weight, self.scale, self.counters, dtype, self.next_weight)
+            return fp8_matmul(xq, x_scale, self.weight, self.scale, self.counters, dtype)
         return torch._scaled_mm(
             xq,
             self.weight.t(),  # column-major [K, N], as the FP8 GEMM wants its second operand
@@ -203,9 +200,6 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
             setattr(owner, name, q)
         block.mlp = Fp8MLP(block.mlp.c_fc, block.mlp.c_proj)
         block.__class__ = Fp8Block  # the same modules and weights; only the step between attention and the MLP changes
-    in_pass_order = [block.get_submodule(path) for block in model.transformer.blocks for path in BLOCK_LINEARS]
-    for linear, following in zip(in_pass_order, in_pass_order[1:]):
-        linear.next_weight = following.weight
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     log.info(

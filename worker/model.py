@@ -16,7 +16,6 @@ from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
 from cde.kernels.stream_ops import rms_norm, swiglu
-from cde.kernels.stream_tiles import MAX_ROWS
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
@@ -64,10 +63,6 @@ class Attention(nn.Module):
         if cfg.use_qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        # c_proj's weight (a plain tensor, not a parameter of this module), which the fused input
-        # stage sends to L2 in one-request passes, for the GEMM after the attention (set by
-        # worker/stream_linear.py: bfloat16 on CUDA; an FP8 c_attn sends it itself)
-        self.ahead: torch.Tensor | None = None
 
     def qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -131,7 +126,6 @@ class Attention(nn.Module):
                 cfg.norm_eps,
                 cfg.n_head,
                 mask.group,
-                self.ahead if n * t <= MAX_ROWS else None,
             )
             y = flex_paged_attention(q, cache[0], cache[1], mask)
         else:

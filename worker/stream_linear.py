@@ -10,9 +10,6 @@ always run cuBLAS. It is decided before anything is compiled, so the compiled bl
 A kernel that fails to build, or whose products are not cuBLAS's to bfloat16 rounding on every
 layer, keeps cuBLAS.
 
-Attention's c_proj weight goes to L2 while the attention runs (`Attention.ahead`): its fused input
-stage sends it in one-request passes.
-
 The MLPs become StreamMLPs: where `calibrate` finds it faster, a one-request call runs c_fc and its
 activation as one Triton GEMM with `silu(gate) * up` in its epilogue (`cde::stream_swiglu`), timed
 against c_fc as chosen above plus the compiled pointwise kernel, which is what a compiled block
@@ -31,7 +28,7 @@ import torch.nn.functional as F
 from cde.kernels.stream_ops import stream_linear, stream_swiglu, swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.worker.cuda_timing import graph_replay_ms
-from cde.worker.model import BLOCK_LINEARS, Attention, SteerlingModel
+from cde.worker.model import BLOCK_LINEARS, SteerlingModel
 
 MARGIN = 0.02  # the Triton GEMM must be this much faster: timing noise never flips a shape to it
 AGREEMENT = 1e-2  # its products' relative distance from cuBLAS's at most (bfloat16 rounding is ~4e-3)
@@ -92,8 +89,6 @@ def install(model: SteerlingModel, time_ms: Clock | None = None) -> dict:
             setattr(owner, name, StreamLinear(getattr(owner, name).weight))
         c_fc, c_proj = (cast(StreamLinear, getattr(block.mlp, name)) for name in ("c_fc", "c_proj"))
         block.mlp = StreamMLP(c_fc, c_proj)
-        attn = cast(Attention, block.attn)
-        attn.ahead = cast(StreamLinear, attn.c_proj).weight.detach()  # to L2 behind the attention
     return calibrate(model, time_ms or cuda_ms)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cde.kernels import fp8_ops, l2_prefetch, row_confidence, stream_gemm
+from cde.kernels import fp8_ops, row_confidence, stream_gemm
 from cde.kernels.stream_ops import tile_counters
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -190,26 +190,3 @@ def test_add_norm_quantize_kernel_adds_the_steering_of_each_item():
     assert torch.allclose(out.float(), ref.float(), rtol=2**-9, atol=0)  # two float16 roundings at most
     assert torch.equal(out[2:], plain[2:]) and not torch.equal(out[:2], plain[:2])
     assert torch.allclose(scale, ref_scale, rtol=2**-9)
-
-
-def test_the_l2_prefetch_sends_whole_16_byte_steps_of_every_row_and_nothing_misaligned():
-    """kernels/l2_prefetch.py's share of each row: about the bytes asked for in all, in 16-byte
-    steps (a bulk prefetch's size) within the row; nothing where a row's address is not 16-byte
-    aligned or nothing is asked; nothing off CUDA, where the GEMM still gives its product."""
-    mb24 = 24 << 20
-    for rows, row_bytes in ((4096, 4096), (32768, 4096), (4096, 16384), (4096, 8192), (100352, 8192)):
-        prefix = l2_prefetch.prefix_bytes(rows, row_bytes, 256, mb24)
-        assert 16 <= prefix <= row_bytes and prefix % 16 == 0
-        assert rows * prefix <= mb24 and (prefix == row_bytes or rows * (prefix + 16) > mb24)
-    assert l2_prefetch.prefix_bytes(4096, 4096, 256, 100) == 16  # at least one step per row
-    assert l2_prefetch.prefix_bytes(4096, 4096, 8, mb24) == 0  # a misaligned weight
-    assert l2_prefetch.prefix_bytes(64, 4104, 256, mb24) == 0  # rows 8 bytes off
-    assert l2_prefetch.prefix_bytes(4096, 4096, 256, 0) == 0
-    a, w = torch.randn(5, 512, dtype=torch.float16), torch.randn(64, 512, dtype=torch.float16)
-    assert l2_prefetch.row_prefix(w) == 0 and l2_prefetch.row_prefix(None) == 0
-    counters = torch.zeros(stream_gemm.counter_count(64), dtype=torch.int32)
-    plain = stream_gemm.stream_gemm(a, w, counters, torch.float16, config=config(32, 128, 1))
-    ahead = stream_gemm.stream_gemm(
-        a, w, counters, torch.float16, config=config(32, 128, 1), prefetch_next=w, prefetch_next_bytes=1 << 20
-    )
-    assert torch.equal(plain, ahead)

@@ -248,25 +248,6 @@ def test_quantize_model_converts_only_the_transformer_linears(tiny_dir: Path) ->
     assert "transformer.blocks.0.mlp.c_fc.weight" in model.state_dict()
 
 
-def test_every_fp8_gemm_names_the_weight_the_pass_multiplies_next(
-    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The L2 hint of cde::fp8_matmul (the CUDA kernel sends the start of `next_weight` to L2 as it
-    finishes): in the order a pass runs its FP8 GEMMs, each names the weight of the one after it,
-    and the pass's last names none."""
-    engine = Engine(EngineArgs(str(tiny_dir), quantization="fp8", max_running=1))
-    calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    op = fp8.fp8_matmul
-    monkeypatch.setattr(fp8, "fp8_matmul", lambda *args: calls.append((args[2], args[6])) or op(*args))
-    engine.generate([GenerateRequest("r", [5, 6, 7], max_tokens=4)])
-    per_pass = 4 * engine.cfg.n_layers
-    assert engine.forward_passes >= 2 and len(calls) == per_pass * engine.forward_passes
-    for start in range(0, len(calls), per_pass):
-        gemms = calls[start : start + per_pass]
-        assert all(nxt is after for (_, nxt), (after, _) in zip(gemms, gemms[1:]))
-        assert gemms[-1][1] is None
-
-
 def test_fp8_mlp_equals_its_unfused_definition() -> None:
     """Fp8MLP's fused activation quantization against c_proj applied to silu(gate) * up computed
     in float32 and quantized by the same layer (so only the fusion differs): equal."""

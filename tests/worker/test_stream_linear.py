@@ -64,8 +64,6 @@ def test_install_changes_neither_outputs_nor_state_dict(small_dir, model):
     assert all(m.stream for m in linears(model))
     assert all(isinstance(b.mlp, stream_linear.StreamMLP) and b.mlp.fused for b in model.transformer.blocks)
     for block, ref in zip(model.transformer.blocks, plain.transformer.blocks):
-        # c_proj's weight goes to L2 behind the attention: the same storage, no parameter of attn
-        assert block.attn.ahead.data_ptr() == block.attn.c_proj.weight.data_ptr() and ref.attn.ahead is None
         x = torch.randn(1, 64, ref.mlp.c_fc.in_features, dtype=torch.bfloat16)
         with OpNames() as ops, torch.inference_mode():  # as the engine runs
             assert torch.equal(block.mlp(x), ref.mlp(x))  # the fused op is c_fc then the activation
