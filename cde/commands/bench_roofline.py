@@ -14,7 +14,9 @@ The roofline is the larger of the two; "of roofline" is how close the pass comes
 weights counted are every linear layer of the checkpoint's shape (the transformer blocks' in FP8
 with `--quantization fp8`, the LM head and concept heads in bfloat16 either way); embeddings are
 gathered by row, not read whole. FLOPs: 2 per weight per token of the pass's 64-token blocks, and
-attention's QK and PV over the run's mean context."""
+attention's QK and PV over the run's mean context. "host gap ms" is the time per pass the device
+sat idle waiting for the host to launch the next one (`cde bench engine`'s idle share of the run):
+time a pass loses that no kernel can win back."""
 
 from __future__ import annotations
 
@@ -95,6 +97,7 @@ class Row:
     flop_ms: float | None
     gc_share: float | None
     recompiles: int | None
+    host_gap_ms: float | None = None  # per pass, the device idle waiting for the host's next launch
     compared: str = ""  # against what else the same run measured (SDPA flash, the engine)
     bar: str = ""
     met: bool | None = None
@@ -130,13 +133,15 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
         read_ms, flop_ms = limits(s, quant, n, context, args)
         gc_share = r.get("gc_ms", 0.0) / (r["wall_s"] * 1e3)
         recompiles = int(r.get("recompiles_after_warmup", 0))
+        gap_ms = r["gpu_idle_fraction"] * r["wall_s"] * 1e3 / r["forward_passes"] if "gpu_idle_fraction" in r else None
         bar, met = "", None
         if (quant, n) in BARS:
             max_ms, min_tok_s = BARS[quant, n]
             bar = " and ".join(([f"<= {max_ms:g} ms"] if max_ms is not None else []) + [f">= {min_tok_s:g} tok/s"])
             met = (max_ms is None or ms <= max_ms) and tok_s >= min_tok_s
             met = met and gc_share <= GC_BAR and recompiles == 0
-        out.append(Row(_label(quant, n), ms, tok_s, read_ms, flop_ms, gc_share, recompiles, bar=bar, met=met))
+        row = Row(_label(quant, n), ms, tok_s, read_ms, flop_ms, gc_share, recompiles, gap_ms, bar=bar, met=met)
+        out.append(row)
     return out
 
 
@@ -158,7 +163,7 @@ def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
             bar = f"<= {LONG_MS_BAR:g} ms and attention <= {FLASH_RATIO_BAR:g}x SDPA flash"
             met = ms <= LONG_MS_BAR and ratio is not None and ratio <= FLASH_RATIO_BAR
         run = f"{s.n_layers} layers, {context // 1024}k, {_requests(n)}, FlashBlock {r['flashblock']}"
-        out.append(Row(run, ms, r["decode_tok_per_s"], read_ms, flop_ms, None, None, compared, bar, met))
+        out.append(Row(run, ms, r["decode_tok_per_s"], read_ms, flop_ms, None, None, None, compared, bar, met))
     return out
 
 
@@ -169,7 +174,7 @@ def http_rows(summary: dict) -> list[Row]:
         run = f"HTTP, {_requests(int(c['concurrency']))}, attribution {'on' if c['attribution'] else 'off'}"
         compared = f"{100 * gap:+.1f}% vs the engine ({c['engine_tok_s']:.1f} tok/s)"
         bar = f"within {100 * HTTP_BAR:g}% of the engine"
-        out.append(Row(run, None, c["http_tok_s"], None, None, None, None, compared, bar, gap >= -HTTP_BAR))
+        out.append(Row(run, None, c["http_tok_s"], None, None, None, None, None, compared, bar, gap >= -HTTP_BAR))
     return out
 
 
@@ -180,8 +185,8 @@ def _num(value: float | None, fmt: str) -> str:
 def table(all_rows: list[Row]) -> str:
     lines = [
         "run | ms/pass | tok/s | weight-read limit ms | tensor-core limit ms | of roofline | GC | recompiles"
-        " | compared with | issue 29 bar | met",
-        "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
+        " | host gap ms | compared with | issue 29 bar | met",
+        "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
     ]
     for r in all_rows:
         share = None if r.ms is None or r.roofline_ms is None else 100 * r.roofline_ms / r.ms
@@ -189,6 +194,7 @@ def table(all_rows: list[Row]) -> str:
         lines.append(
             f"{r.run} | {_num(r.ms, '.2f')} | {r.tok_s:.1f} | {_num(r.read_ms, '.2f')} | {_num(r.flop_ms, '.2f')} | "
             f"{_num(share, '.0f')}{'%' if share is not None else ''} | {gc} | {_num(r.recompiles, 'd')} | "
+            f"{_num(r.host_gap_ms, '.2f')} | "
             f"{r.compared or '—'} | {r.bar or '—'} | {'—' if r.met is None else 'yes' if r.met else 'no'}"
         )
     return "\n".join(lines)

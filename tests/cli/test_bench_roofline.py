@@ -59,8 +59,10 @@ def test_the_table_of_a_real_engine_run(tmp_path):
     assert cells[0] == "bf16, 1 request" and float(cells[1]) == pytest.approx(result["ms_per_forward"], abs=0.01)
     assert float(cells[3]) == pytest.approx(read_ms, abs=0.01) and float(cells[4]) == pytest.approx(flop_ms, abs=0.01)
     assert cells[5] == f"{100 * max(read_ms, flop_ms) / result['ms_per_forward']:.0f}%"
-    assert cells[7] == str(result["recompiles_after_warmup"]) and cells[9] == "<= 4.8 ms and >= 205 tok/s"
-    assert cells[10] == "no"  # a CPU does not reach the bar
+    assert cells[7] == str(result["recompiles_after_warmup"]) and cells[10] == "<= 4.8 ms and >= 205 tok/s"
+    gap_ms = result["gpu_idle_fraction"] * result["wall_s"] * 1e3 / result["forward_passes"]
+    assert cells[8] == f"{gap_ms:.2f}" and result["gpu_idle_fraction"] > 0  # the host's part of a CPU pass
+    assert cells[11] == "no"  # a CPU does not reach the bar
 
 
 def roofline(tmp_path, report: dict) -> list[list[str]]:
@@ -92,8 +94,8 @@ def test_long_context_rows_carry_the_pass_and_flash_bars(tmp_path):
     rows = roofline(tmp_path, {"args": {"max_tokens": 128}, "config": cfg, "results": results})
     assert [r[0] for r in rows[:2]] == ["4 layers, 128k, 1 request, FlashBlock off"] * 2
     assert [r[1] for r in rows] == ["3.40", "3.60", "3.40", "20.00", "2.00"]
-    assert rows[0][8] == "attention 1.40x SDPA flash" and rows[2][8] == "attention 1.56x SDPA flash"
-    assert [r[10] for r in rows] == ["yes", "no", "no", "—", "—"]
+    assert rows[0][9] == "attention 1.40x SDPA flash" and rows[2][9] == "attention 1.56x SDPA flash"
+    assert [r[11] for r in rows] == ["yes", "no", "no", "—", "—"]
     assert rows[4][4] == rows[4][5] == "—"  # reused attention: no tensor-core limit, no share of it
     s = shape(ModelConfig.from_dict(cfg))
     assert float(rows[0][4]) == pytest.approx(pass_flops(s, 1, 131072 - 64) / 790e12 * 1e3, abs=0.01)
@@ -106,5 +108,5 @@ def test_http_rows_are_judged_against_the_engine_of_the_same_run(tmp_path):
     ]
     rows = roofline(tmp_path, {"args": {}, "cells": cells})
     assert [r[0] for r in rows] == ["HTTP, 1 request, attribution off", "HTTP, 32 requests, attribution on"]
-    assert [r[8] for r in rows] == ["-2.5% vs the engine (100.0 tok/s)", "-4.0% vs the engine (500.0 tok/s)"]
-    assert [r[10] for r in rows] == ["yes", "no"]
+    assert [r[9] for r in rows] == ["-2.5% vs the engine (100.0 tok/s)", "-4.0% vs the engine (500.0 tok/s)"]
+    assert [r[11] for r in rows] == ["yes", "no"]
