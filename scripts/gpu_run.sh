@@ -10,7 +10,7 @@
 # reductions, issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
-# steering), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
+# steering), ASYNC_AB=1 (bench runs every level planned after the picks, then ahead of them), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
 # WATCH=S (bench reports the engine's progress every S seconds, with every thread's stack when no pass ran
 # for S seconds, and the GPU's load to gpu_load_*.csv), INDUCTOR="KEY=VALUE ..." (bench with those torch._inductor.config values, e.g. INDUCTOR=combo_kernels=True),
 # BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
@@ -59,6 +59,7 @@ for STAGE in $STAGES; do
     fi
     python3 -m cde bench engine --model /tmp/m8b --quantization "$Q" --concurrency "${CONC:-1,4,16,32}" --prompt-len 64 \
       --max-tokens 256 --attribution --json "$OUT/bench_8b_$Q.json" ${STEER:+--steering} ${PROFILE:+--profile "$OUT/profile_$Q"} \
+      ${ASYNC_AB:+--compare-async-scheduling} \
       ${WATCH:+--watch "$WATCH"} $(for kv in ${INDUCTOR:-}; do printf -- "--inductor %s " "$kv"; done) \
       2>&1 | tee "$OUT/bench_8b_$Q.log"
     [[ -n ${WATCH:-} ]] && kill "$LOAD_PID"

@@ -31,6 +31,8 @@ class EngineArgs:
     quantization: str = "none"  # "fp8": e4m3 weights for the transformer's linear layers (worker/fp8.py)
     fp8_weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS  # fp8: passes of at most this many rows run weight-only
     prefix_cache: bool = True  # share full prompt pages between requests (worker/prefix_cache.py)
+    # Plan each pass before the last one's picks reach the host (worker/plan_ahead.py); None: on CUDA.
+    async_scheduling: bool | None = None
     # Input attribution's chunk (tokens forwarded and back-propagated at once; None: the device's
     # default, worker/input_attribution.py) and its share of the time while others decode.
     input_attribution_tokens: int | None = None

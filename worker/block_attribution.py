@@ -9,8 +9,10 @@ and when a block completes one attribution runs over its kept positions. Once pe
 of once per step: the concept predictors' weights (about 330 MB on the 8B) are read and the
 chunked top-k merges (about 40 latency-bound kernels a call) run once per 64 tokens.
 
-The engine gathers a completed block's rows before it launches the next pass (worker/engine.py),
-so the forward stream orders the read before the next block's writes to the same slot.
+A slot has two sets of rows, one for its even blocks and one for its odd ones: a pass planned
+ahead (worker/plan_ahead.py) is launched before the engine learns that the pass in flight
+completes a block, so the next block's first step writes its picks before the completed block's
+rows are gathered; in the other set, they never overwrite them.
 """
 
 from __future__ import annotations
@@ -22,31 +24,43 @@ from cde.worker.staging import Staging
 
 class AttributionStash:
     def __init__(self, max_running: int, n_embd: int, dtype: torch.dtype, device: torch.device) -> None:
-        rows = (max_running + 1) * PAGE  # the last slot's rows take the picks that commit nothing
+        rows = (2 * max_running + 1) * PAGE  # the last rows take the picks that commit nothing
         self.h = torch.zeros(rows, n_embd, dtype=dtype, device=device)
         self.tok = torch.zeros(rows, dtype=torch.long, device=device)
         self.target = torch.zeros(rows, dtype=dtype, device=device)
-        self.scratch = max_running * PAGE
+        self.scratch = 2 * max_running * PAGE
         self.rows = Staging(device, torch.int64)
+        self.keys = Staging(device, torch.int64)
+
+    @staticmethod
+    def key(slot: int, block: int) -> int:
+        """The set of rows of a request slot's block (64 rows, one per position)."""
+        return 2 * slot + block % 2
+
+    def stage_keys(self, items: list[tuple[int, int]]) -> torch.Tensor:
+        """(slot, block) per step item of a pass -> their keys [S] on the device."""
+        (keys,) = self.keys.stage([self.key(slot, block) for slot, block in items])
+        return keys
 
     def write(
         self,
-        slots: torch.Tensor,
+        keys: torch.Tensor,
         positions: torch.Tensor,
         valid: torch.Tensor,
         hidden: torch.Tensor,
         tokens: torch.Tensor,
         target: torch.Tensor,
     ) -> None:
-        """A pass's picks: slots [S], positions and valid [S, K] (within the block), their hidden
-        states [S * K, D], tokens [S, K] and target logits [S * K]. Static shapes, no host sync."""
-        dest = torch.where(valid, slots[:, None] * PAGE + positions, self.scratch).reshape(-1)
+        """A pass's picks: keys [S] (`stage_keys`), positions and valid [S, K] (within the block),
+        their hidden states [S * K, D], tokens [S, K] and target logits [S * K]. Static shapes, no
+        host sync."""
+        dest = torch.where(valid, keys[:, None] * PAGE + positions, self.scratch).reshape(-1)
         self.h.index_copy_(0, dest, hidden)
         self.tok.index_copy_(0, dest, tokens.reshape(-1))
         self.target.index_copy_(0, dest, target)
 
     def gather(self, blocks: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(slot, positions within the block) per block -> their hidden states, tokens and target
+        """(key, positions within the block) per block -> their hidden states, tokens and target
         logits, block after block, copied on the current stream."""
-        (idx,) = self.rows.stage([slot * PAGE + q for slot, positions in blocks for q in positions])
+        (idx,) = self.rows.stage([key * PAGE + q for key, positions in blocks for q in positions])
         return self.h[idx], self.tok[idx], self.target[idx]

@@ -21,6 +21,7 @@ LONG_CONTEXT_PAGES or more; `--kv-splits S` overrides the choice with S ways at 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -242,10 +243,12 @@ class GraphedForward:
         steer_from: list,
         split: FlashBlockSplit | None = None,
         split_caches: list | None = None,
+        complete_tokens: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """Host lists of N real items (steer_vec: a device tensor [N, D], None when no item steers)
         -> hidden [N, 64, D]. `split`: FlashBlock's modes, slots and write slots per item, with its
-        per-layer cache rows."""
+        per-layer cache rows. `complete_tokens`: called with the items' tokens in the bucket's
+        device buffer ([N, 64]) before the replay, to finish them in place (worker/carried_picks.py)."""
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
@@ -255,6 +258,8 @@ class GraphedForward:
             ways = bucket_splits(self.kv_splits, size, max(len(p) for p in pages))
             b = self.buckets[(size, split is not None, ways)]
         self._fill(b, tokens, blocks, write_pages, pages, steer_from, split)
+        if complete_tokens is not None:
+            complete_tokens(views(b.ints, b.n, self.width)[0][:n])
         # An unsteered pass (the common one) queues no copy before its replay, and no fill
         # unless the bucket's last pass steered.
         if steer_vec is not None:

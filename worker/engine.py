@@ -25,6 +25,7 @@ from cde.worker.constraint import Constraint
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.outputs import OutputStage
+from cde.worker.plan_ahead import plan_ahead
 from cde.worker.prefix_cache import PrefixCache
 from cde.worker.scheduler import Scheduler
 from cde.worker.steering import concept_top_tokens
@@ -95,6 +96,10 @@ class Engine:
         gc.collect()
         gc.freeze()
         self.forward_passes = 0
+        self.passes_planned_ahead = 0  # of them
+        # On the CPU a launch computes its pass at once: planned ahead, every result would only
+        # wait a pass longer.
+        self.plans_ahead = device == "cuda" if args.async_scheduling is None else args.async_scheduling
         self._in_flight: Pass | None = None  # launched by the last step(), finished by the next
         self._failed: list[BlockResult] = []  # requests failed alone since the last step() returned
 
@@ -132,10 +137,11 @@ class Engine:
         """Finish one forward pass: the blocks it completed, preceded by the step events of
         requests with `stream_denoise`.
 
-        Pipelined: as soon as the pass's picks are on the host and placed, the next pass is
-        planned and launched, and only then does the output stage finish this pass's results:
-        stop strings, and the attribution that ran on a side stream. The GPU starts the next
-        step while the host finishes this one, instead of idling through the host's bookkeeping."""
+        Pipelined: on CUDA the next pass is planned and launched before this one's picks are
+        read (worker/plan_ahead.py), so the GPU goes from one pass to the next without waiting for
+        the host; where it cannot be, it is planned and launched as soon as the picks are placed.
+        Only then does the output stage finish this pass's results: stop strings, and the
+        attribution that ran on a side stream."""
         with self.runner.on_stream():
             results = self._step()
         failed, self._failed = self._failed, []
@@ -148,6 +154,7 @@ class Engine:
         self._in_flight = None
         if current is None:
             return self.outputs.idle()
+        ahead = self._launch_ahead(current) if self.plans_ahead else None
         picks = self.runner.picks(current)
         # From here to the next launch the GPU waits for the host: a garbage collection landing
         # here (a full one scans every attribution record still held) would stall it. The
@@ -156,13 +163,30 @@ class Engine:
         gc.disable()
         try:
             placed = self.scheduler.place(current.plan, picks)
+            if ahead is not None:
+                self.scheduler.launched_ahead(ahead.plan)
             self.forward_passes += 1
-            self.outputs.attribute_blocks(current.plan, placed, self.runner)  # its stashed rows: before the next launch
-            self._in_flight = self._launch()
+            self.outputs.attribute_blocks(current.plan, placed, self.runner)
+            self._in_flight = ahead or self._launch()
         finally:
             if collecting:
                 gc.enable()
         return self.outputs.finish(placed, self.runner.records(current))
+
+    def _launch_ahead(self, current: Pass) -> Pass | None:
+        """The pass after `current`, planned and launched before current's picks are read; None
+        when it must wait for them. A launch that raises is dropped: the pass is planned again
+        after the picks, where a request that makes it fail is failed alone (`_launch`)."""
+        plan = plan_ahead(self.scheduler, current.plan)
+        if plan is None:
+            return None
+        try:
+            ahead = self.runner.launch(plan, after=current)
+        except Exception:
+            log.warning("a pass planned ahead failed to launch; planned again:\n%s", traceback.format_exc())
+            return None
+        self.passes_planned_ahead += 1
+        return ahead
 
     def _launch(self) -> Pass | None:
         """The next pass, launched. A request whose own setup or values make it fail is dropped

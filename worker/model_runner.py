@@ -20,6 +20,7 @@ from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID,
 from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_runner import AttributionRunner
 from cde.worker.block_attribution import AttributionStash
+from cde.worker.carried_picks import CarriedPicks, Selected, stage_carried
 from cde.worker.concept_contributions import head_widths
 from cde.worker.constraint import Constraint
 from cde.worker.cuda_graphs import GraphedForward
@@ -47,6 +48,7 @@ class Pass:
     logprob_items: list[int] = field(default_factory=list)  # step items that asked for logprobs
     logprobs: HostCopy | None = None  # [L, K, 1 + 2 * logprob_top] (worker/logprobs.py)
     logprob_top: int = 0
+    selected: Selected | None = None  # its positions, tokens and valid [S, K], on the device
 
 
 class ModelRunner:
@@ -93,6 +95,7 @@ class ModelRunner:
         self.rules = RequestLogitRules(self.device, width, max_running)
         self.step_inputs = StepInputBuilder(self.device, self.banned, self.seen, self.rules, cfg.vocab_size)
         self.attr_inputs = Staging(self.device, torch.int64)
+        self.carry_inputs = Staging(self.device, torch.int64)
         self.stash = AttributionStash(max_running, cfg.n_embd, self.dtype, self.device)
         self.logprobs = LogprobsRunner(self.device)
         # The engine's steps run on a stream of the highest priority, so the attribution graphs on
@@ -165,13 +168,16 @@ class ModelRunner:
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> Pass:
+    def launch(self, plan: StepPlan, after: Pass | None = None) -> Pass:
         """Queue a pass (its new requests already started): forward, logits, selection and (on a
         side stream) attribution, with their device-to-host copies. Never waits for the GPU, so
-        the engine can schedule and launch the next pass while this one's attribution finishes."""
+        the engine can schedule and launch the next pass while this one's attribution finishes.
+        `after`: the pass in flight that `plan` was planned ahead of (worker/plan_ahead.py), whose
+        picks complete its items on the device."""
         items = plan.items
+        carried = stage_carried(self.carry_inputs, plan, after.selected) if after and after.selected else None
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
+        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items), carried)
         steps = [i for i, it in enumerate(items) if it.is_step]
         if not steps:
             return Pass(plan, steps)
@@ -180,6 +186,8 @@ class ModelRunner:
         constraints = [self.constraints[it.slot] if it.request.constrained else None for it in step_items]
         inp = self.step_inputs.build(steps, step_items, relu, constraints)
         sb = inp.sampling
+        if carried is not None:
+            carried.out_of_grid(sb.grid)
         logits = self._logits(hidden, inp.rows)
         adjusted = adjust_logits(logits, sb)
         positions, chosen, valid = select_and_sample_adjusted(adjusted, sb)
@@ -193,12 +201,14 @@ class ModelRunner:
             picks=to_host(torch.stack([positions, chosen, valid.long()])),
             attributed=[n for n, it in enumerate(step_items) if it.request.attribution and it.request.stream_denoise],
             logprob_items=[n for n, it in enumerate(step_items) if it.request.logprobs is not None],
+            selected=(positions, chosen, valid),
         )
         if any(it.request.attribution_per_block for it in step_items):
             # attributed when the block completes (worker/block_attribution.py): every pick's row stashed
             lr = sb.grid.gather(1, positions).clamp(min=0)  # [S, K] logits rows
             h = hidden.reshape(-1, self.cfg.n_embd)[inp.rows[lr].reshape(-1)]
-            self.stash.write(inp.slots, positions, valid, h, chosen, logits[lr.reshape(-1), chosen.reshape(-1)])
+            keys = self.stash.stage_keys([(it.slot, it.block) for it in step_items])
+            self.stash.write(keys, positions, valid, h, chosen, logits[lr.reshape(-1), chosen.reshape(-1)])
         if p.logprob_items:
             p.logprob_top = max(step_items[n].request.logprobs or 0 for n in p.logprob_items)
             p.logprobs = self.logprobs.launch(adjusted, sb.grid, positions, chosen, p.logprob_items, p.logprob_top)
@@ -268,9 +278,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def attribute_blocks(self, blocks: list[tuple[int, list[int]]]) -> HostCopy:
-        """(slot, positions within the block) of blocks whose picks the passes stashed -> their
-        packed attribution rows, block after block, on their way to the host. Call it before the
-        next pass is launched: its rows are read on the forward stream, ahead of the next writes."""
+        """(stash key, positions within the block) of blocks whose picks the passes stashed ->
+        their packed attribution rows, block after block, on their way to the host. Call it before
+        the pass after the next is launched (worker/block_attribution.py)."""
         if not any(positions for _, positions in blocks):  # blocks that kept no token
             return HostCopy(torch.empty(0, self.attribution.width, dtype=torch.float64), None)
         return self.attribution.launch(*self.stash.gather(blocks))
@@ -297,7 +307,12 @@ class ModelRunner:
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
 
     def _forward(
-        self, items: Items, steer_vec: torch.Tensor | None, steer_from: list[int], split: FlashBlockSplit | None
+        self,
+        items: Items,
+        steer_vec: torch.Tensor | None,
+        steer_from: list[int],
+        split: FlashBlockSplit | None,
+        carried: CarriedPicks | None = None,
     ) -> torch.Tensor:
         if self.graphed is not None:
             return self.graphed(
@@ -309,8 +324,9 @@ class ModelRunner:
                 steer_from,
                 split,
                 self.flashblock_cache,
+                carried.into_tokens if carried is not None else None,
             )
-        return self._forward_eager(items, steer_vec, steer_from, split)
+        return self._forward_eager(items, steer_vec, steer_from, split, carried)
 
     def _split_inputs(self, items: Items) -> FlashBlockSplit | None:
         """FlashBlock per item: its mode, cache row read and cache row written, or None when every
@@ -324,12 +340,19 @@ class ModelRunner:
         return FlashBlockSplit(modes, slots, writes)
 
     def _forward_eager(
-        self, items: Items, steer_vec: torch.Tensor | None, steer_from: list[int], split: FlashBlockSplit | None
+        self,
+        items: Items,
+        steer_vec: torch.Tensor | None,
+        steer_from: list[int],
+        split: FlashBlockSplit | None,
+        carried: CarriedPicks | None = None,
     ) -> torch.Tensor:
         dev = self.device
         if steer_vec is None:
             steer_vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=dev)
         tokens = torch.tensor([it.tokens for it in items], device=dev)
+        if carried is not None:
+            carried.into_tokens(tokens)
         abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
         max_pages = max(len(it.pages) for it in items)
         paged = PagedBatch(

@@ -9,7 +9,7 @@ pass computes (the engine calls `finish` after launching it).
   the step's results, kept with its active block until the block completes, then joined and cut
   to its kept tokens; any other request gets its block's, computed once when the block completes
   from the rows its passes stashed (worker/block_attribution.py), started by `attribute_blocks`
-  before the next pass is launched, cut the same way.
+  as soon as the pass's picks are placed, cut the same way.
 - Input attribution (worker/input_attribution_runner.py) holds a block's result back until its
   IG is done.
 """
@@ -23,6 +23,7 @@ from cde.shared.config import PAGE
 from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import EngineResult, TokenLogprobs
 from cde.shared.stops import find_stop
+from cde.worker.block_attribution import AttributionStash
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.plan import StepPlan
 from cde.worker.scheduler import Placed, Scheduler
@@ -60,13 +61,17 @@ class OutputStage:
 
     def attribute_blocks(self, plan: StepPlan, placed: list[Placed], runner: ModelRunner) -> None:
         """Start the attribution of the blocks the pass of `plan` completed for requests that get
-        it per block, from the rows `runner` stashed. Before the next pass is launched (see
-        worker/block_attribution.py)."""
+        it per block, from the rows `runner` stashed. Before the pass after the next is launched
+        (worker/block_attribution.py)."""
         done = [p for p in placed if p.block_result is not None and p.seq.params.attribution_per_block]
         if not done:
             self._blocks = None
             return
-        rows = [(plan.step_items[p.index].slot, [q % PAGE for q in p.block_positions]) for p in done]
+        steps = plan.step_items
+        rows = [
+            (AttributionStash.key(steps[p.index].slot, steps[p.index].block), [q % PAGE for q in p.block_positions])
+            for p in done
+        ]
         self._blocks = (done, runner.attribute_blocks(rows), runner)
 
     def finish(self, placed: list[Placed], records: list[PackedAttribution | None]) -> list[EngineResult]:
@@ -84,7 +89,7 @@ class OutputStage:
             if p.seq.params.attribution_per_block:
                 if p.block_result is not None:
                     whole = records[p.index]
-                    assert whole is not None, "the block's attribution was started before the next launch"
+                    assert whole is not None, "the block's attribution was started when its picks were placed"
                     p.block_result.attribution = _kept(p, whole)
             elif p.seq.params.attribution:
                 self._attach(p, records[p.index])

@@ -89,6 +89,10 @@ class PlannedItem(NamedTuple):
     eligible: tuple[bool, ...] = ()  # per position: still masked and may be unmasked
     committed: int = 0  # generated tokens unmasked so far (steering's cutoff schedule)
     generated: int = 0  # tokens of the request's completed blocks (min_tokens)
+    # A pass planned ahead (worker/plan_ahead.py): the step item of the previous pass whose picks
+    # complete this item's tokens (and, for a step, take its picked positions out of `eligible`)
+    # on the device; -1: none, the item is complete as planned.
+    carry: int = -1
 
 
 @dataclass(frozen=True, slots=True)

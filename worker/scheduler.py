@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cde.shared.config import MASK_ID, PAGE
+from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
 from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, PrefixResult, StepResult
 from cde.worker.fair_share import FairShare
 from cde.worker.flashblock_policy import FlashBlockPolicy
@@ -101,6 +101,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def may_admit(self) -> bool:
+        """A waiting request may take a free slot at the next schedule."""
+        return bool(self.waiting and self._free_slots)
+
     # ---- schedule -------------------------------------------------------------------------
     def _admit(self) -> list[Sequence]:
         admitted = []
@@ -139,9 +143,9 @@ class Scheduler:
                 break
             if seq.pending_commit:
                 block, tokens = seq.pending_commit
-                items.append(self._write(seq, block, tokens))
+                items.append(write_item(seq, block, tokens))
                 seq.pending_commit = None
-            items.append(self._step(seq))
+            items.append(step_item(seq, self.flashblock.plan_step(seq.slot)))
             budget -= need
         # Then prefill chunks; a prompt whose last full block goes in now also takes its first step.
         # A page another request wrote in an earlier pass is skipped (prefix cache); one another
@@ -161,37 +165,23 @@ class Scheduler:
                     break
                 else:
                     writing.add(page)
-                    items.append(self._write(seq, block, seq.prompt_block(block)))
+                    items.append(write_item(seq, block, seq.prompt_block(block)))
                     budget -= 1
                 seq.prefilled += 1
             if seq.prefill_done and budget > 0:
-                items.append(self._step(seq))
+                items.append(step_item(seq, self.flashblock.plan_step(seq.slot)))
                 budget -= 1
         return StepPlan(tuple(items), tuple(_new_request(seq) for seq in admitted))
 
-    @staticmethod
-    def _write(seq: Sequence, block: int, tokens: list[int]) -> PlannedItem:
-        """A prefill or commit item: it writes final K/V, so it always attends exactly."""
-        pages = tuple(seq.pages[: block + 1])
-        return PlannedItem(seq.slot, seq.params, block, tuple(tokens), pages[-1], pages, is_step=False)
-
-    def _step(self, seq: Sequence) -> PlannedItem:
-        """The next denoising step of the request's active block."""
-        pages = tuple(seq.pages[: seq.block + 1])
-        return PlannedItem(
-            seq.slot,
-            seq.params,
-            seq.block,
-            tuple(seq.tokens),
-            pages[-1],
-            pages,
-            is_step=True,
-            attention=self.flashblock.plan_step(seq.slot),
-            step=seq.step,
-            eligible=tuple(seq.eligible()),
-            committed=seq.committed,
-            generated=len(seq.generated),
-        )
+    def launched_ahead(self, plan: StepPlan) -> None:
+        """A pass planned ahead (worker/plan_ahead.py) was launched and the picks before it
+        placed: the commits it carries are written, the blocks they complete no longer pending."""
+        for item in plan.items:
+            seq = self._by_slot.get(item.slot)
+            if item.is_step or seq is None or seq.params is not item.request or seq.pending_commit is None:
+                continue
+            if seq.pending_commit[0] == item.block:
+                seq.pending_commit = None
 
     # ---- place ----------------------------------------------------------------------------
     def place(self, plan: StepPlan, picks: list[Picks]) -> list[Placed]:
@@ -295,6 +285,31 @@ class Scheduler:
         self.pages.free(seq.id)
         self.flashblock.finish(seq.slot)
         self._free_slots.append(seq.slot)
+
+
+def write_item(seq: Sequence, block: int, tokens: list[int]) -> PlannedItem:
+    """A prefill or commit item: it writes final K/V, so it always attends exactly."""
+    pages = tuple(seq.pages[: block + 1])
+    return PlannedItem(seq.slot, seq.params, block, tuple(tokens), pages[-1], pages, is_step=False)
+
+
+def step_item(seq: Sequence, attention: int = ATTN_EXACT) -> PlannedItem:
+    """The next denoising step of the request's active block (attention: FlashBlock's mode)."""
+    pages = tuple(seq.pages[: seq.block + 1])
+    return PlannedItem(
+        seq.slot,
+        seq.params,
+        seq.block,
+        tuple(seq.tokens),
+        pages[-1],
+        pages,
+        is_step=True,
+        attention=attention,
+        step=seq.step,
+        eligible=tuple(seq.eligible()),
+        committed=seq.committed,
+        generated=len(seq.generated),
+    )
 
 
 def _new_request(seq: Sequence) -> NewRequest:

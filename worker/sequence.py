@@ -42,8 +42,8 @@ class Sequence:
         self.page_keys: list[bytes] = []  # of the full prompt pages, when the prefix cache is on
         self.cached_pages = 0  # full prompt pages found written by others (usage's cached_tokens)
         self.block = self.prompt_len // PAGE  # active block (absolute index)
-        self.tokens = self._block_tokens(self.block)
-        self._eligible, self._remaining = self._eligibility()
+        self.tokens, self._eligible = self.block_state(self.block)
+        self._remaining = sum(self._eligible)
         self.pending_commit: tuple[int, list[int]] | None = None  # (block, tokens) to write
         self.generated: list[int] = []  # tokens of completed blocks, in position order
         self.step = 0  # forward steps taken while decoding
@@ -64,24 +64,27 @@ class Sequence:
     def prefill_done(self) -> bool:
         return self.prefilled >= self.n_prompt_blocks
 
-    def _block_tokens(self, block: int) -> list[int]:
+    def block_state(self, block: int) -> tuple[list[int], list[bool]]:
+        """A block's tokens and eligible positions before its first step: its prompt positions
+        fixed, the rest masked, and eligible below the request's end."""
         start = block * PAGE
         tail = self.req.prompt_ids[start : self.prompt_len] if start < self.prompt_len else []
-        return list(tail) + [MASK_ID] * (PAGE - len(tail))
+        tokens = list(tail) + [MASK_ID] * (PAGE - len(tail))
+        return tokens, [t == MASK_ID and start + i < self.end for i, t in enumerate(tokens)]
 
     def prompt_block(self, block: int) -> list[int]:
         return self.req.prompt_ids[block * PAGE : (block + 1) * PAGE]
-
-    def _eligibility(self) -> tuple[list[bool], int]:
-        base = self.block * PAGE
-        eligible = [t == MASK_ID and base + i < self.end for i, t in enumerate(self.tokens)]
-        return eligible, sum(eligible)
 
     def eligible(self) -> list[bool]:
         """Masked positions of the active block that may still be unmasked (read-only). Kept up to
         date as picks land: rebuilt per item twice a step, it was half of the scheduler's host time
         at 32 requests, time in which the GPU waits for the next pass."""
         return self._eligible
+
+    @property
+    def remaining(self) -> int:
+        """Positions of the active block still to unmask."""
+        return self._remaining
 
     def block_done(self) -> bool:
         return self._remaining == 0
@@ -136,8 +139,8 @@ class Sequence:
         """Move to the next block; the finished one is committed in the next forward."""
         self.pending_commit = (self.block, list(self.tokens))
         self.block += 1
-        self.tokens = self._block_tokens(self.block)
-        self._eligible, self._remaining = self._eligibility()
+        self.tokens, self._eligible = self.block_state(self.block)
+        self._remaining = sum(self._eligible)
         self.streamed = 0
         self.block_logprobs = {}
 

@@ -23,7 +23,7 @@ from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.commands.inductor_overrides import add_inductor_overrides, apply_inductor_overrides, parse_inductor_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
-from cde.commands.worker import add_quantization_arguments, check_quantization_device
+from cde.commands.worker import add_async_scheduling_arguments, add_quantization_arguments, check_quantization_device
 from cde.shared.config import PAGE
 from cde.shared.limits import MAX_TOKENS_PER_STEP
 from cde.shared.logs import setup_logging
@@ -89,6 +89,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_overrides(p)  # with --preset
     add_inductor_overrides(p)
     add_quantization_arguments(p)
+    add_async_scheduling_arguments(p)
+    p.add_argument(
+        "--compare-async-scheduling",
+        action="store_true",
+        help="run each level twice in the same engine: each pass planned after the last one's picks, then ahead "
+        "of them",
+    )
     bench_flashblock.add_arguments(p)
     bench_constrained.add_arguments(p)
 
@@ -261,6 +268,7 @@ def print_table(results: list[dict]) -> None:
         ("steering_half", "steer", "{}"),
         ("attribution", "attr", "{}"),
         ("constrained", "grammar", "{}"),
+        ("async_scheduling", "async", "{}"),
         ("gc_ms", "GC ms", "{:.1f}"),
         ("peak_device_gb", "peak GB", "{:.1f}"),
         ("quantization", "quant", "{}"),
@@ -307,13 +315,19 @@ def _levels(
                 print(json.dumps({k: v for k, v in res.items() if k not in ("outputs", "last_block_s")}), flush=True)
             continue
         attrs = [False, True] if args.compare_attribution else [args.attribution]
-        runs = [(s, a, v) for s in ([False, True] if args.steering else [False]) for a in attrs for v in variants(args)]
-        for steer, attr, variant in runs:
+        aheads = [False, True] if args.compare_async_scheduling else [engine.plans_ahead]
+        steers = [False, True] if args.steering else [False]
+        runs = [(s, a, v, h) for s in steers for a in attrs for v in variants(args) for h in aheads]
+        for steer, attr, variant, ahead in runs:
             before = _compile_count()
-            reqs = constrain(_requests(c, args, f"run{c}{steer}{attr}{variant}", steer, attr), variant)
+            reqs = constrain(_requests(c, args, f"run{c}{steer}{attr}{variant}{ahead}", steer, attr), variant)
+            engine.plans_ahead = ahead
             res = _run(engine, reqs)
             res["recompiles_after_warmup"] = _compile_count() - before
             res["steering_half"], res["attribution"], res["constrained"] = steer, attr, variant
+            res["async_scheduling"] = ahead
+            if ahead and args.compare_async_scheduling:  # the same requests, planned after the picks: the same tokens
+                res["outputs_match_sync"] = list(res["outputs"].values()) == list(results[-1]["outputs"].values())
             res.update(group_rates(res, reqs))
             res["tokens_per_step"], res["quantization"] = tps, args.quantization
             results.append(res)

@@ -50,11 +50,11 @@ class _ModeCount:
         self.counts = {ATTN_EXACT: 0, ATTN_REFRESH: 0, ATTN_REUSE: 0}
         self.runner, self.inner = engine.runner, engine.runner.launch
 
-        def counted(plan: StepPlan) -> Pass:
+        def counted(plan: StepPlan, after: Pass | None = None) -> Pass:
             for it in plan.items:
                 if it.is_step:
                     self.counts[it.attention] += 1
-            return self.inner(plan)
+            return self.inner(plan, after)
 
         self.runner.launch = counted
 
@@ -76,10 +76,11 @@ class Deviation:
         self.runner, self.inner = engine.runner, engine.runner.launch
         self.vocab = engine.cfg.vocab_size
 
-        def measured(plan: StepPlan) -> Pass:
+        def measured(plan: StepPlan, after: Pass | None = None) -> Pass:
+            # (A pass that reuses is never planned ahead: its items carry no picks for step_logits to miss.)
             if any(it.is_step and it.attention == ATTN_REUSE for it in plan.items):
                 self._measure(plan)
-            return self.inner(plan)
+            return self.inner(plan, after)
 
         self.runner.launch = measured
 

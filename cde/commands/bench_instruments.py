@@ -36,9 +36,9 @@ class StepClock:
         self.last_decode = False  # the last finished pass held no prefill item
         self.inner = runner.launch, runner.picks
 
-        def launch(plan: StepPlan) -> Pass:
+        def launch(plan: StepPlan, after: Pass | None = None) -> Pass:
             self.starts.append(self._mark())
-            p = self.inner[0](plan)
+            p = self.inner[0](plan, after)
             self.queued.append(self._mark())
             return p
 

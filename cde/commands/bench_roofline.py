@@ -127,6 +127,7 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     prompt = float(str(settings.get("prompt_len", PAGE)).split(",")[0])
     context = prompt + float(settings.get("max_tokens", 0)) / 2
     out = []
+    both = {r.get("async_scheduling") for r in report["results"]} == {False, True}  # --compare-async-scheduling
     for r in report["results"]:
         quant, n = r.get("quantization", "none"), int(r["concurrency"])
         ms, tok_s = r["ms_per_forward"], r["output_tok_per_s"]
@@ -134,13 +135,15 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
         gc_share = r.get("gc_ms", 0.0) / (r["wall_s"] * 1e3)
         recompiles = int(r.get("recompiles_after_warmup", 0))
         gap_ms = r["gpu_idle_fraction"] * r["wall_s"] * 1e3 / r["forward_passes"] if "gpu_idle_fraction" in r else None
-        bar, met = "", None
-        if (quant, n) in BARS:
+        bar, met, label = "", None, _label(quant, n)
+        if both and not r["async_scheduling"]:  # the other half of the comparison: no bar
+            label += ", planned after the picks"
+        elif (quant, n) in BARS:
             max_ms, min_tok_s = BARS[quant, n]
             bar = " and ".join(([f"<= {max_ms:g} ms"] if max_ms is not None else []) + [f">= {min_tok_s:g} tok/s"])
             met = (max_ms is None or ms <= max_ms) and tok_s >= min_tok_s
             met = met and gc_share <= GC_BAR and recompiles == 0
-        row = Row(_label(quant, n), ms, tok_s, read_ms, flop_ms, gc_share, recompiles, gap_ms, bar=bar, met=met)
+        row = Row(label, ms, tok_s, read_ms, flop_ms, gc_share, recompiles, gap_ms, bar=bar, met=met)
         out.append(row)
     return out
 

@@ -21,6 +21,7 @@ from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
     DTYPE_HELP,
+    add_async_scheduling_arguments,
     add_attention_arguments,
     add_fair_share_arguments,
     add_prefix_cache_arguments,
@@ -46,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_attention_arguments(p)
     add_quantization_arguments(p)
     add_prefix_cache_arguments(p)
+    add_async_scheduling_arguments(p)
     add_http_arguments(p)
     p.add_argument(
         "--warm-up",

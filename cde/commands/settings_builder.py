@@ -19,7 +19,7 @@ INPUT_ATTRIBUTION_SHARE_ENV = "CDE_INPUT_ATTRIBUTION_SHARE"
 # Set by a flag group (cde/commands/worker.py's add_*_arguments) on the parser it joins: which of
 # EngineArgs' fields the command's flags give.
 ATTENTION_FLAGS, FAIR_SHARE_FLAGS, QUANTIZATION_FLAGS = "_attention_flags", "_fair_share_flags", "_quantization_flags"
-PREFIX_CACHE_FLAGS = "_prefix_cache_flags"
+PREFIX_CACHE_FLAGS, ASYNC_SCHEDULING_FLAGS = "_prefix_cache_flags", "_async_scheduling_flags"
 
 
 def engine_args(args: argparse.Namespace, **given: Any) -> EngineArgs:
@@ -36,6 +36,8 @@ def engine_args(args: argparse.Namespace, **given: Any) -> EngineArgs:
         fields |= {"quantization": quantization(args), "fp8_weight_only_rows": args.fp8_weight_only_rows}
     if getattr(args, PREFIX_CACHE_FLAGS, False):
         fields["prefix_cache"] = not args.no_prefix_cache
+    if getattr(args, ASYNC_SCHEDULING_FLAGS, False):
+        fields["async_scheduling"] = {"auto": None, "on": True, "off": False}[args.async_scheduling]
     return EngineArgs(**(fields | given))
 
 

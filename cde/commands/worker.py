@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import (
+    ASYNC_SCHEDULING_FLAGS,
     ATTENTION_FLAGS,
     FAIR_SHARE_FLAGS,
     PREFIX_CACHE_FLAGS,
@@ -82,6 +83,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_attention_arguments(p)
     add_quantization_arguments(p)
     add_prefix_cache_arguments(p)
+    add_async_scheduling_arguments(p)
+
+
+def add_async_scheduling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--async-scheduling",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="plan each forward pass before the last one's picks reach the host, so the GPU never waits "
+        "for the scheduler (worker/plan_ahead.py); same outputs. auto: on with CUDA, off on the CPU (where a "
+        "pass planned ahead only delays each result by a pass)",
+    )
+    p.set_defaults(**{ASYNC_SCHEDULING_FLAGS: True})
 
 
 def add_prefix_cache_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,8 @@ def test_the_table_of_a_real_engine_run(tmp_path):
     bench, model = tmp_path / "bench.json", tmp_path / "tiny"
     subprocess.run([sys.executable, "-m", "cde", "make-model", "--preset", "tiny", str(model)], check=True, cwd=ROOT)
     engine = [sys.executable, "-m", "cde", "bench", "engine", "--model", str(model), "--concurrency", "1"]
-    subprocess.run([*engine, "--max-tokens", "64", "--json", str(bench)], check=True, cwd=ROOT, capture_output=True)
+    compare = ["--compare-async-scheduling"]  # planned after the picks, then ahead: the first row has no bar
+    subprocess.run([*engine, "--max-tokens", "64", *compare, "--json", str(bench)], check=True, cwd=ROOT)
     args = ["--bandwidth", "1e-6", "--peak", "1e-6"]  # a slow imaginary device: the limits are in range of the CPU's
     out = subprocess.run(
         [sys.executable, "-m", "cde", "bench", "roofline", str(bench), *args],
@@ -51,8 +52,11 @@ def test_the_table_of_a_real_engine_run(tmp_path):
         text=True,
     ).stdout.splitlines()
     assert out[0].startswith("run | ms/pass | tok/s | weight-read limit ms | tensor-core limit ms | of roofline")
+    after, ahead = json.loads(bench.read_text())["results"]
+    assert (after["async_scheduling"], ahead["async_scheduling"], ahead["outputs_match_sync"]) == (False, True, True)
     cells = [c.strip() for c in out[2].split("|")]
-    result = json.loads(bench.read_text())["results"][0]
+    assert cells[0] == "bf16, 1 request, planned after the picks" and cells[10:12] == ["—", "—"]
+    cells, result = [c.strip() for c in out[3].split("|")], ahead
     s = shape(preset("tiny"))
     read_ms = weight_bytes(s, "none") / 1e6 * 1e3
     flop_ms = pass_flops(s, 1, 64 + 32) / 1e6 * 1e3

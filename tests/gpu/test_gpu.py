@@ -547,3 +547,29 @@ def test_prefix_cache_on_equals_off_through_cuda_graphs(small_dir):
             # float32 GEMMs round differently for another row count (measured: 1.02e-6 of a logit of 13)
             assert_same(got[name], blocks, f"{name}, round {round_}", rtol=1e-5)
     assert cached.stats().cache_hit_tokens > 0
+
+
+def test_async_scheduling_equals_planning_after_the_picks_through_cuda_graphs(small_dir):
+    """worker/plan_ahead.py through the CUDA graphs (float32): the picks completing the pass
+    planned ahead on the device, in the graph's token buffer and the selection grid, give what
+    planning after them gives, for the CPU test's mix of requests (sampled, penalized, steered,
+    attributed per step and per block, logprobs, 1 to 64 tokens a step) arriving over time, and
+    for blocks completed at every pass."""
+    from tests.worker.test_plan_ahead import _mixed, _run, _same
+
+    args = {"device": "cuda", "dtype": "float32", "max_running": 8}
+    ref, _ = _run(small_dir, _mixed(10), ahead=False, stagger=3, **args)
+    ours, engine = _run(small_dir, _mixed(10), ahead=True, stagger=3, **args)
+    _same(ours, ref, rel=1e-4)  # another LM-head row count: cuBLAS rounds differently
+    assert engine.passes_planned_ahead > engine.forward_passes // 2
+
+    def whole_blocks():
+        return [
+            GenerateRequest(f"b{i}", [9 + i] * 30, max_tokens=256, tokens_per_step=64, attribution=AttributionSpec())
+            for i in range(3)
+        ]
+
+    ref, _ = _run(small_dir, whole_blocks(), ahead=False, **args)
+    ours, engine = _run(small_dir, whole_blocks(), ahead=True, **args)
+    _same(ours, ref, rel=1e-4)
+    assert engine.passes_planned_ahead >= engine.forward_passes - 2

@@ -27,7 +27,7 @@ def imports(module: str) -> set[str]:
 
 
 def test_the_runner_sees_no_live_request():
-    found = imports("model_runner") | imports("step_inputs") | imports("logit_rules")
+    found = imports("model_runner") | imports("step_inputs") | imports("logit_rules") | imports("carried_picks")
     assert not {m for m in found if m.startswith("cde.worker.sequence")}
     requests = {"GenerateRequest", "SteeringSpec", "AttributionSpec", "FlashBlockSpec", "InputAttributionSpec"}
     assert not {m for m in found if m.startswith("cde.shared.protocol.") and m.rsplit(".", 1)[1] in requests}
@@ -35,6 +35,7 @@ def test_the_runner_sees_no_live_request():
 
 def test_the_scheduler_knows_nothing_of_attribution_stops_or_tokens():
     found = imports("scheduler") | imports("sequence") | imports("flashblock_policy") | imports("plan")
+    found |= imports("plan_ahead")
     assert not {m for m in found if any(w in m.lower() for w in ("attribution", "stops", "tokenizer", "torch"))}
 
 

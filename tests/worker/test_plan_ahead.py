@@ -1,0 +1,219 @@
+"""Async scheduling (worker/plan_ahead.py): a pass planned before the picks of the one in flight
+is the pass planned after them, and the engine's results are the same either way."""
+
+import random
+
+import pytest
+from cde.shared.config import EOT_ID, MASK_ID, PAGE
+from cde.shared.grammar import json_schema_grammar
+from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
+from cde.worker.engine import Engine, EngineArgs
+from cde.worker.plan import Picks
+from cde.worker.plan_ahead import plan_ahead
+from cde.worker.scheduler import Scheduler
+
+from tests.worker.test_engine import _ids, _values
+
+
+def _mixed(n: int = 8) -> list[GenerateRequest]:
+    """Every per-request feature that plans ahead, at block edges, mid-block ends and 64 tokens a step."""
+    rng = random.Random(0)
+    prompts = [1, 17, 64, 70, 127, 128, 150, 200, 33, 90]
+    lengths = [40, 5, 70, 20, 130, 1, 140, 12, 64, 100]
+    return [
+        GenerateRequest(
+            f"r{i}",
+            [rng.randrange(1000, 100000) for _ in range(prompts[i])],
+            max_tokens=lengths[i],
+            temperature=0.9 if i % 2 else 0.0,
+            top_p=0.9,
+            seed=i,
+            tokens_per_step=(1, 2, 3, 64)[i % 4],
+            repetition_penalty=1.2 if i % 3 == 1 else 1.0,
+            frequency_penalty=0.3 if i % 3 == 0 else 0.0,
+            presence_penalty=0.2 if i == 6 else 0.0,
+            logit_bias={500: 2.0} if i == 2 else {},
+            steering=SteeringSpec(concepts=[3, 5], inject_layer=1, cutoff_tokens=20) if i in (0, 5, 9) else None,
+            attribution=AttributionSpec() if i % 3 else None,
+            stream_denoise=i in (4, 7),
+            stream_tokens=i in (1, 8),
+            logprobs=2 if i in (3, 4) else None,
+            stop_token_ids=[777] if i == 9 else [],
+        )
+        for i in range(n)
+    ]
+
+
+def _run(model, requests, ahead: bool, stagger: int = 0, abort: str | None = None, **args) -> tuple[list, Engine]:
+    """Every result of the requests, in order; `stagger`: a request joins every that many steps
+    (0: all at once); `abort`: that request is aborted once its first result is out."""
+    engine = Engine(EngineArgs(str(model), async_scheduling=ahead, **args))
+    pending, results, step = list(requests), [], 0
+    if not stagger:
+        for r in pending:
+            engine.add_request(r)
+        pending = []
+    while pending or engine.has_work():
+        if pending and step % stagger == 0:
+            engine.add_request(pending.pop(0))
+        out = engine.step()
+        results += out
+        if abort is not None and any(r.request_id == abort for r in out):
+            assert engine.abort(abort)
+            abort = None
+        step += 1
+        assert step < 2000, "the requests never end"
+    assert engine.stats().pages_used == 0 and engine.stats().running == 0
+    return results, engine
+
+
+def _same(ours: list, ref: list, rel: float = 1e-5) -> None:
+    def key(r):
+        lp = getattr(r, "logprobs", None)
+        return (
+            type(r).__name__,
+            r.request_id,
+            r.token_ids,
+            getattr(r, "positions", None),
+            getattr(r, "finish_reason", None),
+            getattr(r, "stop_str", None),
+            None if lp is None else lp.top_ids,
+        )
+
+    # Per request: a waiting request may be admitted a pass later ahead (a slot that EOT frees is
+    # seen after the next pass is launched), so results of different requests may interleave otherwise.
+    ours, ref = (sorted(rs, key=lambda r: r.request_id) for rs in (ours, ref))
+    assert [key(r) for r in ours] == [key(r) for r in ref]
+    for a, b in zip(ours, ref):
+        attribution = getattr(a, "attribution", None)
+        assert (attribution is None) == (getattr(b, "attribution", None) is None)
+        if attribution is not None:  # the LM head's rows differ (ahead: picked rows too): values to 1e-5
+            assert [_ids(r) for r in attribution] == [_ids(r) for r in b.attribution]
+            for x, y in zip(attribution, b.attribution):
+                assert _values(x) == pytest.approx(_values(y), rel=rel, abs=rel / 10)
+        if getattr(a, "logprobs", None) is not None:
+            assert a.logprobs.logprobs == pytest.approx(b.logprobs.logprobs, rel=rel, abs=rel / 10)
+
+
+@pytest.mark.parametrize("stagger", [0, 3])
+def test_results_match_planning_after_the_picks(tiny_dir, stagger):
+    reqs = _mixed(10)
+    ref, sync = _run(tiny_dir, _mixed(10), ahead=False, stagger=stagger, max_running=8)
+    ours, engine = _run(tiny_dir, _mixed(10), ahead=True, stagger=stagger, max_running=8)
+    _same(ours, ref)
+    assert sync.passes_planned_ahead == 0
+    assert engine.forward_passes == sync.forward_passes
+    assert engine.passes_planned_ahead > engine.forward_passes // 2  # nothing vacuous: most passes went ahead
+    for r in reqs:  # and the run was a real one: every request produced its tokens
+        assert sum(len(x.token_ids) for x in ours if x.request_id == r.request_id and hasattr(x, "finished")) > 0
+
+
+def test_stop_strings_eot_and_aborts_while_a_pass_is_ahead(tiny_instruct_dir):
+    """Requests that the picks end (EOT, a stop string, an abort): their items of the pass already
+    planned ahead are dropped, and the others go on as they would."""
+
+    def requests():
+        reqs = _mixed(6)
+        reqs[1].logit_bias = {EOT_ID: 30.0}  # ends at its first step, its next pass in flight
+        reqs[2].stop = ["e"]
+        reqs[3].max_tokens = 200
+        return reqs
+
+    ref, _ = _run(tiny_instruct_dir, requests(), ahead=False, abort="r3")
+    ours, engine = _run(tiny_instruct_dir, requests(), ahead=True, abort="r3")
+    _same(ours, ref)
+    assert engine.passes_planned_ahead > 0
+    ends = {r.request_id: r.finish_reason for r in ours if getattr(r, "finished", False)}
+    assert ends["r1"] == "stop" and "r3" not in ends
+
+
+@pytest.mark.parametrize(
+    "feature",
+    [
+        {"confidence_threshold": 0.99},
+        {"min_tokens": 4},
+        {"flashblock": FlashBlockSpec(tau=2, max_reuse=4)},
+        {"grammar": json_schema_grammar({"type": "object", "properties": {"n": {"type": "integer"}}})},
+    ],
+    ids=["threshold", "min_tokens", "flashblock", "grammar"],
+)
+def test_requests_that_need_the_picks_plan_after_them(tiny_dir, feature):
+    """A pass holding such a request is planned after the picks; the others' passes go ahead."""
+
+    def requests():
+        reqs = _mixed(4)
+        reqs[0].__dict__.update(feature, max_tokens=6, stream_denoise=True)  # a StepResult per pass it is in
+        return reqs
+
+    ref, _ = _run(tiny_dir, requests(), ahead=False)
+    ours, engine = _run(tiny_dir, requests(), ahead=True)
+    _same(ours, ref)
+    # no pass holding r0 went ahead; once it is done the others' passes do
+    r0_passes = sum(type(r).__name__ == "StepResult" and r.request_id == "r0" for r in ours)
+    assert r0_passes > 0
+    assert 0 < engine.passes_planned_ahead <= engine.forward_passes - r0_passes
+
+
+def _fake_picks(plan, rng: random.Random) -> list[Picks]:
+    """What a pass could pick: tokens_per_step eligible positions per step item, random tokens (no EOT)."""
+    out = []
+    for it in plan.step_items:
+        free = [p for p, ok in enumerate(it.eligible) if ok]
+        chosen = rng.sample(free, min(it.request.tokens_per_step, len(free)))
+        out.append(Picks(chosen, [rng.randrange(1000, 2000) for _ in chosen]))
+    return out
+
+
+def test_the_plan_ahead_is_the_plan_after_the_picks():
+    """Driven alone (no device): the plan made ahead, its carried items completed with the picks,
+    is the plan `schedule()` makes after placing them."""
+    s = Scheduler(num_pages=64, max_running=4, max_items=16, eot_id=None)
+    rng = random.Random(1)
+    for i, (n, m, k) in enumerate([(10, 70, 1), (64, 64, 4), (100, 200, 64), (3, 40, 7)]):
+        s.add(GenerateRequest(f"q{i}", [5] * n, max_tokens=m, tokens_per_step=k))
+    current, compared = s.schedule(), 0
+    while current.items:
+        ahead = plan_ahead(s, current)
+        picks = _fake_picks(current, rng)
+        s.place(current, picks)
+        after = s.schedule()
+        if ahead is not None:
+            assert _completed(ahead, current, picks) == [it._replace(carry=-1) for it in after.items]
+            compared += 1
+        current = after
+    assert compared > 20
+
+
+def _completed(ahead, current, picks) -> list:
+    """The plan's items with what the device fills in from the picks: tokens, and (steps) eligibility."""
+    out = []
+    for it in ahead.items:
+        if it.carry >= 0:
+            tokens, eligible = list(it.tokens), list(it.eligible)
+            for p, t in zip(picks[it.carry].positions, picks[it.carry].tokens):
+                tokens[p] = t
+                if eligible:
+                    eligible[p] = False
+            assert current.step_items[it.carry].slot == it.slot
+            it = it._replace(tokens=tuple(tokens), eligible=tuple(eligible), carry=-1)
+        assert MASK_ID in it.tokens or not it.is_step
+        out.append(it)
+    return out
+
+
+def test_a_block_completed_ahead_keeps_its_attribution_rows(tiny_dir):
+    """64 tokens a step: every pass completes a block and the pass ahead writes the next block's
+    picks before the completed block's rows are gathered (worker/block_attribution.py's two sets)."""
+
+    def requests():
+        return [
+            GenerateRequest(
+                f"b{i}", [9 + i] * (20 + 50 * i), max_tokens=4 * PAGE, tokens_per_step=64, attribution=AttributionSpec()
+            )
+            for i in range(3)
+        ]
+
+    ref, _ = _run(tiny_dir, requests(), ahead=False)
+    ours, engine = _run(tiny_dir, requests(), ahead=True)
+    _same(ours, ref)
+    assert engine.passes_planned_ahead >= engine.forward_passes - 2
