@@ -33,10 +33,10 @@ def _plant() -> None:
         _marked[new.slot] = new.prompt_ids[0] if new.prompt_ids else None
         return start(self, new)
 
-    def failing_launch(self, plan):
+    def failing_launch(self, plan, after=None):
         if _faulty(plan, LAUNCH_FAULT):
             raise RuntimeError("planted fault while launching a pass")
-        return launch(self, plan)
+        return launch(self, plan, after)
 
     def failing_picks(self, p):
         if _faulty(p.plan, SYNC_FAULT):

@@ -156,9 +156,10 @@ class Engine:
             return self.outputs.idle()
         ahead = self._launch_ahead(current) if self.plans_ahead else None
         picks = self.runner.picks(current)
-        # From here to the next launch the GPU waits for the host: a garbage collection landing
-        # here (a full one scans every attribution record still held) would stall it. The
-        # collection runs instead at the first allocation after it, while the GPU computes.
+        # Unless the next pass went ahead, from here to its launch the GPU waits for the host: a
+        # garbage collection landing here (a full one scans every attribution record held) would
+        # stall it. The collection runs instead at the first allocation after it, while the GPU
+        # computes.
         collecting = gc.isenabled()
         gc.disable()
         try:

@@ -31,10 +31,10 @@ def test_a_request_that_fails_its_pass_fails_alone(tiny_dir, official_tokens, mo
         (marked.add if new.prompt_ids[:1] == (LAUNCH_FAULT,) else marked.discard)(new.slot)
         return start(self, new)
 
-    def failing_launch(self, plan):  # the planted fault: any pass that holds the marked request's step
+    def failing_launch(self, plan, after=None):  # the planted fault: any pass that holds the marked request's step
         if any(it.is_step and it.slot in marked for it in plan.items):
             raise RuntimeError("planted fault while launching a pass")
-        return launch(self, plan)
+        return launch(self, plan, after)
 
     monkeypatch.setattr(ModelRunner, "start", marking_start)
     monkeypatch.setattr(ModelRunner, "launch", failing_launch)

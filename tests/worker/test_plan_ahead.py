@@ -8,6 +8,7 @@ from cde.shared.config import EOT_ID, MASK_ID, PAGE
 from cde.shared.grammar import json_schema_grammar
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.worker.engine import Engine, EngineArgs
+from cde.worker.model_runner import ModelRunner
 from cde.worker.plan import Picks
 from cde.worker.plan_ahead import plan_ahead
 from cde.worker.scheduler import Scheduler
@@ -217,3 +218,22 @@ def test_a_block_completed_ahead_keeps_its_attribution_rows(tiny_dir):
     ours, engine = _run(tiny_dir, requests(), ahead=True)
     _same(ours, ref)
     assert engine.passes_planned_ahead >= engine.forward_passes - 2
+
+
+def test_a_pass_ahead_that_fails_to_launch_is_planned_again_after_the_picks(tiny_dir, monkeypatch):
+    """A planted fault in the launches planned ahead that hold a fifth step: each is dropped, the
+    pass planned again after the picks launches, and every request gets what it gets without it."""
+    ref, _ = _run(tiny_dir, _mixed(4), ahead=False)
+    launch, planted = ModelRunner.launch, []
+
+    def failing_ahead(self, plan, after=None):
+        if after is not None and any(it.step == 5 for it in plan.step_items):
+            planted.append(plan)
+            raise RuntimeError("planted fault in a pass planned ahead")
+        return launch(self, plan, after)
+
+    monkeypatch.setattr(ModelRunner, "launch", failing_ahead)
+    ours, engine = _run(tiny_dir, _mixed(4), ahead=True)
+    _same(ours, ref)
+    assert planted and engine.passes_planned_ahead > 0
+    assert engine.passes_planned_ahead == engine.forward_passes - 1 - len(planted)  # the first pass, and the dropped
