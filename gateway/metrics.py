@@ -29,6 +29,14 @@ class Metrics:
         )
         self.pages_free = Gauge("cde_kv_pages_free", "KV cache pages (64 tokens) free", w, registry=r)
         self.steps = Gauge("cde_steps_per_second", "Forward passes per second", w, registry=r)
+        # Since the worker started (gauges, as the prefix cache's: a restarted worker starts at 0).
+        self.passes = Gauge("cde_worker_forward_passes", "Forward passes since the worker started", w, registry=r)
+        self.device_idle = Gauge(
+            "cde_worker_device_idle_seconds",
+            "Of them, the device's waits for the host's next launch between back-to-back passes",
+            w,
+            registry=r,
+        )
         self.worker_rss = Gauge(
             "cde_worker_resident_memory_bytes", "Resident memory of the worker process", w, registry=r
         )
@@ -85,6 +93,8 @@ class Metrics:
             self.pages_used.labels(link.name).set(hb.pages_used if hb else 0)
             self.pages_free.labels(link.name).set(hb.pages_free if hb else 0)
             self.steps.labels(link.name).set(hb.steps_per_s if hb else 0)
+            self.passes.labels(link.name).set(hb.forward_passes if hb else 0)
+            self.device_idle.labels(link.name).set(hb.device_idle_ms / 1e3 if hb else 0)
             self.worker_rss.labels(link.name).set(hb.rss_bytes if hb else 0)
             self.refused_frames.labels(link.name).set(hb.refused_frames if hb else 0)
             self.pages_total.labels(link.name).set(hb.pages_used + hb.pages_free if hb else 0)

@@ -150,6 +150,23 @@ def client_processes(c: int) -> int:
     return -(-c // REQUESTS_PER_CLIENT)
 
 
+WORKER_FIGURES = ("cde_worker_forward_passes", "cde_worker_device_idle_seconds")
+
+
+def worker_figures(url: str) -> tuple[float, float]:
+    """The worker's forward passes and its device's waits for the host, since it started, once
+    its heartbeat has caught up with the last pass (the same figures in two scrapes 0.5 s apart)."""
+    last = None
+    for _ in range(20):
+        text = httpx.get(url + "/metrics", timeout=30).text
+        now = tuple(float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)[1]) for name in WORKER_FIGURES)
+        if now == last:
+            break
+        last = now
+        time.sleep(0.5)
+    return now
+
+
 def run_http(args: argparse.Namespace, url: str, c: int, attribution: bool, out: Path) -> dict:
     path = out / f"http_c{c}_{'attr' if attribution else 'plain'}.json"
     extra = {"tokens_per_step": args.tokens_per_step, "attribution": attribution, "temperature": 0}
@@ -157,21 +174,30 @@ def run_http(args: argparse.Namespace, url: str, c: int, attribution: bool, out:
     cmd += ["--max-tokens", str(args.max_tokens), "--extra-body", json.dumps(extra), "--json", str(path)]
     cmd += ["--num-prompts", str(args.requests_at_1 if c == 1 else c), "--max-concurrency", str(c)]
     cmd += ["--client-processes", str(client_processes(c))]
+    passes0, idle0 = worker_figures(url)
     subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
-    return json.loads(path.read_text())
+    passes, idle = worker_figures(url)
+    result = json.loads(path.read_text())
+    result["worker_forward_passes"] = int(passes - passes0)
+    result["worker_idle_ms_per_pass"] = (idle - idle0) * 1e3 / max(1, passes - passes0)
+    return result
 
 
 def table(cells: list[dict]) -> str:
     lines = [
         "| concurrency | attribution | engine tok/s | HTTP tok/s | HTTP vs engine "
-        "| engine TTFB s (median) | HTTP TTFB s (median) | HTTP TTFT s (median) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| engine TTFB s (median) | HTTP TTFB s (median) | HTTP TTFT s (median) "
+        "| passes, engine / HTTP | ms per pass, engine / HTTP | host gap ms per pass, engine / HTTP |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
         lines.append(
             f"| {c['concurrency']} | {'on' if c['attribution'] else 'off'} | {c['engine_tok_s']:.1f} | "
             f"{c['http_tok_s']:.1f} | {100 * (c['http_tok_s'] / c['engine_tok_s'] - 1):+.1f}% | "
-            f"{c['engine_ttfb_s']:.3f} | {c['http_ttfb_s']:.3f} | {c['http_ttft_s']:.3f} |"
+            f"{c['engine_ttfb_s']:.3f} | {c['http_ttfb_s']:.3f} | {c['http_ttft_s']:.3f} | "
+            f"{c['engine_passes']} / {c['http_passes']} | "
+            f"{c['engine_ms_per_pass']:.2f} / {c['http_ms_per_pass']:.2f} | "
+            f"{c['engine_gap_ms']:.2f} / {c['http_gap_ms']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -208,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                 # From the token ids of its streamed chunks (cde bench serve's block figures).
                 "http_ttfb_s": h["ttfb_ms"]["median"] / 1e3,
                 "http_ttft_s": h["ttft_ms"]["median"] / 1e3,
+                # Where a difference comes from: more passes (requests arriving over several of
+                # them), slower passes, or the device waiting longer for the host between them.
+                "engine_passes": e["forward_passes"],
+                "http_passes": h["worker_forward_passes"],
+                "engine_ms_per_pass": e["wall_s"] * 1e3 / e["forward_passes"],
+                "http_ms_per_pass": h["duration_s"] * 1e3 / max(1, h["worker_forward_passes"]),
+                "engine_gap_ms": e["gpu_idle_fraction"] * e["wall_s"] * 1e3 / e["forward_passes"],
+                "http_gap_ms": h["worker_idle_ms_per_pass"],
                 "http_failed_requests": h["failed_requests"],
                 "http_client_processes": h["client_processes"],
             }

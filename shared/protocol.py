@@ -19,7 +19,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 8: GenerateRequest's logit rules (penalties, logit_bias, min_tokens, ignore_eos)
 # 9: GenerateRequest.grammar
 # 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
-PROTOCOL_VERSION = 10
+# 11: Heartbeat.device_idle_ms
+PROTOCOL_VERSION = 11
 
 
 @dataclass
@@ -208,7 +209,10 @@ class Heartbeat:
     pages_used: int = 0
     pages_free: int = 0
     steps_per_s: float = 0.0
-    forward_passes: int = 0
+    forward_passes: int = 0  # since the worker started
+    # Of the time since, the device's waits for the host's next launch between back-to-back passes
+    # (worker/device_clock.py): the host's share of a busy worker.
+    device_idle_ms: float = 0.0
     # The prefix cache (worker/prefix_cache.py), since the worker started: tokens of full prompt pages
     # looked up and found, pages evicted; and the pages it holds now.
     cache_query_tokens: int = 0

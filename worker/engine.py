@@ -22,9 +22,11 @@ from cde.shared.tokenizer import get_tokenizer
 from cde.worker import fp8, isolation, stream_linear
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
+from cde.worker.device_clock import DeviceClock
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.outputs import OutputStage
+from cde.worker.plan import StepPlan
 from cde.worker.plan_ahead import plan_ahead
 from cde.worker.prefix_cache import PrefixCache
 from cde.worker.scheduler import Scheduler
@@ -43,6 +45,7 @@ class EngineStats:
     pages_used: int  # KV cache pages held by running requests
     pages_free: int  # free, or cached and held by no request
     forward_passes: int  # since the engine started
+    device_idle_ms: float = 0.0  # of them, the device's waits for the host's next launch (worker/device_clock.py)
     cache_query_tokens: int = 0  # the prefix cache's figures (PrefixCacheStats), since the engine started
     cache_hit_tokens: int = 0
     cache_evictions: int = 0
@@ -97,10 +100,12 @@ class Engine:
         gc.freeze()
         self.forward_passes = 0
         self.passes_planned_ahead = 0  # of them
+        self.device_clock = DeviceClock(device == "cuda")
         # On the CPU a launch computes its pass at once: planned ahead, every result would only
         # wait a pass longer.
         self.plans_ahead = device == "cuda" if args.async_scheduling is None else args.async_scheduling
         self._in_flight: Pass | None = None  # launched by the last step(), finished by the next
+        self._after_next: Pass | None = None  # launched by the last step() too, ahead of _in_flight
         self._failed: list[BlockResult] = []  # requests failed alone since the last step() returned
 
     # ---- requests ---------------------------------------------------------------------------
@@ -154,7 +159,9 @@ class Engine:
         self._in_flight = None
         if current is None:
             return self.outputs.idle()
-        ahead = self._launch_ahead(current) if self.plans_ahead else None
+        ahead, self._after_next = self._after_next, None
+        if ahead is None and self.plans_ahead:
+            ahead = self._launch_ahead(current)
         picks = self.runner.picks(current)
         # Unless the next pass went ahead, from here to its launch the GPU waits for the host: a
         # garbage collection landing here (a full one scans every attribution record held) would
@@ -169,6 +176,13 @@ class Engine:
             self.forward_passes += 1
             self.outputs.attribute_blocks(current.plan, placed, self.runner)
             self._in_flight = ahead or self._launch()
+            if self._in_flight is None:
+                self.device_clock.pause()
+            elif self.plans_ahead and self.outputs.waits_for_blocks():
+                # The output stage is about to wait for completed blocks' attribution, which runs
+                # on the side stream beside the pass in flight, and then to pack it (and the worker
+                # to send it): for 32 blocks that outlasts the pass, so the one after it goes now.
+                self._after_next = self._launch_ahead(self._in_flight)
         finally:
             if collecting:
                 gc.enable()
@@ -182,7 +196,7 @@ class Engine:
         if plan is None:
             return None
         try:
-            ahead = self.runner.launch(plan, after=current)
+            ahead = self._timed_launch(plan, after=current)
         except Exception:
             log.warning("a pass planned ahead failed to launch; planned again:\n%s", traceback.format_exc())
             return None
@@ -208,12 +222,18 @@ class Engine:
             if not plan.items:
                 return None
             try:
-                return self.runner.launch(plan)
+                return self._timed_launch(plan)
             except Exception:
                 failed = isolation.culprits(self.runner, plan)
                 if not failed:
                     raise
                 plan = plan.without(failed)
+
+    def _timed_launch(self, plan: StepPlan, after: Pass | None = None) -> Pass:
+        self.device_clock.launching()
+        launched = self.runner.launch(plan, after)
+        self.device_clock.launched()
+        return launched
 
     def _fail(self, slot: int) -> None:
         """End the request in the slot with an error, at once, leaving the others to run."""
@@ -253,6 +273,7 @@ class Engine:
             pages_used=s.pages.num_used,
             pages_free=s.pages.num_free,
             forward_passes=self.forward_passes,
+            device_idle_ms=self.device_clock.idle_ms(),
         )
         if cache is not None:
             stats.cache_query_tokens, stats.cache_hit_tokens = cache.stats.query_tokens, cache.stats.hit_tokens

@@ -74,6 +74,10 @@ class OutputStage:
         ]
         self._blocks = (done, runner.attribute_blocks(rows), runner)
 
+    def waits_for_blocks(self) -> bool:
+        """`finish` will wait for the device: `attribute_blocks` started completed blocks' attribution."""
+        return self._blocks is not None
+
     def finish(self, placed: list[Placed], records: list[PackedAttribution | None]) -> list[EngineResult]:
         """The results of a pass whose picks were placed (`records`: its attribution per step
         item, None where not asked or asked per block), finished, and those that may leave now."""

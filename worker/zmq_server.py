@@ -338,6 +338,7 @@ class WorkerServer:
             pages_free=stats.pages_free,
             steps_per_s=round(self._steps_per_s, 2),
             forward_passes=stats.forward_passes,
+            device_idle_ms=round(stats.device_idle_ms, 3),
             cache_query_tokens=stats.cache_query_tokens,
             cache_hit_tokens=stats.cache_hit_tokens,
             cache_evictions=stats.cache_evictions,

@@ -22,15 +22,15 @@ if TYPE_CHECKING:
 class StepClock:
     """Times every forward pass: on CUDA from its launch to the next one's on the device's own
     clock (the engine launches a pass while the last one's attribution runs), on the host
-    otherwise. The device idles between the end of a pass's queued work and the start of the
-    next pass's: a mark there reads the time the stream reached it, so an idle gap is the
-    host's lateness in launching."""
+    otherwise; and the time the device sat idle waiting for the host's launches over the run
+    (the engine's own `DeviceClock`, which the worker reports too)."""
 
     def __init__(self, engine: Engine):
         self.cuda = engine.runner.device.type == "cuda"
         self.runner = runner = engine.runner
         self.starts: list = []  # per launched pass: an event (CUDA) or a host time
-        self.queued: list = []  # per launched pass: after the last of its work on the main stream
+        self.device_clock = engine.device_clock
+        self.idle_before = engine.device_clock.idle_ms()
         self.finished = 0
         self.end = None  # marked when a pass's picks reach the host
         self.last_decode = False  # the last finished pass held no prefill item
@@ -38,9 +38,7 @@ class StepClock:
 
         def launch(plan: StepPlan, after: Pass | None = None) -> Pass:
             self.starts.append(self._mark())
-            p = self.inner[0](plan, after)
-            self.queued.append(self._mark())
-            return p
+            return self.inner[0](plan, after)
 
         def picks(p: Pass) -> list[Picks]:
             out = self.inner[1](p)
@@ -70,8 +68,7 @@ class StepClock:
             torch.cuda.synchronize()
         marks = self.starts + [self.end]
         per_pass = [self._ms(a, b) for a, b in zip(marks, marks[1:])]
-        idle = sum(max(0.0, self._ms(q, s)) for q, s in zip(self.queued, self.starts[1:]))
-        return per_pass, idle
+        return per_pass, self.device_clock.idle_ms() - self.idle_before
 
 
 class GcClock:

@@ -91,6 +91,26 @@ def test_worker_gauges_move_during_requests_and_return_to_zero(server):
     assert after["cde_worker_kv_pages_used"] == 0 and after["cde_worker_kv_pages_total"] > 0
 
 
+def _pass_counters(server) -> tuple[float, float]:
+    m = server.metrics()
+    return m['cde_worker_forward_passes{worker="worker-0"}'], m['cde_worker_device_idle_seconds{worker="worker-0"}']
+
+
+def test_forward_passes_and_the_hosts_share_of_them(server):
+    passes0, idle0 = _pass_counters(server)
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 16, "tokens_per_step": 1}
+    assert httpx.post(server.base_url + "/completions", json=body, timeout=300).status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _pass_counters(server)[0] < passes0 + 16:
+        time.sleep(0.1)
+    passes, idle = _pass_counters(server)
+    assert passes >= passes0 + 16  # one token per pass, and the prompt's
+    # On the CPU a launch computes its pass: the "idle" between two is the host's work between them.
+    assert idle > idle0
+    time.sleep(1.5)  # the worker waits for work now: not the host's lateness, so not counted
+    assert _pass_counters(server) == (passes, idle)
+
+
 def test_every_log_line_is_json_with_component(server):
     # Last in this module: the requests above made the workers log too.
     lines = [line for line in server.output if line.strip()]

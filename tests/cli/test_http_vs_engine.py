@@ -26,5 +26,10 @@ def test_the_http_stage_prints_the_table_and_writes_json(tiny_dir, tmp_path):
     assert set(cells) == {(1, False), (1, True), (2, False), (2, True)}
     for c in cells.values():
         assert c["engine_tok_s"] > 0 and c["http_tok_s"] > 0 and c["http_ttfb_s"] > 0 and c["engine_ttfb_s"] > 0
+        # The worker's passes in the cell, from /metrics: 16 tokens at 8 a step are at least 2 per
+        # request (2 requests in turn at concurrency 1); on the CPU the host's gaps between them are
+        # never 0.
+        assert c["http_passes"] >= 2 * (2 if c["concurrency"] == 1 else 1) and c["http_gap_ms"] > 0
+        assert c["engine_passes"] >= 2 and c["http_ms_per_pass"] > 0
     assert summary["first_request"]["ttfb_s"] > 0
     assert "warm-up requests done" in (tmp_path / "serve.log").read_text()

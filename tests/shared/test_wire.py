@@ -70,6 +70,7 @@ MESSAGES = [
         pages_free=4,
         steps_per_s=9.5,
         forward_passes=10,
+        device_idle_ms=2.5,
     ),
     ConceptQuery("q1", 7, k=5),
     ConceptInfo("q1", [11, 12], [0.5, 0.25]),

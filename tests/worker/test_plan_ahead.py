@@ -236,4 +236,47 @@ def test_a_pass_ahead_that_fails_to_launch_is_planned_again_after_the_picks(tiny
     ours, engine = _run(tiny_dir, _mixed(4), ahead=True)
     _same(ours, ref)
     assert planted and engine.passes_planned_ahead > 0
-    assert engine.passes_planned_ahead == engine.forward_passes - 1 - len(planted)  # the first pass, and the dropped
+    # The first pass and each one dropped (once, or twice when it was planned ahead of the pass in
+    # flight too, at a step that completed attributed blocks) went after the picks.
+    assert engine.passes_planned_ahead == engine.forward_passes - 1 - len(set(planted))
+
+
+def test_the_pass_after_next_is_queued_while_completed_blocks_are_attributed(tiny_dir, monkeypatch):
+    """When blocks complete with attribution, the output stage waits for it (on CUDA it runs beside
+    the pass in flight) and packs it; the pass after the next one is launched before that, so the
+    device has two passes queued through the wait. The results stay those of planning after the picks."""
+
+    def requests():
+        return [
+            GenerateRequest(
+                f"a{i}", [9 + i] * PAGE, max_tokens=3 * PAGE, tokens_per_step=8, attribution=AttributionSpec()
+            )
+            for i in range(3)
+        ]
+
+    ref, _ = _run(tiny_dir, requests(), ahead=False)
+    launch, picks, block_records = ModelRunner.launch, ModelRunner.picks, ModelRunner.block_records
+    count = {"launched": 0, "read": 0}
+    queued_at_wait = []
+
+    def counted_launch(self, plan, after=None):
+        p = launch(self, plan, after)
+        count["launched"] += 1
+        return p
+
+    def counted_picks(self, p):
+        count["read"] += 1
+        return picks(self, p)
+
+    def waited(self, rows, blocks):
+        queued_at_wait.append(count["launched"] - count["read"])
+        return block_records(self, rows, blocks)
+
+    monkeypatch.setattr(ModelRunner, "launch", counted_launch)
+    monkeypatch.setattr(ModelRunner, "picks", counted_picks)
+    monkeypatch.setattr(ModelRunner, "block_records", waited)
+    ours, _ = _run(tiny_dir, requests(), ahead=True)
+    _same(ours, ref)
+    # Three blocks in step: the first two ends have the next block's first passes queued; the last
+    # ends the requests, with nothing after it.
+    assert queued_at_wait == [2, 2, 0]
