@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from cde.shared.config import ModelConfig
     from cde.worker.model import SteerlingModel
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Batch sizes (items) captured; a pass runs in the smallest that holds it, its padding computed
+# for nothing. Past 16 in steps of 8 (as vLLM's): 32 requests out of step (served requests arrive
+# at different times) put a block's commit beside the 32 steps in ~40% of their passes, and 33
+# items in a bucket of 64 would cost nearly two passes (a 32-request pass is compute-bound).
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
 # From which context a small batch's attention splits its pages, and how many ways per bucket size:
 # one layer on the H200 (docs/benchmarks.md, kernel options) at batch 1 took 8.6 us over 5 pages
 # unsplit against 20.0 split 8 ways, and 65.5 us over 64 pages against 41.2 (995.8 against 392.3

@@ -111,7 +111,7 @@ def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_chan
     from torch._dynamo.utils import counters
 
     engine = Engine(
-        EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=8, quantization=quantization)
+        EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=24, quantization=quantization)
     )
     before, buckets = dict(counters["stats"]), set(engine.runner.graphed.buckets)
 
@@ -131,6 +131,7 @@ def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_chan
     wave("a", 8)
     wave("b", 1)
     wave("c", 3, prompt_blocks=5)  # staggered finishes: passes of every size from 3 down to 1
+    wave("d", 20, prompt_blocks=2)  # 40 prefill items in one pass (bucket 40), then 20 steps (24)
     assert dict(counters["stats"]) == before
     assert set(engine.runner.graphed.buckets) == buckets
 
