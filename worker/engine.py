@@ -146,7 +146,8 @@ class Engine:
         read (worker/plan_ahead.py), so the GPU goes from one pass to the next without waiting for
         the host; where it cannot be, it is planned and launched as soon as the picks are placed.
         Only then does the output stage finish this pass's results: stop strings, and the
-        attribution that ran on a side stream."""
+        attribution that ran on a side stream. When that means waiting for completed blocks'
+        attribution, the pass after the next one is launched first, so two passes are queued."""
         with self.runner.on_stream():
             results = self._step()
         failed, self._failed = self._failed, []
@@ -189,9 +190,10 @@ class Engine:
         return self.outputs.finish(placed, self.runner.records(current))
 
     def _launch_ahead(self, current: Pass) -> Pass | None:
-        """The pass after `current`, planned and launched before current's picks are read; None
-        when it must wait for them. A launch that raises is dropped: the pass is planned again
-        after the picks, where a request that makes it fail is failed alone (`_launch`)."""
+        """The pass after `current` (in flight), planned and launched before current's picks are
+        read; None when it must wait for them. A launch that raises is dropped: the pass is
+        planned again (at the latest after the picks, where a request that makes it fail is failed
+        alone: `_launch`)."""
         plan = plan_ahead(self.scheduler, current.plan)
         if plan is None:
             return None
