@@ -31,17 +31,18 @@ class LogitRules:
     """One pass's rules, per step item S (rows of the logits map to items by `row_item`)."""
 
     offset: torch.Tensor | None  # [S, V] float: bias - penalties, None when no item has either
+    offset_rows: torch.Tensor | None  # [O] the logits rows of the items that have either
     penalized: bool  # some item has a penalty: the pass's picks are counted (`record`)
     ban_rows: torch.Tensor | None  # [M] logits rows where ban_tokens[m] is -inf (min_tokens)
     ban_tokens: torch.Tensor | None  # [M]
 
-    def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> torch.Tensor:
-        """x [R, V] float32 logits -> with the rules applied."""
-        if self.offset is not None:
-            x = x + self.offset[row_item]
+    def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> None:
+        """Apply the rules to x [R, V] float32 logits, in place (only the rows of items that have one)."""
+        if self.offset is not None and self.offset_rows is not None:
+            rows = self.offset_rows
+            x[rows] = x[rows] + self.offset[row_item[rows]]
         if self.ban_rows is not None and self.ban_tokens is not None:
-            x = x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
-        return x
+            x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
 
 
 def end_bans(item: PlannedItem, rows: list[int]) -> list[tuple[int, int]]:
@@ -92,8 +93,14 @@ class RequestLogitRules:
                 bans += end_bans(it, grid[n * PAGE : (n + 1) * PAGE])
         if not (penalized or biased or bans):
             return None
-        bias_items, bias_tokens, ban_rows, ban_tokens = self.ints.stage(
-            [n for n, _, _ in biased], [t for _, t, _ in biased], [r for r, _ in bans], [t for _, t in bans]
+        offset_items = {n for n, r in enumerate(reqs) if r.penalized} | {n for n, _, _ in biased}
+        offset_rows = [r for n in sorted(offset_items) for r in grid[n * PAGE : (n + 1) * PAGE] if r >= 0]
+        bias_items, bias_tokens, ban_rows, ban_tokens, offset_rows_t = self.ints.stage(
+            [n for n, _, _ in biased],
+            [t for _, t, _ in biased],
+            [r for r, _ in bans],
+            [t for _, t in bans],
+            offset_rows,
         )
         frequency, presence, bias_values = self.floats.stage(
             [r.frequency_penalty for r in reqs], [r.presence_penalty for r in reqs], [v for _, _, v in biased]
@@ -109,6 +116,7 @@ class RequestLogitRules:
             offset = -penalty if offset is None else offset - penalty
         return LogitRules(
             offset=offset,
+            offset_rows=offset_rows_t if offset is not None else None,
             penalized=penalized,
             ban_rows=ban_rows if bans else None,
             ban_tokens=ban_tokens if bans else None,

@@ -47,7 +47,9 @@ class SamplingBatch:
     any_entropy: bool = True  # host-side: some row samples entropy-adaptively (skip its sort otherwise)
     rep_penalty: torch.Tensor | None = None  # [S] float, None when every row has 1.0
     seen: torch.Tensor | None = None  # [S, V] bool: tokens already in the sequence
+    rep_rows: torch.Tensor | None = None  # [P] logits rows whose item has a repetition penalty
     relu_mask: torch.Tensor | None = None  # [S, V] float, None when no row has one
+    relu_rows: torch.Tensor | None = None  # [Q] logits rows whose item has a ReLU mask
     rules: LogitRules | None = None  # penalties, logit_bias, min_tokens: None when no row has any
     # Constrained decoding (worker/constraint.py), None when no row has a grammar:
     leftmost: torch.Tensor | None = None  # [S] bool: the item unmasks its leftmost positions
@@ -62,14 +64,19 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     per step)."""
     if sb.relu_mask is None and sb.rep_penalty is None and sb.rules is None:
         return _constrain(logits.index_fill_(-1, sb.banned, NEG_INF), sb)
-    x = logits.float()
-    if sb.relu_mask is not None:
-        x = x - sb.relu_mask[sb.row_item]
-    if sb.rep_penalty is not None and sb.seen is not None:
-        p = sb.rep_penalty[sb.row_item][:, None]
-        x = torch.where(sb.seen[sb.row_item], torch.where(x > 0, x / p, x * p), x)
+    # A copy (the runner keeps the raw logits: attribution's target logits), then each rule on
+    # the rows of the requests that have it: one request's rule does not cost the batch's rows.
+    x = logits.to(torch.float32, copy=True)
+    if sb.relu_mask is not None and sb.relu_rows is not None:
+        rows = sb.relu_rows
+        x[rows] = x[rows] - sb.relu_mask[sb.row_item[rows]]
+    if sb.rep_penalty is not None and sb.seen is not None and sb.rep_rows is not None:
+        rows = sb.rep_rows
+        item = sb.row_item[rows]
+        xr, p = x[rows], sb.rep_penalty[item][:, None]
+        x[rows] = torch.where(sb.seen[item], torch.where(xr > 0, xr / p, xr * p), xr)
     if sb.rules is not None:
-        x = sb.rules.apply(x, sb.row_item)
+        sb.rules.apply(x, sb.row_item)
     return _constrain(x.index_fill_(-1, sb.banned, NEG_INF), sb)
 
 

@@ -60,16 +60,22 @@ class StepInputBuilder:
         thresholds = [r.confidence_threshold for r in reqs]
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)
-        (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step) = self.ints.stage(
-            rows,
-            [it.slot for it in items],
-            grid,
-            row_item,
-            [r.tokens_per_step for r in reqs],
-            [r.top_k for r in reqs],
-            [int(r.entropy_sampling) for r in reqs],
-            [r.seed & 0xFFFFFFFF for r in reqs],
-            [it.step for it in items],
+        any_relu = any(m is not None for m in relu_masks)
+        (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step, rep_rows, relu_rows) = (
+            self.ints.stage(
+                rows,
+                [it.slot for it in items],
+                grid,
+                row_item,
+                [r.tokens_per_step for r in reqs],
+                [r.top_k for r in reqs],
+                [int(r.entropy_sampling) for r in reqs],
+                [r.seed & 0xFFFFFFFF for r in reqs],
+                [it.step for it in items],
+                # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
+                [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
+                [r for r, n in enumerate(row_item) if relu_masks[n] is not None] if any_relu else [],
+            )
         )
         threshold, temperature, top_p, rep_t = self.floats.stage(
             [2.0 if x is None or r.constrained else x for x, r in zip(thresholds, reqs)],
@@ -77,7 +83,6 @@ class StepInputBuilder:
             [r.top_p for r in reqs],
             rep,
         )
-        any_relu = any(m is not None for m in relu_masks)
         sampling = SamplingBatch(
             grid=grid_t.view(len(items), PAGE),
             row_item=row_item_t,
@@ -97,6 +102,7 @@ class StepInputBuilder:
             any_entropy=any(r.entropy_sampling for r in reqs),
             rep_penalty=rep_t if penalized else None,
             seen=self.seen[slots] if penalized else None,
+            rep_rows=rep_rows if penalized else None,
             relu_mask=(
                 torch.stack(
                     [m if m is not None else torch.zeros_like(self.seen[0], dtype=torch.float32) for m in relu_masks]
@@ -104,6 +110,7 @@ class StepInputBuilder:
                 if any_relu
                 else None
             ),
+            relu_rows=relu_rows if any_relu else None,
             rules=self.rules.build(items, slots, grid),
         )
         if any(c is not None for c in constraints):
