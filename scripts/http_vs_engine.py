@@ -36,6 +36,8 @@ from pathlib import Path
 
 import httpx
 
+from cde.commands.bench_roofline import host_gap_ms
+
 PY = [sys.executable, "-m", "cde"]
 
 
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 "http_passes": h["worker_forward_passes"],
                 "engine_ms_per_pass": e["wall_s"] * 1e3 / e["forward_passes"],
                 "http_ms_per_pass": h["duration_s"] * 1e3 / max(1, h["worker_forward_passes"]),
-                "engine_gap_ms": e["gpu_idle_fraction"] * e["wall_s"] * 1e3 / e["forward_passes"],
+                "engine_gap_ms": host_gap_ms(e),
                 "http_gap_ms": h["worker_idle_ms_per_pass"],
                 "http_failed_requests": h["failed_requests"],
                 "http_client_processes": h["client_processes"],

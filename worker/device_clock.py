@@ -23,6 +23,20 @@ import torch
 Mark = Any  # a timing torch.cuda.Event, or a host time (float) on the CPU
 
 
+def mark(cuda: bool) -> Mark:
+    """The time the current stream reaches this point (CUDA), or now (host)."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def elapsed_ms(a: Mark, b: Mark) -> float:
+    """From mark a to mark b (both passed by the stream, on CUDA)."""
+    return (b - a) * 1e3 if isinstance(a, float) else a.elapsed_time(b)
+
+
 class DeviceClock:
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -32,13 +46,13 @@ class DeviceClock:
         self._idle_ms = 0.0  # the gaps read so far
 
     def launching(self) -> None:
-        self._starting = self._mark()
+        self._starting = mark(self.cuda)
 
     def launched(self) -> None:
         """The launch begun by `launching` has queued its pass (a launch that raised never gets here)."""
         if self._last_queued is not None:
             self._gaps.append((self._last_queued, self._starting))
-        self._last_queued = self._mark()
+        self._last_queued = mark(self.cuda)
         self._read()  # what the device has passed: at most a pass or two stay unread
 
     def pause(self) -> None:
@@ -50,21 +64,10 @@ class DeviceClock:
         self._read()
         return self._idle_ms
 
-    def _mark(self) -> Mark:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     def _read(self) -> None:
         while self._gaps:
             queued, start = self._gaps[0]
-            if self.cuda:
-                if not start.query():
-                    return
-                gap = queued.elapsed_time(start)
-            else:
-                gap = (start - queued) * 1e3
-            self._idle_ms += max(0.0, gap)
+            if self.cuda and not start.query():
+                return
+            self._idle_ms += max(0.0, elapsed_ms(queued, start))
             self._gaps.popleft()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from cde.shared.config import PAGE
+from cde.worker.device_clock import elapsed_ms, mark
 
 if TYPE_CHECKING:
     from cde.shared.protocol import GenerateRequest
@@ -37,37 +38,27 @@ class StepClock:
         self.inner = runner.launch, runner.picks
 
         def launch(plan: StepPlan, after: Pass | None = None) -> Pass:
-            self.starts.append(self._mark())
+            self.starts.append(mark(self.cuda))
             return self.inner[0](plan, after)
 
         def picks(p: Pass) -> list[Picks]:
             out = self.inner[1](p)
-            self.end = self._mark()
+            self.end = mark(self.cuda)
             self.finished += 1
             self.last_decode = all(it.is_step or it.block >= it.request.prompt_len // PAGE for it in p.plan.items)
             return out
 
         runner.launch, runner.picks = launch, picks
 
-    def _mark(self) -> float | torch.cuda.Event:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     def restore(self) -> None:
         self.runner.launch, self.runner.picks = self.inner
-
-    def _ms(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def device_ms(self) -> tuple[list[float], float]:
         """ms per pass, and the ms the device sat idle waiting for the next launch."""
         if self.cuda:
             torch.cuda.synchronize()
         marks = self.starts + [self.end]
-        per_pass = [self._ms(a, b) for a, b in zip(marks, marks[1:])]
+        per_pass = [elapsed_ms(a, b) for a, b in zip(marks, marks[1:])]
         return per_pass, self.device_clock.idle_ms() - self.idle_before
 
 

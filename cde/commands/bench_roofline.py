@@ -41,6 +41,11 @@ FLASH_RATIO_BAR = 1.5  # exact attention over SDPA flash's on contiguous KV of t
 HTTP_BAR = 0.03  # HTTP tok/s below the engine's, at most
 
 
+def host_gap_ms(result: dict) -> float:
+    """A `cde bench engine` level's ms per pass that the device waited for the host's launch."""
+    return result["gpu_idle_fraction"] * result["wall_s"] * 1e3 / result["forward_passes"]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", help="`cde bench engine --json` files")
     p.add_argument("--model", help="checkpoint directory whose config.json gives the shape (default: each run's)")
@@ -134,7 +139,7 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
         read_ms, flop_ms = limits(s, quant, n, context, args)
         gc_share = r.get("gc_ms", 0.0) / (r["wall_s"] * 1e3)
         recompiles = int(r.get("recompiles_after_warmup", 0))
-        gap_ms = r["gpu_idle_fraction"] * r["wall_s"] * 1e3 / r["forward_passes"] if "gpu_idle_fraction" in r else None
+        gap_ms = host_gap_ms(r) if "gpu_idle_fraction" in r else None
         bar, met, label = "", None, _label(quant, n)
         if both and not r["async_scheduling"]:  # the other half of the comparison: no bar
             label += ", planned after the picks"
