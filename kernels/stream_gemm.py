@@ -18,11 +18,11 @@ counter, so the counters are zero between calls and the op is pure from outside.
 
 PREFETCH > 0 launches the kernel with programmatic dependent launch (Hopper): its CTAs start while
 the kernel before it still runs (once that kernel's CTAs signal `gdc_launch_dependents`, as
-kernels/fp8_triton.py's do, and this kernel's as they start: the MLP's c_proj after c_fc), prefetch
-their first PREFETCH weight tiles into L2 (weights are never written, so they may be read early)
-and wait (`gdc_wait`) for the kernel before to finish before they read the activations or write
-anything. A weight-streaming GEMM of ~15 us per call loses ~4 us to its start (launch, the first
-tiles' DRAM latency); the short latency-bound kernels before it leave HBM idle meanwhile.
+kernels/fp8_triton.py's do), prefetch their first PREFETCH weight tiles into L2 (weights are never
+written, so they may be read early) and wait (`gdc_wait`) for the kernel before to finish before
+they read the activations or write anything. A weight-streaming GEMM of ~15 us per call loses ~4 us
+to its start (launch, the first tiles' DRAM latency); the short latency-bound kernels before it
+leave HBM idle meanwhile.
 
 Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
 interpreter: tests/kernels/test_triton_interpreted.py).
@@ -34,12 +34,8 @@ import torch
 import triton
 import triton.language as tl
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
-# The weight tiles a GEMM launched with PDL fetches to L2 while the kernel before it runs: on the H200
-# the 32-layer one-request FP8 chain took 3.149 ms plain, 3.016 / 3.000 / 3.019 / 3.083 ms with
-# 1 / 2 / 4 / 8 tiles (`FP8_KERNELS=pdl_chain scripts/gpu_run.sh fp8kernels`).
-PREFETCH_TILES = 2
 SMEM_TILES = 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # weight-tile elements a config may keep in flight
 
 
@@ -101,10 +97,7 @@ def _stream_gemm_kernel(
     SWAP_AB: tl.constexpr,
     SWIGLU: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
-    TRIGGER: tl.constexpr = False,
 ):
-    if TRIGGER:  # a GEMM launched after this one with PDL may start fetching its weights
-        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -128,8 +121,6 @@ def _stream_gemm_kernel(
         lines = offs_n[:, None] * stride_bn + k_first * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
         for t in tl.static_range(PREFETCH):
             _prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
-            if SWIGLU:  # and the gate rows' tiles
-                _prefetch_l2(b_ptr + N * stride_bn + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
         gdc_wait()  # the kernel before this one has finished: its outputs (our activations) are visible
     for _ in range(0, k_count):
         a = tl.load(a_ptrs, mask=m_ok, other=0.0)
@@ -257,13 +248,7 @@ def stream_gemm(
     def grid(meta: dict) -> tuple[int, int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
-    flags = {
-        "SCALE_A": sa is not None,
-        "SCALE_B": sb is not None,
-        "SWIGLU": swiglu,
-        "PREFETCH": prefetch,
-        "TRIGGER": a.is_cuda,  # inline PTX: not in Triton's interpreter
-    }
+    flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer

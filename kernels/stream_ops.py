@@ -65,14 +65,12 @@ def _(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], w.shape[0] // 2)
 
 
-# Launched with PDL, weight tiles to L2 first: c_fc while the norm before it ends, the MLP's c_proj
-# while c_fc ends (its CTAs signal as they start).
 def _cuda_stream_linear(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    return stream_gemm.stream_gemm(x, w, counters, x.dtype, prefetch=stream_gemm.PREFETCH_TILES)
+    return stream_gemm.stream_gemm(x, w, counters, x.dtype)
 
 
 def _cuda_stream_swiglu(x: torch.Tensor, w: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    return stream_gemm.stream_gemm(x, w, counters, x.dtype, swiglu=True, prefetch=stream_gemm.PREFETCH_TILES)
+    return stream_gemm.stream_gemm(x, w, counters, x.dtype, swiglu=True)
 
 
 if stream_gemm is not None:
