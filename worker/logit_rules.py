@@ -39,8 +39,8 @@ class LogitRules:
     def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> None:
         """Apply the rules to x [R, V] float32 logits, in place (only the rows of items that have one)."""
         if self.offset is not None and self.offset_rows is not None:
-            rows = self.offset_rows
-            x[rows] = x[rows] + self.offset[row_item[rows]]
+            rows = self.offset_rows  # distinct rows: one addition per element, in place
+            x.index_add_(0, rows, self.offset[row_item[rows]])
         if self.ban_rows is not None and self.ban_tokens is not None:
             x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
 

@@ -7,7 +7,7 @@ from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
-from cde.worker.sampler import entropy_temperature, filtered_log_probs
+from cde.worker.sampler import entropy_temperature, filtered_log_probs, repetition_penalty
 
 BANNED = (EOS_ID, MASK_ID, PAD_ID)
 
@@ -406,3 +406,27 @@ def test_repetition_penalty_formula(tiny_dir, tmp_path, sign):
     )
     assert signs == {sign}
     assert out["rp"] != out["np"]  # the penalty changed the output
+
+
+def test_repetition_penalty_sparse_and_dense_give_the_same_bits():
+    """The CPU's form (only the seen entries) and the GPU's (every entry of the rows, static
+    shapes) against each other and against the rule written out: positive logits / p, others * p,
+    on the seen tokens of the penalized rows only; zero and -inf logits included."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 1000, generator=gen)
+    x[:, ::7] = 0.0
+    x[3, 5] = float("-inf")
+    seen = torch.rand(4, 1000, generator=gen) < 0.05
+    seen[:, 5] = True
+    penalty = torch.tensor([1.2, 1.0, 1.7, 0.9])
+    rows = torch.tensor([0, 3, 4, 9, 11])
+    item = torch.tensor([0, 2, 2, 3, 1])
+    want = x.clone()
+    for r, i in zip(rows.tolist(), item.tolist()):
+        for t in seen[i].nonzero().flatten().tolist():
+            v = want[r, t]
+            want[r, t] = v / penalty[i] if v > 0 else v * penalty[i]
+    for sparse in (True, False):
+        got = x.clone()
+        repetition_penalty(got, rows, item, seen, penalty, sparse=sparse)
+        assert torch.equal(got, want), sparse
