@@ -17,6 +17,9 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
    dependent launch and its first 1-8 weight tiles prefetched to L2 while that kernel runs.
 4. Selection's confidence and greedy token over [rows, 100352] bfloat16 logits: softmax + amax and
    argmax against the kernel.
+5. Per weight shape at one request (64 rows): that shape's 32 layers back to back, bfloat16 on
+   cuBLAS and on the split-K GEMM, FP8 on the split-K GEMM, each beside the shape's weight-read
+   limit: which GEMMs of a one-request pass stream near the bandwidth and which pay their start.
 
     python scripts/bench_fp8_kernels.py [--layers 32] [--only SECTION...]
 """
@@ -211,6 +214,35 @@ def act_quant(args: argparse.Namespace) -> None:
             )
 
 
+def per_shape(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    print(f"\n{args.layers} layers of one shape at {MAX_ROWS} rows, ms (% of the limit at {BANDWIDTH_TB_S} TB/s)")
+    print("| shape [N, K] | bf16 limit | bf16 cuBLAS | bf16 stream_gemm | fp8 limit | fp8 stream_gemm |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n, k in SHAPES:
+        print(shape_row(n, k, args.layers), flush=True)
+
+
+def shape_row(n: int, k: int, layers: int) -> str:
+    """One row of `per_shape`: the shape's own weights per layer (from HBM, as a pass reads them)."""
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    wq = [(q, sc[:, 0].contiguous()) for q, sc in (quantize_rows(w) for w in w16)]
+    x = torch.randn(MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)
+    xq, xs = quantize_rows(x)
+    xs = xs[:, 0].contiguous()
+    counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
+    limit16, limit8 = (layers * n * k * b / (BANDWIDTH_TB_S * 1e12) * 1e3 for b in (2, 1))
+
+    def cell(limit: float, fn) -> str:
+        ms = graph_ms(fn)
+        return f"{ms:.3f} ({100 * limit / ms:.0f}%)"
+
+    cublas = cell(limit16, lambda: [F.linear(x, w) for w in w16])
+    stream16 = cell(limit16, lambda: [stream_gemm(x, w, counters, torch.bfloat16) for w in w16])
+    stream8 = cell(limit8, lambda: [stream_gemm(xq, q, counters, torch.bfloat16, scales=(xs, sc)) for q, sc in wq])
+    return f"| [{n}, {k}] | {limit16:.3f} | {cublas} | {stream16} | {limit8:.3f} | {stream8} |"
+
+
 def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.softmax(x, -1, dtype=torch.float32).amax(-1), x.argmax(-1)
 
@@ -232,7 +264,7 @@ def confidence(args: argparse.Namespace) -> None:
         print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} | {wrong} |", flush=True)
 
 
-SECTIONS = ["confidence", "act_quant", "pdl_chain", "stack"]
+SECTIONS = ["confidence", "act_quant", "pdl_chain", "per_shape", "stack"]
 
 
 def main() -> None:
@@ -243,7 +275,8 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__)
     for name in SECTIONS:  # in this order, whatever --only's: the stack last, it holds 23 GB of weights
         if name in args.only:
-            {"confidence": confidence, "act_quant": act_quant, "pdl_chain": pdl_chain, "stack": stack}[name](args)
+            runs = {"confidence": confidence, "act_quant": act_quant, "pdl_chain": pdl_chain, "per_shape": per_shape}
+            {**runs, "stack": stack}[name](args)
 
 
 if __name__ == "__main__":
