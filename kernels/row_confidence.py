@@ -20,12 +20,22 @@ except ImportError:  # CPU environments: the torch expressions below
     triton = None
 
 
+# Rows per softmax on the CPU: a few rows' logits stay in cache from the softmax through its max and
+# the argmax (400 rows of 100k: 173 -> 88 ms on one thread); each row's softmax is computed on its
+# own, so the bits are those of one call over all the rows.
+CPU_ROWS = 4
+
+
 def row_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, V] logits (-inf where banned) -> ([R] float32 max softmax probability, [R] int64
     argmax: the first column among equal maxima)."""
     if triton is None or x.device.type != "cuda" or x.shape[0] == 0:
         # max's index is the first among equal maxima too, and takes half argmax's time on the CPU
-        return torch.softmax(x, -1, dtype=torch.float32).amax(-1), x.max(-1).indices
+        parts = [
+            (torch.softmax(p, -1, dtype=torch.float32).amax(-1), p.max(-1).indices)
+            for p in (x.split(CPU_ROWS) if x.device.type == "cpu" else (x,))
+        ]
+        return torch.cat([c for c, _ in parts]), torch.cat([t for _, t in parts])
     x = x.contiguous()
     conf = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     top = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)

@@ -1,0 +1,21 @@
+"""kernels/row_confidence.py on the CPU (the kernel itself: test_triton_interpreted.py, test_gpu.py):
+the rows taken a few at a time give the bits of one softmax over them all, and argmax's choices."""
+
+import torch
+from cde.kernels.row_confidence import CPU_ROWS, row_confidence
+
+
+def test_cpu_rows_in_chunks_are_the_softmax_max_and_the_first_argmax():
+    g = torch.Generator().manual_seed(5)
+    rows = 3 * CPU_ROWS - 1  # a last chunk that is not full
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(rows, 3000, generator=g) * 4).to(dtype)
+        x[:, 2900:] = float("-inf")  # banned columns
+        x[1, [7, 900, 1500]] = 60.0  # tied maxima: the first column wins
+        x[CPU_ROWS + 2] = float("-inf")  # all banned: NaN confidence, column 0, as torch says
+        conf, top = row_confidence(x)
+        want = torch.softmax(x, -1, dtype=torch.float32).amax(-1)
+        assert torch.equal(conf.nan_to_num(-1.0), want.nan_to_num(-1.0)) and conf.dtype == torch.float32
+        assert torch.equal(top, x.argmax(-1)) and top[1] == 7 and top[CPU_ROWS + 2] == 0
+    conf, top = row_confidence(torch.empty(0, 3000))
+    assert conf.shape == top.shape == (0,)
