@@ -31,11 +31,9 @@ def row_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     argmax: the first column among equal maxima)."""
     if triton is None or x.device.type != "cuda" or x.shape[0] == 0:
         # max's index is the first among equal maxima too, and takes half argmax's time on the CPU
-        parts = [
-            (torch.softmax(p, -1, dtype=torch.float32).amax(-1), p.max(-1).indices)
-            for p in (x.split(CPU_ROWS) if x.device.type == "cpu" else (x,))
-        ]
-        return torch.cat([c for c, _ in parts]), torch.cat([t for _, t in parts])
+        parts = x.split(CPU_ROWS) if x.device.type == "cpu" else (x,)
+        conf, top = zip(*((torch.softmax(p, -1, dtype=torch.float32).amax(-1), p.max(-1).indices) for p in parts))
+        return torch.cat(conf), torch.cat(top)
     x = x.contiguous()
     conf = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     top = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)

@@ -87,10 +87,10 @@ def repetition_penalty(
 ) -> None:
     """The reference's repetition penalty on x's `rows` [P] (of step items `item` [P]), in place:
     a token in the item's `seen` [S, V] has its logit divided by the item's penalty [S] where
-    positive, multiplied elsewhere. `sparse` (default: on the CPU, where a sync costs nothing)
-    computes only the seen entries, a few hundred of a row's 100k; the dense form keeps static
-    shapes and no sync. Both give the same bits."""
-    if x.device.type == "cpu" if sparse is None else sparse:
+    positive, multiplied elsewhere. `sparse` (default: where a sync is free) computes only the seen
+    entries, a few hundred of a row's 100k; the dense form keeps static shapes and no sync. Both
+    give the same bits."""
+    if _sync_is_free(x, sparse):
         r, token = seen[item].nonzero(as_tuple=True)
         at = (rows[r], token)
         v, p = x[at], penalty[item[r]]
@@ -98,6 +98,12 @@ def repetition_penalty(
     else:
         xr, p = x[rows], penalty[item][:, None]
         x[rows] = torch.where(seen[item], torch.where(xr > 0, xr / p, xr * p), xr)
+
+
+def _sync_is_free(t: torch.Tensor, override: bool | None) -> bool:
+    """Whether to take a data-dependent shape (a sync): on the CPU a sync costs nothing; CUDA keeps
+    static shapes so a pass never waits on the host. `override` (tests) picks either form."""
+    return t.device.type == "cpu" if override is None else override
 
 
 def _constrain(x: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -195,9 +201,9 @@ def select_and_sample_adjusted(
         s, k = positions.shape
         item = torch.arange(s, device=rows.device)[:, None].expand(s, k)
         is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
-        if rows.device.type == "cpu" if compact is None else compact:
-            # On the CPU a sync costs nothing: sample only the selected slots that commit (with
-            # a confidence threshold K is 64, and sorting 64 vocabularies per step dominated).
+        if _sync_is_free(rows, compact):
+            # Sample only the selected slots that commit (with a confidence threshold K is 64, and
+            # sorting 64 vocabularies per step dominated on the CPU).
             slots = (valid & ~is_greedy[:, None]).nonzero(as_tuple=True)
             tokens[slots] = sample_rows(rows[slots], item[slots], positions[slots], sb)
         else:  # static shapes, no sync: every slot is sampled, the greedy rows keep argmax
