@@ -1,0 +1,125 @@
+"""Issue 29: every launch config of the split-K GEMM (kernels/stream_gemm.py) at one request,
+timed as the engine runs it, beside the config the autotuner picks at warm-up.
+
+Per weight shape of the 8b (c_attn, attention's c_proj, c_fc, the MLP's c_proj) and dtype (FP8 with
+row scales, bfloat16): the shape's 32 distinct layer weights back to back at 64 rows, replayed from
+a CUDA graph (so the weights stream from HBM and no host launch is timed), once per config in a
+grid wider than the autotuner's (8 warps, 512-wide K tiles, 3-stage split shares). Each config's
+output is checked against the autotuned call's first. The autotuner times eager calls of one
+weight; if its pick is far from the graph-timed best, the warm-up should time graphs instead.
+
+    python scripts/sweep_stream_gemm.py [--dtypes fp8 bf16] [--budget-s 240] [--top 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import time
+
+import torch
+from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_launch_configs
+from cde.worker.cuda_timing import graph_replay_ms
+from cde.worker.fp8 import quantize_rows
+
+SHAPES = {"c_attn": (5120, 4096), "attn c_proj": (4096, 4096), "c_fc": (32768, 4096), "mlp c_proj": (4096, 16384)}
+BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
+SMEM_BYTES = 200 * 1024  # leave room below the H200's 227 KB per CTA for Triton's own scratch
+
+
+def configs(elem_bytes: int) -> list[dict]:
+    """The grid: every tile and split whose pipeline fits shared memory (weight and activation tiles)."""
+    out = []
+    for bn, bk, sk, warps in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4, 8), (4, 8)):
+        for stages in (4, 6, 8) if sk == 1 else (3, 4, 6):
+            if stages * (bn + MAX_ROWS) * bk * elem_bytes <= SMEM_BYTES:
+                out.append(
+                    {
+                        "BLOCK_M": MAX_ROWS,
+                        "BLOCK_N": bn,
+                        "BLOCK_K": bk,
+                        "SPLIT_K": sk,
+                        "SWAP_AB": False,
+                        "num_warps": warps,
+                        "num_stages": stages,
+                    }
+                )
+    random.Random(0).shuffle(out)  # a budget cut leaves a random sample of the grid, not one corner
+    return out
+
+
+def label(c: dict) -> str:
+    return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}"
+
+
+def shape_setup(n: int, k: int, dtype: str, layers: int):
+    """The shape's layer weights and a call(w, config) on them; the weight-read limit of the stack."""
+    torch.manual_seed(0)
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    x = torch.randn(MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)
+    counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
+    if dtype == "bf16":
+        return w16, lambda w, config=None: stream_gemm(x, w, counters, torch.bfloat16, config=config), 2
+    weights = [(q, sc[:, 0].contiguous()) for q, sc in (quantize_rows(w) for w in w16)]
+    xq, xs = quantize_rows(x)
+    xs = xs[:, 0].contiguous()
+
+    def call(w, config=None):
+        return stream_gemm(xq, w[0], counters, torch.bfloat16, scales=(xs, w[1]), config=config)
+
+    return weights, call, 1
+
+
+def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int) -> None:
+    """Configs outer, shapes inner: a budget cut leaves every shape with the same configs timed."""
+    setups = {name: shape_setup(*SHAPES[name], dtype, layers) for name in shapes}
+    grid = configs(setups[shapes[0]][2])
+    print(f"\n== {dtype}: {len(grid)} configs", flush=True)
+    refs, rows = {}, {name: [] for name in shapes}
+    for name, (weights, call, _) in setups.items():
+        refs[name] = call(weights[0])  # the autotuner's pick, made here as at the engine's warm-up
+        rows[name].append((graph_replay_ms(lambda w=weights, c=call: [c(x) for x in w])[0], None, "autotuned"))
+    deadline = time.monotonic() + budget_s
+    for i, config in enumerate(grid):
+        if time.monotonic() > deadline:
+            print(f"  (budget spent after {i} of {len(grid)} configs)")
+            break
+        for name, (weights, call, _) in setups.items():
+            try:
+                got = call(weights[0], config)
+            except Exception as e:  # a config Triton cannot build on this card (shared memory, registers)
+                print(f"  {label(config)}: {type(e).__name__}")
+                break
+            ref = refs[name].float()
+            err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+            ms = graph_replay_ms(lambda w=weights, c=call, g=config: [c(x, g) for x in w])[0]
+            rows[name].append((ms, config, f"max rel diff {err:.1e}"))
+    tuned = {key[:3]: c for key, c in tuned_launch_configs().items()}
+    for name in shapes:
+        n, k = SHAPES[name]
+        elem = setups[name][2]
+        limit = layers * n * k * elem / (BANDWIDTH_TB_S * 1e12) * 1e3
+        print(f"\n{dtype} {name} [{n}, {k}], {layers} layers at {MAX_ROWS} rows: limit {limit:.3f} ms")
+        for ms, config, note in sorted(rows[name], key=lambda r: r[0])[:top] + rows[name][:1]:
+            shown = label(config or tuned[(n, k, dtype == "fp8")])
+            print(f"  {ms:.3f} ms ({100 * limit / ms:.0f}%)  {shown}  {note}")
+    del setups
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dtypes", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--budget-s", type=float, default=240.0, help="per dtype: the configs after it are not timed")
+    p.add_argument("--top", type=int, default=5)
+    args = p.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__)
+    for dtype in args.dtypes:
+        sweep(dtype, args.shapes, args.layers, args.budget_s, args.top)
+
+
+if __name__ == "__main__":
+    main()
