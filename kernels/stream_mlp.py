@@ -45,8 +45,10 @@ def _grid_barrier(sync_ptr, ctas):
         tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
         tl.atomic_add(sync_ptr + 1, 1, sem="release")
     else:
-        while tl.atomic_add(sync_ptr + 1, 0, sem="acquire") == generation:
+        # plain loads while waiting (read-modify-writes of one address from every SM queue at L2)
+        while tl.load(sync_ptr + 1, volatile=True) == generation:
             pass
+        tl.atomic_add(sync_ptr + 1, 0, sem="acquire")  # what the last CTA released is visible here
     tl.debug_barrier()
 
 
@@ -244,11 +246,14 @@ def fp8_mlp(
     config: dict | None = None,
     ctas: int | None = None,
     prefetch: int = 0,
+    phased: bool = False,
 ) -> torch.Tensor:
     """e4m3 rows xq [M, K] (M <= 64) with float32 scales [M]; c_fc's e4m3 weight [2F, K] (up rows,
     then gate rows) and scales [2F]; c_proj's [N, F] and [N] -> [M, N] in out_dtype: c_proj of
     silu(gate) * up quantized per row, as fp8_matmul, silu_mul_quantize and fp8_matmul compute it.
-    `state`: `scratch(device)`, used by one stream at a time."""
+    `state`: `scratch(device)`, used by one stream at a time. `ctas`: the grid (default: one CTA per
+    output tile, at most what the GPU holds at once); `phased`: the three phases as three launches
+    (no barriers; what Triton's interpreter always runs)."""
     m, k = xq.shape
     f = w_fc.shape[0] // 2
     n = w_proj.shape[0]
@@ -261,12 +266,32 @@ def fp8_mlp(
     hs = torch.empty(m, dtype=torch.float32, device=xq.device)
     out = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     interpreted = not xq.is_cuda
-    if ctas is None:
-        ctas = 4 if interpreted else torch.cuda.get_device_properties(xq.device).multi_processor_count
     args = (xq, x_scale, w_fc, s_fc, w_proj, s_proj, h, hq, hs, state[:MAX_ROWS], state[MAX_ROWS:], out, m, f, n, k)
-    flags = {"BLOCK_M": MAX_ROWS, "PREFETCH": prefetch}
+    flags = {"BLOCK_M": MAX_ROWS, "PREFETCH": prefetch, **cfg}
     if prefetch:
         flags["launch_pdl"] = True
-    for phase in (1, 2, 3) if interpreted else (ALL_PHASES,):
-        _fp8_mlp_kernel[(ctas,)](*args, **flags, **cfg, PHASE=phase)
+    tiles = max(triton.cdiv(f, cfg["BN_FC"]), triton.cdiv(n, cfg["BN_PJ"]))
+    if interpreted or phased:
+        for phase in (1, 2, 3):
+            _fp8_mlp_kernel[(ctas or tiles,)](*args, **flags, PHASE=phase)
+        return out
+    resident = _resident_ctas(args, flags, xq.device)
+    ctas = min(ctas or tiles, resident)
+    _fp8_mlp_kernel[(ctas,)](*args, **flags, PHASE=ALL_PHASES)
     return out
+
+
+def _resident_ctas(args: tuple, flags: dict, device: torch.device) -> int:
+    """How many CTAs of the barrier kernel the GPU holds at once (all of them must be, or the first
+    barrier waits forever): SMs x CTAs per SM by shared memory, registers and warps."""
+    kernel = _fp8_mlp_kernel.warmup(*args, **flags, PHASE=ALL_PHASES, grid=(1,))
+    props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+    threads = 32 * kernel.metadata.num_warps
+    per_sm = min(
+        props["max_shared_mem"] // max(kernel.metadata.shared, 1),
+        props["max_num_regs"] // max(kernel.n_regs * threads, 1),
+        2048 // threads,
+    )
+    if per_sm < 1:
+        raise ValueError("fp8_mlp's config does not fit one SM")
+    return per_sm * props["multiprocessor_count"]

@@ -78,7 +78,7 @@ def agreement(ws: list[tuple], counters, state) -> None:
         print(f"| {rows} | {torch.equal(got, same)}, {rel(got, same):.1e} | {rel(got, tuned):.1e} |", flush=True)
 
 
-def chain(ws, residual, fused: bool, counters, state, cfg=None, prefetch=0):
+def chain(ws, residual, fused: bool, counters, state, cfg=None, prefetch=0, phased=False):
     x, delta, norm_w = residual
 
     def run():
@@ -86,7 +86,7 @@ def chain(ws, residual, fused: bool, counters, state, cfg=None, prefetch=0):
         for w in ws:
             _, q, s = add_norm_quantize(x, delta, norm_w, 1e-5)
             if fused:
-                outs.append(fp8_mlp(q, s, *w, state, torch.bfloat16, config=cfg, prefetch=prefetch))
+                outs.append(fp8_mlp(q, s, *w, state, torch.bfloat16, config=cfg, prefetch=prefetch, phased=phased))
             else:
                 outs.append(unfused(q, s, w, counters, prefetch=prefetch))
         return outs
@@ -103,24 +103,24 @@ def timing(ws, counters, state, layers: int) -> None:
     print("| variant | ms | MLP ms (less the residuals) | of the limit |")
     print("| --- | --- | --- | --- |")
     variants = [
-        ("three launches, autotuned", False, None, 0),
-        ("three launches, PDL prefetch", False, None, PREFETCH_TILES),
+        ("three launches, autotuned", False, None, 0, False),
+        ("three launches, PDL prefetch", False, None, PREFETCH_TILES, False),
+        ("fused kernel's phases as three launches", True, None, 0, True),
+        ("fused kernel's phases as three launches, BN_FC 64", True, {"BN_FC": 64}, 0, True),
     ]
     for cfg in (
         {},
-        {"num_warps": 8},
-        {"BN_FC": 64},
-        {"BK_FC": 256, "num_stages": 3},
-        {"BN_PJ": 64},
-        {"BK_PJ": 128},
-        {"num_stages": 3},
         {"num_stages": 5},
+        {"num_warps": 8, "num_stages": 5},
+        {"BN_FC": 64},
+        {"BN_FC": 64, "num_stages": 3},
+        {"BN_FC": 64, "BK_FC": 256, "num_stages": 3},
     ):
-        variants.append((f"fused {cfg or 'default'}", True, cfg, 0))
-    variants.append(("fused default, PDL prefetch", True, None, PREFETCH_TILES))
-    for name, fused, cfg, prefetch in variants:
+        variants.append((f"fused {cfg or 'default'}", True, cfg, 0, False))
+    variants.append(("fused default, PDL prefetch", True, None, PREFETCH_TILES, False))
+    for name, fused, cfg, prefetch, phased in variants:
         try:
-            ms = graph_replay_ms(chain(ws, residual, fused, counters, state, cfg, prefetch))[0]
+            ms = graph_replay_ms(chain(ws, residual, fused, counters, state, cfg, prefetch, phased))[0]
         except Exception as e:  # a config that does not build on this card
             print(f"| {name} | {type(e).__name__}: {str(e)[:80]} | | |", flush=True)
             continue
