@@ -285,6 +285,7 @@ def _resident_ctas(args: tuple, flags: dict, device: torch.device) -> int:
     """How many CTAs of the barrier kernel the GPU holds at once (all of them must be, or the first
     barrier waits forever): SMs x CTAs per SM by shared memory, registers and warps."""
     kernel = _fp8_mlp_kernel.warmup(*args, **flags, PHASE=ALL_PHASES, grid=(1,))
+    kernel._init_handles()  # loads the module: its register count is known from here
     props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
     threads = 32 * kernel.metadata.num_warps
     per_sm = min(
