@@ -7,7 +7,7 @@
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
 # plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `swiglu`: c_fc with silu * up fused into a
 # Triton GEMM vs cuBLAS + pointwise, issue 29; `normquant`: the fp8 pre-norm and quantization as looped or persistent
-# reductions, issue 29; `gemmsweep`: the split-K GEMM's configs at one request, graph-timed (SWEEP_ARGS), issue 29; `fusedmlp`: the FP8 one-request MLP in one kernel vs three, issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
+# reductions, issue 29; `gemmsweep`: the split-K GEMM's configs at one request, graph-timed (SWEEP_ARGS), issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), ASYNC_AB=1 (bench runs every level planned after the picks, then ahead of them), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
@@ -174,8 +174,6 @@ for STAGE in $STAGES; do
     python3 scripts/bench_fp8_kernels.py ${FP8_KERNELS:+--only $FP8_KERNELS} 2>&1 | tee "$OUT/fp8_kernels.log" ;;
   gemmsweep)  # issue 29: every split-K GEMM config at one request, graph-timed, beside the autotuner's pick
     python3 scripts/sweep_stream_gemm.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/gemm_sweep.log" ;;
-  fusedmlp)  # issue 29: the FP8 one-request MLP as one persistent kernel vs the three launches (a hang: timeout)
-    timeout 400 python3 scripts/bench_fused_mlp.py 2>&1 | tee "$OUT/fused_mlp.log" ;;
   swiglu)  # issue 29: c_fc with silu(gate) * up fused into a Triton GEMM's epilogue vs cuBLAS + pointwise
     python3 scripts/swiglu_gemm_experiment.py 2>&1 | tee "$OUT/swiglu.log" ;;
   official)  # the official generator on the same GPU and checkpoint
