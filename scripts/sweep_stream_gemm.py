@@ -4,7 +4,7 @@ timed as the engine runs it, beside the config the autotuner picks at warm-up.
 Per weight shape of the 8b (c_attn, attention's c_proj, c_fc, the MLP's c_proj) and dtype (FP8 with
 row scales, bfloat16): the shape's 32 distinct layer weights back to back at 64 rows, replayed from
 a CUDA graph (so the weights stream from HBM and no host launch is timed), once per config in a
-grid wider than the autotuner's (8 warps, 512-wide K tiles, 3-stage split shares). Each config's
+grid wider than the autotuner's (8 warps, 512-wide K tiles, 3-stage split shares, CTA clusters). Each config's
 output is checked against the autotuned call's first. The autotuner times eager calls of one
 weight; if its pick is far from the graph-timed best, the warm-up should time graphs instead.
 
@@ -29,28 +29,38 @@ SMEM_BYTES = 200 * 1024  # leave room below the H200's 227 KB per CTA for Triton
 
 
 def configs(elem_bytes: int) -> list[dict]:
-    """The grid: every tile and split whose pipeline fits shared memory (weight and activation tiles)."""
+    """The grid: every tile and split whose pipeline fits shared memory (weight and activation
+    tiles); and unsplit tiles shared by a cluster of 2 or 4 CTAs (Hopper's `num_ctas`: each CTA
+    computes a slice of the tile's columns, and the cluster may share the activation tile, which
+    every CTA of a one-request GEMM otherwise reads from L2 for itself)."""
     out = []
     for bn, bk, sk, warps in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4, 8), (4, 8)):
         for stages in (4, 6, 8) if sk == 1 else (3, 4, 6):
             if stages * (bn + MAX_ROWS) * bk * elem_bytes <= SMEM_BYTES:
-                out.append(
-                    {
-                        "BLOCK_M": MAX_ROWS,
-                        "BLOCK_N": bn,
-                        "BLOCK_K": bk,
-                        "SPLIT_K": sk,
-                        "SWAP_AB": False,
-                        "num_warps": warps,
-                        "num_stages": stages,
-                    }
-                )
+                out.append(config(bn, bk, sk, warps, stages))
+    for ctas, bn, bk, stages in itertools.product((2, 4), (64, 128, 256), (128, 256), (4, 6)):
+        if stages * (bn // ctas + MAX_ROWS) * bk * elem_bytes <= SMEM_BYTES:
+            out.append(config(bn, bk, 1, 4, stages, ctas))
     random.Random(0).shuffle(out)  # a budget cut leaves a random sample of the grid, not one corner
     return out
 
 
+def config(bn: int, bk: int, sk: int, warps: int, stages: int, ctas: int = 1) -> dict:
+    return {
+        "BLOCK_M": MAX_ROWS,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "SPLIT_K": sk,  # a cluster's CTAs would each count a split tile's shares: unsplit only
+        "SWAP_AB": False,
+        "num_warps": warps,
+        "num_stages": stages,
+        "num_ctas": ctas,
+    }
+
+
 def label(c: dict) -> str:
-    return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}"
+    cluster = f" c{c['num_ctas']}" if c.get("num_ctas", 1) > 1 else ""
+    return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{cluster}"
 
 
 def shape_setup(n: int, k: int, dtype: str, layers: int):
