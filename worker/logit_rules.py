@@ -39,10 +39,39 @@ class LogitRules:
     def apply(self, x: torch.Tensor, row_item: torch.Tensor) -> None:
         """Apply the rules to x [R, V] float32 logits, in place (only the rows of items that have one)."""
         if self.offset is not None and self.offset_rows is not None:
-            rows = self.offset_rows  # distinct rows: one addition per element, in place
-            x.index_add_(0, rows, self.offset[row_item[rows]])
+            add_item_rows(x, self.offset_rows, row_item, self.offset)
         if self.ban_rows is not None and self.ban_tokens is not None:
             x.index_put_((self.ban_rows, self.ban_tokens), torch.tensor(float("-inf"), device=x.device))
+
+
+def sync_is_free(t: torch.Tensor, override: bool | None = None) -> bool:
+    """Whether to take a data-dependent shape (a sync): on the CPU a sync costs nothing; CUDA keeps
+    static shapes so a pass never waits on the host. `override` (tests) picks either form."""
+    return t.device.type == "cpu" if override is None else override
+
+
+def add_item_rows(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    row_item: torch.Tensor,
+    table: torch.Tensor,
+    alpha: float = 1.0,
+    runs: bool | None = None,
+) -> None:
+    """x[rows] += alpha * table[row_item[rows]], in place, for distinct rows (an item's rules on its
+    logits rows). `runs` (default: where a sync is free) adds each item's row of the table to its
+    run of consecutive rows as a broadcast view, where the other form gathers a [rows, V] copy of
+    the table first. One addition per element either way: the same bits."""
+    items = row_item[rows]
+    if not sync_is_free(x, runs):
+        x.index_add_(0, rows, table[items], alpha=alpha)
+        return
+    r, it = rows.tolist(), items.tolist()
+    start = 0
+    for end in range(1, len(r) + 1):
+        if end == len(r) or it[end] != it[start] or r[end] != r[end - 1] + 1:
+            x[r[start] : r[end - 1] + 1].add_(table[it[start]], alpha=alpha)
+            start = end
 
 
 def end_bans(item: PlannedItem, rows: list[int]) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ import torch
 from cde.kernels.row_confidence import row_confidence
 from cde.shared.config import PAGE
 from cde.worker.constraint import apply_bitmask
-from cde.worker.logit_rules import LogitRules
+from cde.worker.logit_rules import LogitRules, add_item_rows, sync_is_free
 
 _M32 = 0xFFFFFFFF
 NEG_INF = float("-inf")
@@ -68,8 +68,7 @@ def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     # the rows of the requests that have it: one request's rule does not cost the batch's rows.
     x = logits.to(torch.float32, copy=True)
     if sb.relu_mask is not None and sb.relu_rows is not None:
-        rows = sb.relu_rows  # distinct rows: one subtraction per element, in place
-        x.index_add_(0, rows, sb.relu_mask[sb.row_item[rows]], alpha=-1)
+        add_item_rows(x, sb.relu_rows, sb.row_item, sb.relu_mask, alpha=-1)
     if sb.rep_penalty is not None and sb.seen is not None and sb.rep_rows is not None:
         repetition_penalty(x, sb.rep_rows, sb.row_item[sb.rep_rows], sb.seen, sb.rep_penalty)
     if sb.rules is not None:
@@ -88,10 +87,10 @@ def repetition_penalty(
     """The reference's repetition penalty on x's `rows` [P] (of step items `item` [P]), in place:
     a token in the item's `seen` [S, V] has its logit divided by the item's penalty [S] where
     positive, multiplied elsewhere. `sparse` (default: where a sync is free) computes only the seen
-    entries, a few hundred of a row's 100k; the dense form keeps static shapes and no sync. Both
-    give the same bits."""
-    if _sync_is_free(x, sparse):
-        r, token = seen[item].nonzero(as_tuple=True)
+    entries, a few hundred of a row's 100k, found once per item (not in a [P, V] copy of its rows);
+    the dense form keeps static shapes and no sync. Both give the same bits."""
+    if sync_is_free(x, sparse):
+        r, token = _seen_pairs(seen, item)
         at = (rows[r], token)
         v, p = x[at], penalty[item[r]]
         x[at] = torch.where(v > 0, v / p, v * p)
@@ -100,10 +99,16 @@ def repetition_penalty(
         x[rows] = torch.where(seen[item], torch.where(xr > 0, xr / p, xr * p), xr)
 
 
-def _sync_is_free(t: torch.Tensor, override: bool | None) -> bool:
-    """Whether to take a data-dependent shape (a sync): on the CPU a sync costs nothing; CUDA keeps
-    static shapes so a pass never waits on the host. `override` (tests) picks either form."""
-    return t.device.type == "cpu" if override is None else override
+def _seen_pairs(seen: torch.Tensor, item: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """seen[item].nonzero(as_tuple=True) (row, token pairs, row-major) from seen's own nonzero
+    entries: each row repeats its item's tokens."""
+    pair_item, token = seen.nonzero(as_tuple=True)  # item-major, tokens ascending
+    per_item = torch.bincount(pair_item, minlength=seen.shape[0])
+    per_row = per_item[item]
+    r = torch.repeat_interleave(torch.arange(item.numel(), device=seen.device), per_row)
+    row_start = torch.repeat_interleave(per_row.cumsum(0) - per_row, per_row)
+    first = (per_item.cumsum(0) - per_item)[item]  # each row's item's first pair
+    return r, token[first[r] + torch.arange(r.numel(), device=seen.device) - row_start]
 
 
 def _constrain(x: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -201,7 +206,7 @@ def select_and_sample_adjusted(
         s, k = positions.shape
         item = torch.arange(s, device=rows.device)[:, None].expand(s, k)
         is_greedy = ~sb.entropy & ((sb.temperature <= 0) | (sb.top_p <= 0))
-        if _sync_is_free(rows, compact):
+        if sync_is_free(rows, compact):
             # Sample only the selected slots that commit (with a confidence threshold K is 64, and
             # sorting 64 vocabularies per step dominated on the CPU).
             slots = (valid & ~is_greedy[:, None]).nonzero(as_tuple=True)

@@ -8,6 +8,7 @@ from cde.shared.config import EOT_ID, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
+from cde.worker.logit_rules import add_item_rows
 
 from tests.worker.test_sampler import BANNED, PROMPT_B, gen, run_checked
 
@@ -112,3 +113,22 @@ def test_min_tokens_and_ignore_eos(tmp_path):
     assert out["plain"] == []  # EOT first, at once
     assert 6 <= len(out["min"]) < 16 and ended["min"]  # ended by EOT, after at least min_tokens
     assert len(out["ignore"]) == 16 and out["ignore"].count(EOT_ID) > 1  # EOT is a plain token
+
+
+@pytest.mark.parametrize("alpha", [1.0, -1.0])
+def test_item_rows_added_as_runs_and_as_a_gather_give_the_same_bits(alpha):
+    """add_item_rows' CPU form (each item's run of consecutive rows, a broadcast view) and the
+    GPU's (one index_add_ of the gathered table rows) against x[r] + alpha * table[item of r],
+    with runs broken by an item change and by a gap, and rows outside `rows` untouched."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 50, generator=gen)
+    table = torch.randn(3, 50, generator=gen)
+    row_item = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 0, 0])
+    rows = torch.tensor([0, 1, 2, 4, 5, 7, 9])  # 0-1 item 0; 2 item 1, gap, 4 item 1; 5 and 7 item 2 ...
+    want = x.clone()
+    for r in rows.tolist():
+        want[r] = x[r] + alpha * table[row_item[r]]
+    for runs in (True, False):
+        got = x.clone()
+        add_item_rows(got, rows, row_item, table, alpha=alpha, runs=runs)
+        assert torch.equal(got, want), runs
