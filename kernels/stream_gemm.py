@@ -82,6 +82,7 @@ def _stream_gemm_kernel(
     sb_ptr,
     part_ptr,
     count_ptr,
+    timeline_ptr,
     M,
     N,
     K,
@@ -97,7 +98,10 @@ def _stream_gemm_kernel(
     SWAP_AB: tl.constexpr,
     SWIGLU: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
+    TIMELINE: tl.constexpr = False,
 ):
+    if TIMELINE:
+        started = _globaltimer()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -136,6 +140,8 @@ def _stream_gemm_kernel(
         b_ptrs += BLOCK_K
     if SWAP_AB:
         acc = tl.trans(acc_t)
+    if TIMELINE:
+        streamed = _globaltimer()
     tile_ok = m_ok & (offs_n[None, :] < N)
     if SPLIT_K > 1:
         tile_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -162,6 +168,22 @@ def _stream_gemm_kernel(
         if SWIGLU:
             acc = _silu_mul(acc, acc_g, c_ptr.dtype.element_ty)
         _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+    if TIMELINE:  # per CTA: start, loop done, end (ns) and its SM, for scripts/sweep_stream_gemm.py --timeline
+        cta = (pid_k * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
+        tl.store(timeline_ptr + cta * 4 + 0, started)
+        tl.store(timeline_ptr + cta * 4 + 1, streamed)
+        tl.store(timeline_ptr + cta * 4 + 2, _globaltimer())
+        tl.store(timeline_ptr + cta * 4 + 3, _smid().to(tl.int64))
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -221,6 +243,7 @@ def stream_gemm(
     config: dict | None = None,
     swiglu: bool = False,
     prefetch: int = 0,
+    timeline: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
@@ -228,7 +251,9 @@ def stream_gemm(
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
-    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first."""
+    `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
+    `timeline` (CUDA, a diagnostic): int64 [CTAs, 4] that each CTA fills with its start, the end of
+    its K loop and its end (%globaltimer, ns) and its SM."""
     a, b = a.contiguous(), b.contiguous()  # K is the unit-stride axis of both (no copy when it is)
     m, k = a.shape
     n = b.shape[0] // 2 if swiglu else b.shape[0]
@@ -249,11 +274,14 @@ def stream_gemm(
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
     flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
+    if timeline is not None:
+        flags["TIMELINE"] = True
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    args = (a, b, out, *scale_ptrs, part, counters, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    args = (a, b, out, *scale_ptrs, part, counters, out if timeline is None else timeline, m, n, k)
+    args += (a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:

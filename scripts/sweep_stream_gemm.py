@@ -9,6 +9,7 @@ output is checked against the autotuned call's first. The autotuner times eager 
 weight; if its pick is far from the graph-timed best, the warm-up should time graphs instead.
 
     python scripts/sweep_stream_gemm.py [--dtypes fp8 bf16] [--budget-s 240] [--top 5]
+    python scripts/sweep_stream_gemm.py --timeline   # where each GEMM's time goes, CTA by CTA
 """
 
 from __future__ import annotations
@@ -70,13 +71,13 @@ def shape_setup(n: int, k: int, dtype: str, layers: int):
     x = torch.randn(MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)
     counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
     if dtype == "bf16":
-        return w16, lambda w, config=None: stream_gemm(x, w, counters, torch.bfloat16, config=config), 2
+        return w16, lambda w, config=None, **kw: stream_gemm(x, w, counters, torch.bfloat16, config=config, **kw), 2
     weights = [(q, sc[:, 0].contiguous()) for q, sc in (quantize_rows(w) for w in w16)]
     xq, xs = quantize_rows(x)
     xs = xs[:, 0].contiguous()
 
-    def call(w, config=None):
-        return stream_gemm(xq, w[0], counters, torch.bfloat16, scales=(xs, w[1]), config=config)
+    def call(w, config=None, **kw):
+        return stream_gemm(xq, w[0], counters, torch.bfloat16, scales=(xs, w[1]), config=config, **kw)
 
     return weights, call, 1
 
@@ -118,6 +119,52 @@ def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int)
     torch.cuda.empty_cache()
 
 
+def chain_stats(raw: torch.Tensor) -> list[float]:
+    """raw [GEMMs, CTA rows, 4] int64 timelines (unused rows zero) -> the medians over the chain's
+    GEMMs after the first of: CTAs, gap, stagger, cta, epilogue, tail, span (us; `timelines`)."""
+    ran = raw[..., 0] > 0
+    t = (raw[..., :3] - raw[..., 0][ran].min()).double() / 1e3  # us since the chain's first CTA started
+    rows = []
+    for i in range(1, raw.shape[0]):
+        cur, prev = t[i][ran[i]], t[i - 1][ran[i - 1]]
+        first, last = cur[:, 0].min(), cur[:, 2].max()
+        cells = [
+            first - prev[:, 2].max(),
+            cur[:, 0].max() - first,
+            (cur[:, 2] - cur[:, 0]).median(),
+            (cur[:, 2] - cur[:, 1]).median(),
+            last - cur[:, 2].median(),
+            last - first,
+        ]
+        rows.append([float(len(cur))] + [float(c) for c in cells])
+    return torch.tensor(rows).median(0).values.tolist()
+
+
+def timelines(dtype: str, shapes: list[str], layers: int) -> None:
+    """Each CTA's start, K-loop end and end (%globaltimer) in the autotuned chain of every shape,
+    from one graph replay: where a one-request GEMM's time beyond its bytes goes. Per GEMM of the
+    chain (the first left out): `gap`, its first CTA's start after the GEMM before ended; `stagger`,
+    its last CTA's start after its first; `cta`, a CTA's median time; `epilogue`, its median time
+    after the K loop; `tail`, the GEMM's end after its median CTA's end; `span`, first start to
+    last end; `bytes at`, its weight bytes over its span."""
+    print(
+        f"\n| {dtype} shape | CTAs | gap us | stagger us | cta us | epilogue us | tail us | span us | bytes at TB/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name in shapes:
+        n, k = SHAPES[name]
+        weights, call, elem = shape_setup(n, k, dtype, layers)
+        call(weights[0])  # the autotuner's pick
+        books = [torch.zeros(counter_count(n) * 8, 4, dtype=torch.int64, device="cuda") for _ in weights]
+        graph_replay_ms(lambda c=call, ws=weights, bs=books: [c(w, timeline=t) for w, t in zip(ws, bs)])
+        m = chain_stats(torch.stack(books).cpu())
+        rate = n * k * elem / (m[6] * 1e-6) / 1e12
+        shown = " | ".join(f"{v:.1f}" for v in m[1:])
+        print(f"| {name} | {m[0]:.0f} | {shown} | {rate:.2f} |", flush=True)
+        del weights, books
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtypes", nargs="+", default=["fp8", "bf16"], choices=["fp8", "bf16"])
@@ -125,10 +172,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--budget-s", type=float, default=240.0, help="per dtype: the configs after it are not timed")
     p.add_argument("--top", type=int, default=5)
+    p.add_argument("--timeline", action="store_true", help="the autotuned chains' CTA timelines instead of the sweep")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype in args.dtypes:
-        sweep(dtype, args.shapes, args.layers, args.budget_s, args.top)
+        if args.timeline:
+            timelines(dtype, args.shapes, args.layers)
+        else:
+            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top)
 
 
 if __name__ == "__main__":

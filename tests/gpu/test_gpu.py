@@ -294,7 +294,8 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
 def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: int) -> None:
     """kernels/stream_gemm.py in bfloat16 at every split-K way, against F.linear (cuBLAS): the
     same product to bfloat16 rounding, the counters zero after every call, the same bits twice,
-    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first)."""
+    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first) and with the
+    CTA timeline the sweep's --timeline reads."""
     from cde.kernels.stream_gemm import MAX_SPLIT_K, counter_count, stream_gemm
 
     torch.manual_seed(0)
@@ -310,6 +311,13 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
         if cfg is not None:  # launched early (PDL) with tiles prefetched: the same bits
             assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, prefetch=4), got), split
+            # the timeline diagnostic: the same bits, and one row per CTA with start <= loop end <= end
+            book = torch.zeros(counter_count(n) * MAX_SPLIT_K, 4, dtype=torch.int64, device="cuda")
+            assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, timeline=book), got)
+            ctas = book[book[:, 0] > 0].cpu()
+            assert len(ctas) == -(-n // 64) * split, split
+            assert (ctas[:, 0] <= ctas[:, 1]).all() and (ctas[:, 1] <= ctas[:, 2]).all()
+            assert (ctas[:, 3] < torch.cuda.get_device_properties(0).multi_processor_count).all()
 
 
 @pytest.mark.parametrize("rows", [64, 5])
