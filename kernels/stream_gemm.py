@@ -280,8 +280,8 @@ def stream_gemm(
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    args = (a, b, out, *scale_ptrs, part, counters, out if timeline is None else timeline, m, n, k)
-    args += (a.stride(0), b.stride(0), out.stride(0))
+    book = out if timeline is None else timeline  # unread without TIMELINE
+    args = (a, b, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:
