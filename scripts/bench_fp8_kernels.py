@@ -37,8 +37,9 @@ from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
+from cde.commands.bench_roofline import BANDWIDTH_TB_S
+
 SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
-BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
 
 
 def scaled_mm(a: torch.Tensor, sa: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fast: bool) -> torch.Tensor:

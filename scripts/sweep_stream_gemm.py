@@ -20,12 +20,14 @@ import random
 import time
 
 import torch
+from bench_fp8_kernels import SHAPES as FP8_KERNEL_SHAPES  # scripts/: the 8b's four weight shapes
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_launch_configs
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
-SHAPES = {"c_attn": (5120, 4096), "attn c_proj": (4096, 4096), "c_fc": (32768, 4096), "mlp c_proj": (4096, 16384)}
-BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth (cde bench roofline's default)
+from cde.commands.bench_roofline import BANDWIDTH_TB_S
+
+SHAPES = dict(zip(("c_attn", "attn c_proj", "c_fc", "mlp c_proj"), FP8_KERNEL_SHAPES))
 SMEM_BYTES = 200 * 1024  # leave room below the H200's 227 KB per CTA for Triton's own scratch
 
 
@@ -65,7 +67,8 @@ def label(c: dict) -> str:
 
 
 def shape_setup(n: int, k: int, dtype: str, layers: int):
-    """The shape's layer weights and a call(w, config) on them; the weight-read limit of the stack."""
+    """The shape's layer weights, a call(w, config, **stream_gemm's keywords) on them, and the
+    weights' bytes per element."""
     torch.manual_seed(0)
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     x = torch.randn(MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)

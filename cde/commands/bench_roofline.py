@@ -39,6 +39,7 @@ LONG_CONTEXT = 131072  # the long-context bar's 128k tokens (4 layers of the 8b 
 LONG_MS_BAR = 3.5  # exact decode, ms per pass
 FLASH_RATIO_BAR = 1.5  # exact attention over SDPA flash's on contiguous KV of the same size
 HTTP_BAR = 0.03  # HTTP tok/s below the engine's, at most
+BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth: the weight-read limit's default
 
 
 def host_gap_ms(result: dict) -> float:
@@ -50,7 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", help="`cde bench engine --json` files")
     p.add_argument("--model", help="checkpoint directory whose config.json gives the shape (default: each run's)")
     p.add_argument(
-        "--bandwidth", type=float, default=4.2, help="device copy bandwidth, TB/s (default: %(default)s, H200 measured)"
+        "--bandwidth",
+        type=float,
+        default=BANDWIDTH_TB_S,
+        help="device copy bandwidth, TB/s (default: %(default)s, H200 measured)",
     )
     p.add_argument(
         "--peak", type=float, default=790.0, help="bfloat16 dense peak, TFLOP/s (default: %(default)s, H200)"
