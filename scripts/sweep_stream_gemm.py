@@ -10,6 +10,7 @@ weight; if its pick is far from the graph-timed best, the warm-up should time gr
 
     python scripts/sweep_stream_gemm.py [--dtypes fp8 bf16] [--budget-s 240] [--top 5]
     python scripts/sweep_stream_gemm.py --timeline   # where each GEMM's time goes, CTA by CTA
+    python scripts/sweep_stream_gemm.py --clusters-only --dtypes fp8   # the CTA-cluster configs alone
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def shape_setup(n: int, k: int, dtype: str, layers: int):
     return weights, call, 1
 
 
-def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int) -> None:
+def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int, clusters_only: bool) -> None:
     """Configs outer, shapes inner: a budget cut leaves every shape with the same configs timed."""
     setups = {name: shape_setup(*SHAPES[name], dtype, layers) for name in shapes}
-    grid = configs(setups[shapes[0]][2])
+    grid = [c for c in configs(setups[shapes[0]][2]) if c["num_ctas"] > 1 or not clusters_only]
     print(f"\n== {dtype}: {len(grid)} configs", flush=True)
     refs, rows = {}, {name: [] for name in shapes}
     for name, (weights, call, _) in setups.items():
@@ -176,13 +177,14 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=240.0, help="per dtype: the configs after it are not timed")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--timeline", action="store_true", help="the autotuned chains' CTA timelines instead of the sweep")
+    p.add_argument("--clusters-only", action="store_true", help="only the grid's CTA-cluster configs")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype in args.dtypes:
         if args.timeline:
             timelines(dtype, args.shapes, args.layers)
         else:
-            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top)
+            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top, args.clusters_only)
 
 
 if __name__ == "__main__":
