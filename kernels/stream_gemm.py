@@ -24,6 +24,10 @@ they read the activations or write anything. A weight-streaming GEMM of ~15 us p
 to its start (launch, the first tiles' DRAM latency); the short latency-bound kernels before it
 leave HBM idle meanwhile.
 
+The tiles are loaded by TMA (Hopper's tensor memory accelerator) where the operands allow it
+(`_tma_fits`): one bulk copy per tile into shared memory, which streams a CTA's weights faster than
+its threads' own loads.
+
 Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
 interpreter: tests/kernels/test_triton_interpreted.py).
 """
@@ -35,6 +39,7 @@ import triton
 import triton.language as tl
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 SMEM_TILES = 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # weight-tile elements a config may keep in flight
 
@@ -49,6 +54,7 @@ def _configs() -> list:
             {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SWAP_AB": swap},
             num_warps=4,
             num_stages=stages,
+            pre_hook=_set_tile_shapes,
         )
         for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
         for bk in (K_MULTIPLE // 2, K_MULTIPLE)
@@ -57,6 +63,13 @@ def _configs() -> list:
         for swap in (False, True)
         if bn * bk * stages <= SMEM_TILES  # shared memory
     ]
+
+
+def _set_tile_shapes(nargs: dict) -> None:
+    # The TMA descriptors' tiles are the config's: set before each candidate's and the pick's launch.
+    if nargs.get("TMA"):
+        nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+        nargs["b_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
 def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
@@ -77,6 +90,8 @@ def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
 def _stream_gemm_kernel(
     a_ptr,
     b_ptr,
+    a_desc,
+    b_desc,
     c_ptr,
     sa_ptr,
     sb_ptr,
@@ -99,6 +114,7 @@ def _stream_gemm_kernel(
     SWIGLU: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
     TIMELINE: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     if TIMELINE:
         started = _globaltimer()
@@ -126,15 +142,24 @@ def _stream_gemm_kernel(
         for t in tl.static_range(PREFETCH):
             _prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
         gdc_wait()  # the kernel before this one has finished: its outputs (our activations) are visible
-    for _ in range(0, k_count):
-        a = tl.load(a_ptrs, mask=m_ok, other=0.0)
-        b = tl.load(b_ptrs, mask=n_ok, other=0.0).to(a.dtype)  # FP8 weights beside bf16 rows: widened, exactly
+    for i in range(0, k_count):
+        k_at = (k_first + i) * BLOCK_K
+        if TMA:  # bulk copies into shared memory (zeros past M and N), no address arithmetic per thread
+            a = a_desc.load([pid_m * BLOCK_M, k_at])
+            b = b_desc.load([pid_n * BLOCK_N, k_at]).to(a.dtype)
+        else:
+            a = tl.load(a_ptrs, mask=m_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok, other=0.0).to(a.dtype)  # FP8 weights beside bf16 rows: widened, exactly
         if SWAP_AB:
             acc_t = tl.dot(b, tl.trans(a), acc_t)
         else:
             acc = tl.dot(a, tl.trans(b), acc)
         if SWIGLU:
-            acc_g = tl.dot(a, tl.trans(tl.load(g_ptrs, mask=n_ok, other=0.0)), acc_g)
+            if TMA:
+                g = b_desc.load([N + pid_n * BLOCK_N, k_at])
+            else:
+                g = tl.load(g_ptrs, mask=n_ok, other=0.0)
+            acc_g = tl.dot(a, tl.trans(g), acc_g)
             g_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
@@ -223,7 +248,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH", "TMA"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -250,7 +275,8 @@ def stream_gemm(
     `swiglu` (both bfloat16, no scales): b is [2N, K], up rows then gate rows, and the result is
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
-    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages) instead of the autotuner's choice.
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages; TMA: the tiles loaded by
+    Hopper's tensor memory accelerator) instead of the autotuner's choice.
     `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
     `timeline` (CUDA, a diagnostic): int64 [CTAs, 4] that each CTA fills with its start, the end of
     its K loop and its end (%globaltimer, ns) and its SM."""
@@ -274,6 +300,9 @@ def stream_gemm(
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
     flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
+    tma = config.get("TMA", False) if config is not None else _tma_fits(a, b)
+    if config is None:
+        flags["TMA"] = tma
     if timeline is not None:
         flags["TIMELINE"] = True
     if prefetch:
@@ -281,7 +310,8 @@ def stream_gemm(
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
     book = out if timeline is None else timeline  # unread without TIMELINE
-    args = (a, b, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    descs = _descriptors(a, b, config) if tma else (None, None)
+    args = (a, b, *descs, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
     else:
@@ -289,11 +319,32 @@ def stream_gemm(
     return out
 
 
+def _tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The autotuned call loads its tiles by TMA (Hopper's tensor memory accelerator: bulk copies,
+    no per-thread address arithmetic) where the operands allow it: 16-byte aligned starts (rows
+    are, K being a multiple of K_MULTIPLE) and one dtype (the widened FP8 weights keep per-thread
+    loads). On the H200 it took 1-13% off each one-request shape's best config, FP8 and bfloat16
+    (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`, docs/benchmarks.md)."""
+    return a.dtype == b.dtype and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+
+
+def _descriptors(a: torch.Tensor, b: torch.Tensor, config: dict | None) -> tuple:
+    """TMA descriptors of the operands with the config's tile shapes; without a config, the
+    autotuner sets each candidate's (`_set_tile_shapes`)."""
+    tiles = config or {"BLOCK_M": MAX_ROWS, "BLOCK_N": MIN_BLOCK_N, "BLOCK_K": K_MULTIPLE}
+    return (
+        TensorDescriptor.from_tensor(a, [tiles["BLOCK_M"], tiles["BLOCK_K"]]),
+        TensorDescriptor.from_tensor(b, [tiles["BLOCK_N"], tiles["BLOCK_K"]]),
+    )
+
+
 def tuned_launch_configs() -> dict[tuple, dict]:
     """The autotuner's choices as `stream_gemm(config=...)`, per key (N, K, SCALE_A, SCALE_B, SWIGLU,
-    PREFETCH, dtypes)."""
+    PREFETCH, TMA, dtypes)."""
+    tma = _KEY.index("TMA")
     return {
-        key: {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for key, c in _autotuned.cache.items()
+        key: {**c.kwargs, "TMA": key[tma], "num_warps": c.num_warps, "num_stages": c.num_stages}
+        for key, c in _autotuned.cache.items()
     }
 
 

@@ -10,7 +10,7 @@ weight; if its pick is far from the graph-timed best, the warm-up should time gr
 
     python scripts/sweep_stream_gemm.py [--dtypes fp8 bf16] [--budget-s 240] [--top 5]
     python scripts/sweep_stream_gemm.py --timeline   # where each GEMM's time goes, CTA by CTA
-    python scripts/sweep_stream_gemm.py --clusters-only --dtypes fp8   # the CTA-cluster configs alone
+    python scripts/sweep_stream_gemm.py --grid tma   # the tiles loaded by TMA (or: --grid clusters)
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def config(bn: int, bk: int, sk: int, warps: int, stages: int, ctas: int = 1) ->
 
 def label(c: dict) -> str:
     cluster = f" c{c['num_ctas']}" if c.get("num_ctas", 1) > 1 else ""
-    return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{cluster}"
+    tma = " tma" if c.get("TMA") else ""
+    return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{cluster}{tma}"
 
 
 def shape_setup(n: int, k: int, dtype: str, layers: int):
@@ -86,10 +87,21 @@ def shape_setup(n: int, k: int, dtype: str, layers: int):
     return weights, call, 1
 
 
-def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int, clusters_only: bool) -> None:
+def grid_of(kind: str, elem_bytes: int) -> list[dict]:
+    """`all`: the grid; `clusters`: its CTA-cluster configs; `tma`: its single-CTA configs with the
+    tiles loaded by the tensor memory accelerator (bulk copies) instead of per-thread loads."""
+    grid = configs(elem_bytes)
+    if kind == "clusters":
+        return [c for c in grid if c["num_ctas"] > 1]
+    if kind == "tma":
+        return [{**c, "TMA": True} for c in grid if c["num_ctas"] == 1]
+    return grid
+
+
+def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int, kind: str) -> None:
     """Configs outer, shapes inner: a budget cut leaves every shape with the same configs timed."""
     setups = {name: shape_setup(*SHAPES[name], dtype, layers) for name in shapes}
-    grid = [c for c in configs(setups[shapes[0]][2]) if c["num_ctas"] > 1 or not clusters_only]
+    grid = grid_of(kind, setups[shapes[0]][2])
     print(f"\n== {dtype}: {len(grid)} configs", flush=True)
     refs, rows = {}, {name: [] for name in shapes}
     for name, (weights, call, _) in setups.items():
@@ -177,14 +189,14 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=240.0, help="per dtype: the configs after it are not timed")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--timeline", action="store_true", help="the autotuned chains' CTA timelines instead of the sweep")
-    p.add_argument("--clusters-only", action="store_true", help="only the grid's CTA-cluster configs")
+    p.add_argument("--grid", default="all", choices=["all", "clusters", "tma"], help="see grid_of")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype in args.dtypes:
         if args.timeline:
             timelines(dtype, args.shapes, args.layers)
         else:
-            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top, args.clusters_only)
+            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top, args.grid)
 
 
 if __name__ == "__main__":

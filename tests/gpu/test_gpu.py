@@ -294,8 +294,8 @@ def test_fp8_8b_logits_deviation_from_bfloat16(logits_8b: tuple[dict, Callable],
 def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: int) -> None:
     """kernels/stream_gemm.py in bfloat16 at every split-K way, against F.linear (cuBLAS): the
     same product to bfloat16 rounding, the counters zero after every call, the same bits twice,
-    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first) and with the
-    CTA timeline the sweep's --timeline reads."""
+    and again with PREFETCH (programmatic dependent launch, weight tiles to L2 first), with the
+    tiles loaded by TMA, and with the CTA timeline the sweep's --timeline reads."""
     from cde.kernels.stream_gemm import MAX_SPLIT_K, counter_count, stream_gemm
 
     torch.manual_seed(0)
@@ -309,8 +309,11 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
         got = stream_gemm(a, w, counters, torch.bfloat16, config=cfg)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, split
         assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg), got)
-        if cfg is not None:  # launched early (PDL) with tiles prefetched: the same bits
+        if cfg is not None:  # launched early (PDL) with tiles prefetched, tiles by TMA: the same bits
             assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, prefetch=4), got), split
+            by_tma = {**cfg, "TMA": True}
+            assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=by_tma), got), split
+            assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=by_tma, prefetch=4), got), split
             # the timeline diagnostic: the same bits, and one row per CTA with start <= loop end <= end
             book = torch.zeros(counter_count(n) * MAX_SPLIT_K, 4, dtype=torch.int64, device="cuda")
             assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=cfg, timeline=book), got)
@@ -324,7 +327,7 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
 def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
     """c_fc of the 8b with silu(gate) * up in the split-K GEMM's epilogue, autotuned, against
     F.linear (cuBLAS) then the activation: the same values to bfloat16 rounding."""
-    from cde.kernels.stream_gemm import counter_count, stream_gemm
+    from cde.kernels.stream_gemm import counter_count, stream_gemm, tuned_launch_configs
     from cde.kernels.stream_ops import swiglu
 
     torch.manual_seed(1)
@@ -335,6 +338,11 @@ def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
     got = stream_gemm(a, w, counters, torch.bfloat16, swiglu=True)
     assert got.shape == (rows, 16384) and ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, swiglu=True), got)
+    # the autotuned pick again with per-thread loads instead of TMA: the same bits
+    (tuned,) = [c for key, c in tuned_launch_configs().items() if key[:6] == (16384, 4096, False, False, True, 0)]
+    assert tuned["TMA"]  # bfloat16 operands, aligned: the autotuned call loaded its tiles by TMA
+    by_threads = {**tuned, "TMA": False}
+    assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=by_threads, swiglu=True), got)
 
 
 def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:

@@ -43,8 +43,13 @@ CASES = [
 ]
 
 
+TMA = pytest.mark.parametrize("tma", [False, True], ids=["pointer_loads", "tma_loads"])
+
+
+@TMA
 @pytest.mark.parametrize("m,n,k,cfg", CASES)
-def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg):
+def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg, tma):
+    cfg = {**cfg, "TMA": tma}
     g = torch.Generator().manual_seed(m + n + k)
     a = torch.randn(m, k, generator=g).half()
     b = (torch.randn(n, k, generator=g) * 0.05).half()
@@ -57,8 +62,10 @@ def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg):
     assert torch.equal(again, out)  # summed in split order: the same bits every call
 
 
+@TMA
 @pytest.mark.parametrize("m,n,k,cfg", CASES)
-def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg):
+def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg, tma):
+    cfg = {**cfg, "TMA": tma}
     g = torch.Generator().manual_seed(m * n + k)
     xq, xs = fp8_ops.quantize_rows(torch.randn(m, k, generator=g))
     wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
@@ -83,10 +90,12 @@ def test_stream_gemm_weight_only_widens_fp8_weights_and_applies_channel_scales(m
     assert not counters.any()
 
 
+@TMA
 @pytest.mark.parametrize("m,n,k,cfg", CASES)
-def test_stream_gemm_swiglu_writes_silu_gate_times_up(m, n, k, cfg):
+def test_stream_gemm_swiglu_writes_silu_gate_times_up(m, n, k, cfg, tma):
     """c_fc's weight [2n, K] (up rows, then gate rows) -> silu(gate) * up [m, n], with the unfused
     path's roundings: up and gate rounded to the output dtype, the product in float32."""
+    cfg = {**cfg, "TMA": tma}
     g = torch.Generator().manual_seed(m + 2 * n + k)
     a = torch.randn(m, k, generator=g).half()
     w = (torch.randn(2 * n, k, generator=g) * 0.05).half()
