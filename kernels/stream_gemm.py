@@ -248,7 +248,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 
 # Keyed by the weight's shape, not by M: every call fits one row tile, and a new row count (a short
 # prompt's dense pass) must not autotune again while requests run.
-_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH", "TMA"]
+_KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
 _autotuned = triton.autotune(
     configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
 )(_stream_gemm_kernel)
@@ -300,9 +300,7 @@ def stream_gemm(
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
     flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
-    tma = config.get("TMA", False) if config is not None else _tma_fits(a, b)
-    if config is None:
-        flags["TMA"] = tma
+    tma = config is not None and config.get("TMA", False)
     if timeline is not None:
         flags["TIMELINE"] = True
     if prefetch:
@@ -340,11 +338,9 @@ def _descriptors(a: torch.Tensor, b: torch.Tensor, config: dict | None) -> tuple
 
 def tuned_launch_configs() -> dict[tuple, dict]:
     """The autotuner's choices as `stream_gemm(config=...)`, per key (N, K, SCALE_A, SCALE_B, SWIGLU,
-    PREFETCH, TMA, dtypes)."""
-    tma = _KEY.index("TMA")
+    PREFETCH, dtypes)."""
     return {
-        key: {**c.kwargs, "TMA": key[tma], "num_warps": c.num_warps, "num_stages": c.num_stages}
-        for key, c in _autotuned.cache.items()
+        key: {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for key, c in _autotuned.cache.items()
     }
 
 

@@ -68,7 +68,7 @@ def label(c: dict) -> str:
     return f"n{c['BLOCK_N']} k{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{cluster}{tma}"
 
 
-def shape_setup(n: int, k: int, dtype: str, layers: int):
+def shape_setup(n: int, k: int, dtype: str, layers: int, prefetch: int = 0):
     """The shape's layer weights, a call(w, config, **stream_gemm's keywords) on them, and the
     weights' bytes per element."""
     torch.manual_seed(0)
@@ -76,13 +76,21 @@ def shape_setup(n: int, k: int, dtype: str, layers: int):
     x = torch.randn(MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)
     counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
     if dtype == "bf16":
-        return w16, lambda w, config=None, **kw: stream_gemm(x, w, counters, torch.bfloat16, config=config, **kw), 2
+        return (
+            w16,
+            lambda w, config=None, **kw: stream_gemm(
+                x, w, counters, torch.bfloat16, config=config, prefetch=prefetch, **kw
+            ),
+            2,
+        )
     weights = [(q, sc[:, 0].contiguous()) for q, sc in (quantize_rows(w) for w in w16)]
     xq, xs = quantize_rows(x)
     xs = xs[:, 0].contiguous()
 
     def call(w, config=None, **kw):
-        return stream_gemm(xq, w[0], counters, torch.bfloat16, scales=(xs, w[1]), config=config, **kw)
+        return stream_gemm(
+            xq, w[0], counters, torch.bfloat16, scales=(xs, w[1]), config=config, prefetch=prefetch, **kw
+        )
 
     return weights, call, 1
 
@@ -98,9 +106,11 @@ def grid_of(kind: str, elem_bytes: int) -> list[dict]:
     return grid
 
 
-def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int, kind: str) -> None:
-    """Configs outer, shapes inner: a budget cut leaves every shape with the same configs timed."""
-    setups = {name: shape_setup(*SHAPES[name], dtype, layers) for name in shapes}
+def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int, kind: str, prefetch: int) -> None:
+    """Configs outer, shapes inner: a budget cut leaves every shape with the same configs timed.
+    `prefetch` > 0: every call launched early (PDL) with that many weight tiles to L2, as the
+    engine's FP8 calls are."""
+    setups = {name: shape_setup(*SHAPES[name], dtype, layers, prefetch) for name in shapes}
     grid = grid_of(kind, setups[shapes[0]][2])
     print(f"\n== {dtype}: {len(grid)} configs", flush=True)
     refs, rows = {}, {name: [] for name in shapes}
@@ -190,13 +200,14 @@ def main() -> None:
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--timeline", action="store_true", help="the autotuned chains' CTA timelines instead of the sweep")
     p.add_argument("--grid", default="all", choices=["all", "clusters", "tma"], help="see grid_of")
+    p.add_argument("--prefetch", type=int, default=0, help="weight tiles to L2 before gdc_wait (PDL launches)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype in args.dtypes:
         if args.timeline:
             timelines(dtype, args.shapes, args.layers)
         else:
-            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top, args.grid)
+            sweep(dtype, args.shapes, args.layers, args.budget_s, args.top, args.grid, args.prefetch)
 
 
 if __name__ == "__main__":
