@@ -128,12 +128,26 @@ except ImportError:  # no Triton (CPU environments): the float32 definitions abo
 # 3.019 / 3.083 ms with 1 / 2 / 4 / 8 tiles (`FP8_KERNELS=pdl_chain scripts/gpu_run.sh fp8kernels`).
 PREFETCH_TILES = 2
 
-if fp8_triton is not None:
-    fp8_matmul.register_kernel("cuda")(
-        lambda xq, x_scale, wq, w_scale, counters, out_dtype: stream_gemm.stream_gemm(
-            xq, wq, counters, out_dtype, scales=(x_scale, w_scale), prefetch=PREFETCH_TILES
-        )
+
+def stream_fp8_matmul(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    counters: torch.Tensor,
+    out_dtype: torch.dtype,
+    config: dict | None = None,
+    pin: bool = False,
+) -> torch.Tensor:
+    """`cde::fp8_matmul` on CUDA: the split-K GEMM launched early with its first weight tiles to L2;
+    `config` and `pin` as kernels/stream_gemm.stream_gemm's (worker/gemm_tuning.py)."""
+    return stream_gemm.stream_gemm(
+        xq, wq, counters, out_dtype, scales=(x_scale, w_scale), config=config, prefetch=PREFETCH_TILES, pin=pin
     )
+
+
+if fp8_triton is not None:
+    fp8_matmul.register_kernel("cuda")(stream_fp8_matmul)
     fp8_weight_matmul.register_kernel("cuda")(
         lambda x, wq, w_scale, counters: stream_gemm.stream_gemm(x, wq, counters, x.dtype, scales=(None, w_scale))
     )

@@ -24,9 +24,11 @@ they read the activations or write anything. A weight-streaming GEMM of ~15 us p
 to its start (launch, the first tiles' DRAM latency); the short latency-bound kernels before it
 leave HBM idle meanwhile.
 
-The tiles are loaded by TMA (Hopper's tensor memory accelerator) where the operands allow it
-(`_tma_fits`): one bulk copy per tile into shared memory, which streams a CTA's weights faster than
-its threads' own loads.
+A config may load the tiles by TMA (Hopper's tensor memory accelerator; `tma_fits`): one bulk
+copy per tile into shared memory, which streams a CTA's weights faster than its threads' own loads.
+The autotuner (per-thread loads) times one weight's eager calls, which stay in L2 and launch alone;
+at warm-up the engine instead times its candidates over the layers' own weights as a pass runs them
+and pins the fastest (worker/gemm_tuning.py; `pin`).
 
 Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
 interpreter: tests/kernels/test_triton_interpreted.py).
@@ -269,6 +271,7 @@ def stream_gemm(
     swiglu: bool = False,
     prefetch: int = 0,
     timeline: torch.Tensor | None = None,
+    pin: bool = False,
 ) -> torch.Tensor:
     """a [M, K] (M <= MAX_ROWS), b [N, K] row-major -> [M, N] in out_dtype: both bfloat16; or both e4m3
     with `scales` = (sa [M], sb [N]) float32; or a bfloat16 and b e4m3 with `scales` = (None, sb).
@@ -276,7 +279,9 @@ def stream_gemm(
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages; TMA: the tiles loaded by
-    Hopper's tensor memory accelerator) instead of the autotuner's choice.
+    Hopper's tensor memory accelerator) instead of the autotuner's choice; `pin`: and from now on
+    for every call without one of this weight shape, dtypes and flags (worker/gemm_tuning.py pins
+    the config it timed fastest over the layers' chain; `pinned_configs`).
     `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
     `timeline` (CUDA, a diagnostic): int64 [CTAs, 4] that each CTA fills with its start, the end of
     its K loop and its end (%globaltimer, ns) and its SM."""
@@ -300,6 +305,12 @@ def stream_gemm(
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"]
 
     flags = {"SCALE_A": sa is not None, "SCALE_B": sb is not None, "SWIGLU": swiglu, "PREFETCH": prefetch}
+    key = (n, k, a.dtype, b.dtype, *flags.values())
+    if pin:
+        if config is None:
+            raise ValueError("stream_gemm pins the config it is given: pass one")
+        _pinned[key] = config
+    config = config or _pinned.get(key)
     tma = config is not None and config.get("TMA", False)
     if timeline is not None:
         flags["TIMELINE"] = True
@@ -317,12 +328,31 @@ def stream_gemm(
     return out
 
 
-def _tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The autotuned call loads its tiles by TMA (Hopper's tensor memory accelerator: bulk copies,
-    no per-thread address arithmetic) where the operands allow it: 16-byte aligned starts (rows
-    are, K being a multiple of K_MULTIPLE) and one dtype (the widened FP8 weights keep per-thread
-    loads). On the H200 it took 1-13% off each one-request shape's best config, FP8 and bfloat16
-    (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`, docs/benchmarks.md)."""
+_pinned: dict[tuple, dict] = {}  # (N, K, dtypes, flags) -> the launch config of calls without one
+
+
+def pinned_configs() -> dict[tuple, dict]:
+    """The pinned configs per (N, K, a's dtype, b's dtype, SCALE_A, SCALE_B, SWIGLU, PREFETCH)."""
+    return dict(_pinned)
+
+
+def candidate_configs(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
+    """The autotuner's configs that fit these operands, as `stream_gemm(config=...)`, with the
+    tiles loaded by TMA where `tma_fits`: what worker/gemm_tuning.py times over a layers' chain."""
+    named = {"a_ptr": a, "b_ptr": b}
+    tma = tma_fits(a, b)
+    return [
+        {**c.kwargs, "TMA": tma, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        for c in _prune(_configs(), named, SWIGLU=swiglu)
+    ]
+
+
+def tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether TMA (Hopper's tensor memory accelerator: bulk copies, no per-thread address
+    arithmetic) may load these operands' tiles: 16-byte aligned starts (rows are, K being a
+    multiple of K_MULTIPLE) and one dtype (the widened FP8 weights keep per-thread loads). On the
+    H200 it took 1-13% off each one-request shape's best config, FP8 and bfloat16, graph-timed
+    over the 8b's 32 layers (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`)."""
     return a.dtype == b.dtype and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 

@@ -67,6 +67,8 @@ class Engine:
         self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
         if args.quantization == "fp8":
             fp8.quantize_model(model, args.fp8_weight_only_rows)
+            if device == "cuda":  # one request's FP8 GEMMs: each shape's launch config timed over its layers
+                fp8.tune_stream_gemms(model)
         elif device == "cuda" and dtype == torch.bfloat16:  # one request's linears: cuBLAS or Triton, measured
             stream_linear.install(model)
         self.tokenizer = get_tokenizer(self.cfg.instruct)

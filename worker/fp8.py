@@ -29,11 +29,20 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import add_norm_quantize, fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels import stream_ops
+from cde.kernels.fp8_ops import (
+    add_norm_quantize,
+    fp8_matmul,
+    fp8_weight_matmul,
+    quantize_rows,
+    silu_mul_quantize,
+    stream_fp8_matmul,
+)
 from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
+from cde.worker.gemm_tuning import Clock, cuda_ms, tune
 from cde.worker.model import BLOCK_LINEARS, Block, HandedOn
 
 QUANTIZATIONS = ("none", "fp8")
@@ -211,6 +220,49 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
         extra={"fp8_bytes_before": before, "fp8_bytes_after": after},
     )
     return model
+
+
+@torch.no_grad()
+def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[int, int], float | None]:
+    """CUDA: per weight shape, the one-request FP8 GEMM's config timed over every layer's weight
+    and pinned (worker/gemm_tuning.py); the references are torch._scaled_mm's products (cuBLAS).
+    Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
+    by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
+    for module in model.modules():
+        if isinstance(module, Fp8Linear) and path_for_rows(MAX_ROWS, 0, module.in_features) == "triton":
+            by_shape.setdefault((module.out_features, module.in_features), []).append(module)
+    chosen: dict[tuple[int, int], float | None] = {}
+    for (n, k), layers in by_shape.items():
+        w0 = layers[0].weight
+        xq, x_scale = quantize_rows(torch.randn(MAX_ROWS, k, device=w0.device))
+        x_scale = x_scale[:, 0]
+        reference = [
+            torch._scaled_mm(
+                xq, m.weight.t(), scale_a=x_scale[:, None], scale_b=m.scale[None, :], out_dtype=torch.bfloat16
+            )
+            for m in layers
+        ]
+
+        def calls(
+            config: dict,
+            pin: bool = False,
+            xq: torch.Tensor = xq,
+            x_scale: torch.Tensor = x_scale,
+            layers: list[Fp8Linear] = layers,
+        ) -> list[torch.Tensor]:
+            return [
+                stream_fp8_matmul(xq, x_scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin)
+                for m in layers
+            ]
+
+        try:
+            chosen[(n, k)] = tune(
+                f"fp8 [{n}, {k}]", reference, calls, stream_ops.stream_gemm.candidate_configs(xq, w0), time_ms
+            )
+        except ValueError as exc:
+            log.warning("fp8: [%d, %d] not tuned (%s); the autotuner's pick stays", n, k, exc)
+            chosen[(n, k)] = None
+    return chosen
 
 
 def check_quantization(quantization: str, device: str | torch.device, dtype: torch.dtype) -> None:

@@ -4,7 +4,8 @@ At 64 rows (one request) a pass is bound by reading every weight once, and cuBLA
 the 8b's 4,096-output shapes read theirs at 65-70% of the bandwidth (docs/benchmarks.md).
 `install` makes every transformer block's linear a StreamLinear and then `calibrate`s: per weight
 shape, the 64-row product over all the layers' own weights (from HBM, as a pass reads them) by
-cuBLAS and by the Triton GEMM (kernels/stream_gemm.py, autotuned on its first call), replayed from
+cuBLAS and by the Triton GEMM (kernels/stream_gemm.py, its config tuned over that chain first:
+worker/gemm_tuning.py), replayed from
 CUDA graphs as a pass runs them, and keeps the faster for that shape in every layer. More rows
 always run cuBLAS. It is decided before anything is compiled, so the compiled blocks see a constant.
 A kernel that fails to build, or whose products are not cuBLAS's to bfloat16 rounding on every
@@ -19,19 +20,18 @@ runs otherwise.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from cde.kernels import stream_ops
 from cde.kernels.stream_ops import stream_linear, stream_swiglu, swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
-from cde.worker.cuda_timing import graph_replay_ms
+from cde.worker.gemm_tuning import AGREEMENT, Clock, agrees, cuda_ms, tune
 from cde.worker.model import BLOCK_LINEARS, SteerlingModel
 
 MARGIN = 0.02  # the Triton GEMM must be this much faster: timing noise never flips a shape to it
-AGREEMENT = 1e-2  # its products' relative distance from cuBLAS's at most (bfloat16 rounding is ~4e-3)
 
 log = logging.getLogger("cde.stream_linear")
 
@@ -76,9 +76,6 @@ class StreamMLP(nn.Module):
         return self.c_proj(h.reshape(*x.shape[:-1], h.shape[-1]))
 
 
-Clock = Callable[[str, Callable[[], list[torch.Tensor]]], float]  # (kernel name, calls) -> ms per run
-
-
 def install(model: SteerlingModel, time_ms: Clock | None = None) -> dict:
     """Every block's linears become StreamLinears and its MLP a StreamMLP, then `calibrate(model,
     time_ms)`; returns its choices."""
@@ -114,6 +111,8 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
         def by_triton(x: torch.Tensor = x, layers: list[StreamLinear] = layers) -> list[torch.Tensor]:
             return [stream_linear(x, m.weight, m.counters) for m in layers]
 
+        if streamable(w0) and w0.is_cuda:
+            _tune(f"[{n}, {k}]", by_cublas(), x, [(m.weight, m.counters) for m in layers], time_ms)
         cublas, stream, chosen = race(time_ms, ("cublas", by_cublas), ("triton", by_triton), streamable(w0))
         for m in layers:
             m.stream = chosen
@@ -143,6 +142,8 @@ def _calibrate_mlps(model: nn.Module, time_ms: Clock) -> dict | None:
     def fused() -> list[torch.Tensor]:
         return [stream_swiglu(x, m.c_fc.weight, m.counters) for m in mlps]
 
+    if streamable(w0) and w0.is_cuda:
+        _tune("swiglu", unfused(), x, [(m.c_fc.weight, m.counters) for m in mlps], time_ms, swiglu=True)
     unfused_ms, fused_ms, chosen = race(time_ms, ("unfused", unfused), ("fused", fused), streamable(w0))
     for m in mlps:
         m.fused = chosen
@@ -153,6 +154,22 @@ def _calibrate_mlps(model: nn.Module, time_ms: Clock) -> dict | None:
         _ms(fused_ms),
     )
     return {"unfused_ms": unfused_ms, "fused_ms": fused_ms, "fused": chosen}
+
+
+def _tune(
+    name: str, reference: list[torch.Tensor], x: torch.Tensor, layers: list[tuple], time_ms: Clock, swiglu: bool = False
+) -> None:
+    """Pins the Triton GEMM's fastest config over these (weight, counters) layers (CUDA), which
+    the ops then run; where none agrees with the reference, the autotuner's pick stays."""
+    gemm = stream_ops.stream_gemm
+
+    def calls(config: dict, pin: bool = False) -> list[torch.Tensor]:
+        return [gemm.stream_gemm(x, w, c, x.dtype, config=config, swiglu=swiglu, pin=pin) for w, c in layers]
+
+    try:
+        tune(name, reference, calls, gemm.candidate_configs(x, layers[0][0], swiglu), time_ms)
+    except ValueError as exc:
+        log.warning("stream_linear: %s not tuned (%s); the autotuner's pick stays", name, exc)
 
 
 def streamable(w: torch.Tensor) -> bool:
@@ -179,18 +196,3 @@ def race(time_ms: Clock, baseline: tuple, candidate: tuple, eligible: bool) -> t
 
 def _ms(ms: float | None) -> str:
     return "—" if ms is None else format(ms, ".3f")
-
-
-def agrees(reference: list[torch.Tensor], products: list[torch.Tensor]) -> bool:
-    """Every product within AGREEMENT (relative, Frobenius) of its reference."""
-    return all(
-        ((p.float() - r.float()).norm() <= AGREEMENT * r.float().norm()).item() for r, p in zip(reference, products)
-    )
-
-
-def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]]) -> float:
-    """Mean ms of fn() replayed from a CUDA graph, as a pass runs it: timed eagerly, each Triton
-    launch from Python (~0.1 ms) outweighed the 64-row GEMM itself (H200, 2026-12-02: "Triton
-    4.258 ms" against cuBLAS's 0.763 for 32 layers of one shape, while the same kernels replayed
-    from a graph took 4.33 and 4.32 ms for the whole 32-layer stack)."""
-    return graph_replay_ms(fn, iters=5)[0]

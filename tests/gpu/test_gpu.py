@@ -348,6 +348,7 @@ def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
 def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     """worker/stream_linear.py on the GPU: every block shape timed on both kernels, and the model's
     outputs with the chosen kernels within bfloat16 rounding of cuBLAS everywhere."""
+    from cde.kernels import stream_gemm
     from cde.worker import stream_linear
     from cde.worker.checkpoint import load_checkpoint
 
@@ -360,6 +361,9 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     linears, mlp = choices["linears"], choices["swiglu"]
     assert len(linears) == 4 and all(c["cublas_ms"] > 0 and c["stream_ms"] > 0 for c in linears.values())
     assert mlp["unfused_ms"] > 0 and mlp["fused_ms"] > 0
+    # every shape's config was timed over its layers and pinned (worker/gemm_tuning.py), and the fused MLP's
+    pinned = {(key[0], key[1], key[6]) for key in stream_gemm.pinned_configs() if key[2] == torch.bfloat16}
+    assert {(n, k, False) for n, k in linears} | {(block.mlp.c_proj.in_features, x.shape[-1], True)} <= pinned
     for fused in (False, True):  # whichever was faster: the Triton GEMMs' outputs, unfused and fused
         for m in model.modules():
             if isinstance(m, stream_linear.StreamLinear):
@@ -369,6 +373,29 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
         with torch.inference_mode():  # as the engine runs (where autograd records, the ops step aside)
             got = block.mlp(x).float()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, fused
+
+
+def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
+    """worker/fp8.py's tune_stream_gemms on the GPU: every FP8 block shape timed over its layers and
+    its config pinned; one request's MLP and attention projections with the pinned configs within
+    bfloat16 rounding of the autotuner's."""
+    from cde.kernels import stream_gemm
+    from cde.worker import fp8
+    from cde.worker.checkpoint import load_checkpoint
+
+    model = fp8.quantize_model(load_checkpoint(small_dir, dtype=torch.bfloat16, device="cuda")[1])
+    x = torch.randn(1, 64, model.cfg.n_embd, device="cuda", dtype=torch.bfloat16)
+    block = model.transformer.blocks[0]
+    with torch.inference_mode():
+        before = [block.mlp(x).float(), block.attn.c_attn(x).float()]
+    chosen = fp8.tune_stream_gemms(model)
+    assert len(chosen) == 4 and all(ms is not None and ms > 0 for ms in chosen.values())
+    pinned = {key[:2] for key in stream_gemm.pinned_configs() if key[3] == torch.float8_e4m3fn}
+    assert set(chosen) <= pinned
+    with torch.inference_mode():
+        after = [block.mlp(x).float(), block.attn.c_attn(x).float()]
+    for ref, got in zip(before, after):
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2
 
 
 @pytest.mark.parametrize("weight_only_rows", [0, 64])  # one item on FP8 GEMMs; one item weight-only

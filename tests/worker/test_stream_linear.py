@@ -138,13 +138,3 @@ def test_float32_weights_are_never_timed_on_the_triton_gemm(small_dir):
     choices = stream_linear.install(model, clock(0.1))
     assert all(c["stream_ms"] is None and not c["stream"] for c in choices["linears"].values())
     assert choices["swiglu"]["fused_ms"] is None and not choices["swiglu"]["fused"]
-
-
-def test_products_must_agree_with_cublas_to_be_chosen():
-    g = torch.Generator().manual_seed(0)
-    ref = [torch.randn(64, 96, generator=g) for _ in range(3)]
-    rounded = [r.bfloat16() for r in ref]  # bfloat16 rounding: agrees
-    assert stream_linear.agrees(ref, rounded)
-    off = [r.clone() for r in ref]
-    off[2][:, :8] = 0  # one layer's tile never written: does not
-    assert not stream_linear.agrees(ref, off)
