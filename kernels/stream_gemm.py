@@ -311,6 +311,8 @@ def stream_gemm(
             raise ValueError("stream_gemm pins the config it is given: pass one")
         _pinned[key] = config
     config = config or _pinned.get(key)
+    if config is not None and config.get("TMA") and not tma_fits(a, b):
+        config = {**config, "TMA": False}  # a view off the 16-byte grid: the same tiles by per-thread loads
     tma = config is not None and config.get("TMA", False)
     if timeline is not None:
         flags["TIMELINE"] = True

@@ -51,6 +51,10 @@ def test_the_fastest_agreeing_candidate_is_pinned_and_runs_unconfigured_calls(ch
     w, counters = layers[0]
     unconfigured = stream_gemm.stream_gemm(a, w, counters, torch.float32)
     assert torch.equal(unconfigured, stream_gemm.stream_gemm(a, w, counters, torch.float32, config=second))
+    # the same rows as a view off TMA's 16-byte grid: the pinned tiles by per-thread loads, the same bits
+    shifted = torch.empty(a.numel() + 1, dtype=a.dtype)[1:].view_as(a).copy_(a)
+    assert second["TMA"] and not stream_gemm.tma_fits(shifted, w)
+    assert torch.equal(stream_gemm.stream_gemm(shifted, w, counters, torch.float32), unconfigured)
 
 
 def test_products_off_the_reference_are_never_chosen(chain, caplog):
@@ -65,6 +69,7 @@ def test_products_off_the_reference_are_never_chosen(chain, caplog):
 
     time_ms, seen = clock([2.0])
     assert gemm_tuning.tune("c_fc", reference, skewed, [first, second], time_ms) == 2.0
+    assert seen == ["c_fc"]  # the skewed config was never timed
     assert "c_fc" in caplog.text and "products off cuBLAS's" in caplog.text
     assert list(stream_gemm.pinned_configs().values()) == [first]
     with pytest.raises(ValueError, match="no config of 1 builds and agrees"):
