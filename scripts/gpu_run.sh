@@ -7,7 +7,7 @@
 # `inputattr`: input attribution per block and its cost to 16 other requests, issue 17; `structured`: constrained vs
 # plain, issue 26; `prefix`: the prefix cache off vs on, issue 30; `swiglu`: c_fc with silu * up fused into a
 # Triton GEMM vs cuBLAS + pointwise, issue 29; `normquant`: the fp8 pre-norm and quantization as looped or persistent
-# reductions, issue 29; `gemmsweep`: the split-K GEMM's configs at one request, graph-timed (SWEEP_ARGS; SWEEP_ARGS=--timeline: each CTA's start and end instead), issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
+# reductions, issue 29; `gemmsweep`: the split-K GEMM's configs at one request, graph-timed (SWEEP_ARGS: --timeline, each CTA's start and end instead; --grid tma|clusters; --prefetch 2, launched as the engine's FP8 calls), issue 29; `siluquant`: the fp8 silu * up quantization kernel's variants, issue 29; `summary`: issue 29's figures of the stages
 # run before it in the same call, in one table: `bench long http summary`)
 # Env: CONC (bench levels), STEER=1 (bench runs every level again with half of the requests
 # steering), ASYNC_AB=1 (bench runs every level planned after the picks, then ahead of them), PROFILE=1 (bench also writes per-level op tables), QUANT=fp8 (bench with --quantization fp8),
