@@ -139,10 +139,12 @@ def stream_fp8_matmul(
     config: dict | None = None,
     pin: bool = False,
 ) -> torch.Tensor:
-    """`cde::fp8_matmul` on CUDA: the split-K GEMM launched early with its first weight tiles to L2;
-    `config` and `pin` as kernels/stream_gemm.stream_gemm's (worker/gemm_tuning.py)."""
+    """`cde::fp8_matmul` on CUDA: the split-K GEMM launched early with its first weight tiles to L2
+    (on the CPU, in Triton's interpreter, which runs no PTX: plainly); `config` and `pin` as
+    kernels/stream_gemm.stream_gemm's (worker/gemm_tuning.py)."""
+    prefetch = PREFETCH_TILES if xq.is_cuda else 0
     return stream_gemm.stream_gemm(
-        xq, wq, counters, out_dtype, scales=(x_scale, w_scale), config=config, prefetch=PREFETCH_TILES, pin=pin
+        xq, wq, counters, out_dtype, scales=(x_scale, w_scale), config=config, prefetch=prefetch, pin=pin
     )
 
 

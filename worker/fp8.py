@@ -226,6 +226,8 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
 def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[int, int], float | None]:
     """CUDA: per weight shape, the one-request FP8 GEMM's config timed over every layer's weight
     and pinned (worker/gemm_tuning.py); the references are torch._scaled_mm's products (cuBLAS).
+    Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
+    launched early (PDL) behind it, not behind the GEMM before, whose tail it would overlap.
     Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
     by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
     for module in model.modules():
@@ -233,9 +235,8 @@ def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[
             by_shape.setdefault((module.out_features, module.in_features), []).append(module)
     chosen: dict[tuple[int, int], float | None] = {}
     for (n, k), layers in by_shape.items():
-        w0 = layers[0].weight
-        xq, x_scale = quantize_rows(torch.randn(MAX_ROWS, k, device=w0.device))
-        x_scale = x_scale[:, 0]
+        h = torch.randn(MAX_ROWS, 2 * k, device=layers[0].weight.device, dtype=torch.bfloat16)
+        xq, x_scale = silu_mul_quantize(h)
         reference = [
             torch._scaled_mm(
                 xq, m.weight.t(), scale_a=x_scale[:, None], scale_b=m.scale[None, :], out_dtype=torch.bfloat16
@@ -244,21 +245,17 @@ def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[
         ]
 
         def calls(
-            config: dict,
-            pin: bool = False,
-            xq: torch.Tensor = xq,
-            x_scale: torch.Tensor = x_scale,
-            layers: list[Fp8Linear] = layers,
+            config: dict, pin: bool = False, h: torch.Tensor = h, layers: list[Fp8Linear] = layers
         ) -> list[torch.Tensor]:
-            return [
-                stream_fp8_matmul(xq, x_scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin)
-                for m in layers
-            ]
+            products = []
+            for m in layers:
+                q, scale = silu_mul_quantize(h)
+                products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
+            return products
 
+        candidates = stream_ops.stream_gemm.candidate_configs(xq, layers[0].weight)
         try:
-            chosen[(n, k)] = tune(
-                f"fp8 [{n}, {k}]", reference, calls, stream_ops.stream_gemm.candidate_configs(xq, w0), time_ms
-            )
+            chosen[(n, k)] = tune(f"fp8 [{n}, {k}]", reference, calls, candidates, time_ms)
         except ValueError as exc:
             log.warning("fp8: [%d, %d] not tuned (%s); the autotuner's pick stays", n, k, exc)
             chosen[(n, k)] = None
