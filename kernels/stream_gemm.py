@@ -28,7 +28,7 @@ A config may load the tiles by TMA (Hopper's tensor memory accelerator; `tma_fit
 copy per tile into shared memory, which streams a CTA's weights faster than its threads' own loads.
 The autotuner (per-thread loads) times one weight's eager calls, which stay in L2 and launch alone;
 at warm-up the engine instead times its candidates over the layers' own weights as a pass runs them
-and pins the fastest (worker/gemm_tuning.py; `pin`).
+and pins the fastest (worker/gemm_tuning.py; `stream_gemm(pin=True)`, kernels/stream_gemm_configs.py).
 
 Imported only where Triton is installed (CUDA machines; the CPU tests run it in Triton's
 interpreter: tests/kernels/test_triton_interpreted.py).
@@ -39,53 +39,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from cde.kernels.stream_gemm_configs import autotune_configs, pin_config, pinned_config, prune_configs, tma_fits
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-SMEM_TILES = 4 * MIN_BLOCK_N * K_MULTIPLE * 4  # weight-tile elements a config may keep in flight
-
-
-def _configs() -> list:
-    # A split share streams 1/SPLIT_K of K: the deeper pipelines are only tried unsplit (fewer
-    # candidates keep the autotuning at the engine's warm-up short). 8 stages: on the H200 the
-    # autotuner took the deepest offered (6) for two of the 8b's four FP8 shapes (12-03
-    # `fp8kernels`), and a one-request GEMM only streams weights, so more bytes in flight may pay.
-    return [
-        triton.Config(
-            {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SWAP_AB": swap},
-            num_warps=4,
-            num_stages=stages,
-            pre_hook=_set_tile_shapes,
-        )
-        for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
-        for bk in (K_MULTIPLE // 2, K_MULTIPLE)
-        for sk in (1, 2, 4, MAX_SPLIT_K)
-        for stages in ((4, 6, 8) if sk == 1 else (4,))
-        for swap in (False, True)
-        if bn * bk * stages <= SMEM_TILES  # shared memory
-    ]
-
-
-def _set_tile_shapes(nargs: dict) -> None:
-    # The TMA descriptors' tiles are the config's: set before each candidate's and the pick's launch.
-    if nargs.get("TMA"):
-        nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
-        nargs["b_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
-
-
-def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
-    # Swapped operands only where the weight tile is widened (FP8 weights beside bf16 rows): as
-    # the MMA's first operand it may stay in registers; as the second it goes back to shared memory.
-    # SWIGLU (same-dtype operands) streams two weight tiles per step: half the pipeline fits.
-    widened = named_args["a_ptr"].dtype != named_args["b_ptr"].dtype
-    tiles = 2 if kwargs.get("SWIGLU") else 1
-    return [
-        c
-        for c in configs
-        if (widened or not c.kwargs["SWAP_AB"])
-        and tiles * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * c.num_stages <= SMEM_TILES
-    ]
 
 
 @triton.jit
@@ -252,7 +209,7 @@ def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
 # prompt's dense pass) must not autotune again while requests run.
 _KEY = ["N", "K", "SCALE_A", "SCALE_B", "SWIGLU", "PREFETCH"]
 _autotuned = triton.autotune(
-    configs=_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune}, do_bench=_bench
+    configs=autotune_configs(), key=_KEY, prune_configs_by={"early_config_prune": prune_configs}, do_bench=_bench
 )(_stream_gemm_kernel)
 
 
@@ -309,8 +266,8 @@ def stream_gemm(
     if pin:
         if config is None:
             raise ValueError("stream_gemm pins the config it is given: pass one")
-        _pinned[key] = config
-    config = config or _pinned.get(key)
+        pin_config(key, config)
+    config = config or pinned_config(key)
     if config is not None and config.get("TMA") and not tma_fits(a, b):
         config = {**config, "TMA": False}  # a view off the 16-byte grid: the same tiles by per-thread loads
     tma = config is not None and config.get("TMA", False)
@@ -328,34 +285,6 @@ def stream_gemm(
     else:
         _stream_gemm_kernel[grid](*args, **flags, **config)
     return out
-
-
-_pinned: dict[tuple, dict] = {}  # (N, K, dtypes, flags) -> the launch config of calls without one
-
-
-def pinned_configs() -> dict[tuple, dict]:
-    """The pinned configs per (N, K, a's dtype, b's dtype, SCALE_A, SCALE_B, SWIGLU, PREFETCH)."""
-    return dict(_pinned)
-
-
-def candidate_configs(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
-    """The autotuner's configs that fit these operands, as `stream_gemm(config=...)`, with the
-    tiles loaded by TMA where `tma_fits`: what worker/gemm_tuning.py times over a layers' chain."""
-    named = {"a_ptr": a, "b_ptr": b}
-    tma = tma_fits(a, b)
-    return [
-        {**c.kwargs, "TMA": tma, "num_warps": c.num_warps, "num_stages": c.num_stages}
-        for c in _prune(_configs(), named, SWIGLU=swiglu)
-    ]
-
-
-def tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether TMA (Hopper's tensor memory accelerator: bulk copies, no per-thread address
-    arithmetic) may load these operands' tiles: 16-byte aligned starts (rows are, K being a
-    multiple of K_MULTIPLE) and one dtype (the widened FP8 weights keep per-thread loads). On the
-    H200 it took 1-13% off each one-request shape's best config, FP8 and bfloat16, graph-timed
-    over the 8b's 32 layers (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`)."""
-    return a.dtype == b.dtype and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
 def _descriptors(a: torch.Tensor, b: torch.Tensor, config: dict | None) -> tuple:

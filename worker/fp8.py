@@ -29,7 +29,6 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels import stream_ops
 from cde.kernels.fp8_ops import (
     add_norm_quantize,
     fp8_matmul,
@@ -229,6 +228,8 @@ def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[
     Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
     launched early (PDL) behind it, not behind the GEMM before, whose tail it would overlap.
     Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
+    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
+
     by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
     for module in model.modules():
         if isinstance(module, Fp8Linear) and path_for_rows(MAX_ROWS, 0, module.in_features) == "triton":
@@ -253,7 +254,7 @@ def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[
                 products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
             return products
 
-        candidates = stream_ops.stream_gemm.candidate_configs(xq, layers[0].weight)
+        candidates = candidate_configs(xq, layers[0].weight)
         try:
             chosen[(n, k)] = tune(f"fp8 [{n}, {k}]", reference, calls, candidates, time_ms)
         except ValueError as exc:

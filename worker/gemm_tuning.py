@@ -7,7 +7,7 @@ up to 1.5x slower than the best over the layers' chain, and different ones from 
 2026-12-04: the FP8 MLP c_proj 1.012 ms against 0.665 for 32 layers,
 `SWEEP_ARGS="--grid tma --prefetch 2" scripts/gpu_run.sh gemmsweep`).
 
-`tune` times every candidate (kernels/stream_gemm.candidate_configs) over all the layers' own
+`tune` times every candidate (kernels/stream_gemm_configs.candidate_configs) over all the layers' own
 weights of one shape, replayed from a CUDA graph (`Clock`), keeps those whose products agree with
 a reference (cuBLAS) and pins the fastest for the engine's later calls of that shape
 (`stream_gemm(pin=True)`). The callers (worker/stream_linear.py, worker/fp8.py) say what a call is.

@@ -161,13 +161,15 @@ def _tune(
 ) -> None:
     """Pins the Triton GEMM's fastest config over these (weight, counters) layers (CUDA), which
     the ops then run; where none agrees with the reference, the autotuner's pick stays."""
+    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
+
     gemm = stream_ops.stream_gemm
 
     def calls(config: dict, pin: bool = False) -> list[torch.Tensor]:
         return [gemm.stream_gemm(x, w, c, x.dtype, config=config, swiglu=swiglu, pin=pin) for w, c in layers]
 
     try:
-        tune(name, reference, calls, gemm.candidate_configs(x, layers[0][0], swiglu), time_ms)
+        tune(name, reference, calls, candidate_configs(x, layers[0][0], swiglu), time_ms)
     except ValueError as exc:
         log.warning("stream_linear: %s not tuned (%s); the autotuner's pick stays", name, exc)
 

@@ -338,17 +338,16 @@ def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
     got = stream_gemm(a, w, counters, torch.bfloat16, swiglu=True)
     assert got.shape == (rows, 16384) and ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert not counters.any() and torch.equal(stream_gemm(a, w, counters, torch.bfloat16, swiglu=True), got)
-    # the autotuned pick again with per-thread loads instead of TMA: the same bits
+    # the autotuned pick again with its tiles loaded by TMA instead of per thread: the same bits
     (tuned,) = [c for key, c in tuned_launch_configs().items() if key[:6] == (16384, 4096, False, False, True, 0)]
-    assert tuned["TMA"]  # bfloat16 operands, aligned: the autotuned call loaded its tiles by TMA
-    by_threads = {**tuned, "TMA": False}
-    assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=by_threads, swiglu=True), got)
+    by_tma = {**tuned, "TMA": True}
+    assert torch.equal(stream_gemm(a, w, counters, torch.bfloat16, config=by_tma, swiglu=True), got)
 
 
 def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     """worker/stream_linear.py on the GPU: every block shape timed on both kernels, and the model's
     outputs with the chosen kernels within bfloat16 rounding of cuBLAS everywhere."""
-    from cde.kernels import stream_gemm
+    from cde.kernels import stream_gemm_configs
     from cde.worker import stream_linear
     from cde.worker.checkpoint import load_checkpoint
 
@@ -362,7 +361,7 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
     assert len(linears) == 4 and all(c["cublas_ms"] > 0 and c["stream_ms"] > 0 for c in linears.values())
     assert mlp["unfused_ms"] > 0 and mlp["fused_ms"] > 0
     # every shape's config was timed over its layers and pinned (worker/gemm_tuning.py), and the fused MLP's
-    pinned = {(key[0], key[1], key[6]) for key in stream_gemm.pinned_configs() if key[2] == torch.bfloat16}
+    pinned = {(key[0], key[1], key[6]) for key in stream_gemm_configs.pinned_configs() if key[2] == torch.bfloat16}
     assert {(n, k, False) for n, k in linears} | {(block.mlp.c_proj.in_features, x.shape[-1], True)} <= pinned
     for fused in (False, True):  # whichever was faster: the Triton GEMMs' outputs, unfused and fused
         for m in model.modules():
@@ -379,7 +378,7 @@ def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
     """worker/fp8.py's tune_stream_gemms on the GPU: every FP8 block shape timed over its layers and
     its config pinned; one request's MLP and attention projections with the pinned configs within
     bfloat16 rounding of the autotuner's."""
-    from cde.kernels import stream_gemm
+    from cde.kernels import stream_gemm_configs
     from cde.worker import fp8
     from cde.worker.checkpoint import load_checkpoint
 
@@ -390,7 +389,7 @@ def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
         before = [block.mlp(x).float(), block.attn.c_attn(x).float()]
     chosen = fp8.tune_stream_gemms(model)
     assert len(chosen) == 4 and all(ms is not None and ms > 0 for ms in chosen.values())
-    pinned = {key[:2] for key in stream_gemm.pinned_configs() if key[3] == torch.float8_e4m3fn}
+    pinned = {key[:2] for key in stream_gemm_configs.pinned_configs() if key[3] == torch.float8_e4m3fn}
     assert set(chosen) <= pinned
     with torch.inference_mode():
         after = [block.mlp(x).float(), block.attn.c_attn(x).float()]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cde.kernels import fp8_ops, row_confidence, stream_gemm
+from cde.kernels import fp8_ops, row_confidence, stream_gemm, stream_gemm_configs
 from cde.kernels.stream_ops import tile_counters
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
@@ -110,21 +110,21 @@ def test_stream_gemm_swiglu_writes_silu_gate_times_up(m, n, k, cfg, tma):
 
 
 def test_swiglu_keeps_half_the_pipeline_and_no_swapped_operands():
-    configs = stream_gemm._configs()
+    configs = stream_gemm_configs.autotune_configs()
     half = torch.zeros(1, dtype=torch.float16)
-    plain = stream_gemm._prune(configs, {"a_ptr": half, "b_ptr": half})
-    fused = stream_gemm._prune(configs, {"a_ptr": half, "b_ptr": half}, SWIGLU=True)
+    plain = stream_gemm_configs.prune_configs(configs, {"a_ptr": half, "b_ptr": half})
+    fused = stream_gemm_configs.prune_configs(configs, {"a_ptr": half, "b_ptr": half}, SWIGLU=True)
     assert fused and set(map(str, fused)) < set(map(str, plain))
     for c in fused:
         assert not c.kwargs["SWAP_AB"]
-        assert 2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * c.num_stages <= stream_gemm.SMEM_TILES
+        assert 2 * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * c.num_stages <= stream_gemm_configs.SMEM_TILES
 
 
 def test_only_the_widening_mode_offers_swapped_operands_to_the_autotuner():
-    configs = stream_gemm._configs()
+    configs = stream_gemm_configs.autotune_configs()
     bf16, fp8 = torch.zeros(1, dtype=torch.float16), torch.zeros(1, dtype=torch.float8_e4m3fn)
     for a, b, swapped in ((bf16, bf16, False), (fp8, fp8, False), (bf16, fp8, True)):
-        kept = stream_gemm._prune(configs, {"a_ptr": a, "b_ptr": b})
+        kept = stream_gemm_configs.prune_configs(configs, {"a_ptr": a, "b_ptr": b})
         assert any(c.kwargs["SWAP_AB"] for c in kept) is swapped
         assert sum(not c.kwargs["SWAP_AB"] for c in kept) == len(configs) // 2  # the unswapped ones always
 

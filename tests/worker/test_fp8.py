@@ -314,19 +314,19 @@ def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir
     """tune_stream_gemms on the CPU (the split-K GEMM in Triton's interpreter, a clock the test
     gives): every FP8 block shape of the small model is timed over its layers, each GEMM behind
     the quantizing kernel that feeds it, and the faster of two candidates is pinned for its key."""
-    from cde.kernels import stream_gemm
+    from cde.kernels import stream_gemm, stream_gemm_configs
 
     model = fp8.quantize_model(load_checkpoint(small_dir, dtype=torch.bfloat16, device="cpu")[1])
     for m in model.modules():  # the split-K tile counters a CUDA weight carries (none on the CPU)
         if isinstance(m, fp8.Fp8Linear):
             m.counters = torch.zeros(stream_gemm.counter_count(m.out_features), dtype=torch.int32)
-    every = stream_gemm.candidate_configs
+    every = stream_gemm_configs.candidate_configs
 
     # two wide-tile candidates and two layers: the interpreter runs each tile's program in turn
     def two(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
         return [c for c in every(a, b, swiglu) if c["SPLIT_K"] == 1][-2:]
 
-    monkeypatch.setattr(stream_gemm, "candidate_configs", two)
+    monkeypatch.setattr(stream_gemm_configs, "candidate_configs", two)
     model.transformer.blocks = model.transformer.blocks[:2]
     layer_counts = []
 
@@ -340,13 +340,13 @@ def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir
         shapes = {(m.out_features, m.in_features) for m in block.modules() if isinstance(m, fp8.Fp8Linear)}
         assert chosen == {shape: 2.0 for shape in shapes} and len(shapes) == 4
         assert layer_counts == [len(model.transformer.blocks)] * 8
-        pinned = stream_gemm.pinned_configs()
+        pinned = stream_gemm_configs.pinned_configs()
         for n, k in shapes:
             key = (n, k, fp8_ops.E4M3, fp8_ops.E4M3, True, True, False, 0)  # plain launches on the CPU
             xq = torch.zeros(64, k, dtype=fp8_ops.E4M3)
             assert pinned[key] == two(xq, torch.zeros(n, k, dtype=fp8_ops.E4M3))[1]
     finally:
-        stream_gemm._pinned.clear()
+        stream_gemm_configs.unpin_all()
 
 
 def test_deviation_report() -> None:

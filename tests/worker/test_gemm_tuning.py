@@ -5,7 +5,7 @@ reference is pinned, and the calls without a config run it from then on."""
 
 import pytest
 import torch
-from cde.kernels import stream_gemm
+from cde.kernels import stream_gemm, stream_gemm_configs
 from cde.worker import gemm_tuning
 
 N, K = 96, 512
@@ -36,30 +36,30 @@ def chain():
         return [stream_gemm.stream_gemm(a, w, c, torch.float32, config=config, pin=pin) for w, c in layers]
 
     yield a, layers, reference, calls
-    stream_gemm._pinned.clear()  # the pins are process-wide: no other test meets this one's
+    stream_gemm_configs.unpin_all()  # the pins are process-wide: no other test meets this one's
 
 
 def test_the_fastest_agreeing_candidate_is_pinned_and_runs_unconfigured_calls(chain):
     a, layers, reference, calls = chain
-    first, second, third = stream_gemm.candidate_configs(a, layers[0][0])[:3]
+    first, second, third = stream_gemm_configs.candidate_configs(a, layers[0][0])[:3]
     unbuildable = {k: v for k, v in first.items() if k != "SPLIT_K"}  # Triton refuses a missing meta-parameter
     time_ms, seen = clock([2.0, 1.0, 1.5])
     assert gemm_tuning.tune("c_attn", reference, calls, [first, unbuildable, second, third], time_ms) == 1.0
     assert seen == ["c_attn"] * 3  # the unbuildable one was never timed
-    (key,) = stream_gemm.pinned_configs()
-    assert key[:4] == (N, K, torch.float16, torch.float16) and stream_gemm.pinned_configs()[key] == second
+    (key,) = stream_gemm_configs.pinned_configs()
+    assert key[:4] == (N, K, torch.float16, torch.float16) and stream_gemm_configs.pinned_configs()[key] == second
     w, counters = layers[0]
     unconfigured = stream_gemm.stream_gemm(a, w, counters, torch.float32)
     assert torch.equal(unconfigured, stream_gemm.stream_gemm(a, w, counters, torch.float32, config=second))
     # the same rows as a view off TMA's 16-byte grid: the pinned tiles by per-thread loads, the same bits
     shifted = torch.empty(a.numel() + 1, dtype=a.dtype)[1:].view_as(a).copy_(a)
-    assert second["TMA"] and not stream_gemm.tma_fits(shifted, w)
+    assert second["TMA"] and not stream_gemm_configs.tma_fits(shifted, w)
     assert torch.equal(stream_gemm.stream_gemm(shifted, w, counters, torch.float32), unconfigured)
 
 
 def test_products_off_the_reference_are_never_chosen(chain, caplog):
     a, layers, reference, calls = chain
-    first, second = stream_gemm.candidate_configs(a, layers[0][0])[:2]
+    first, second = stream_gemm_configs.candidate_configs(a, layers[0][0])[:2]
 
     def skewed(config, pin=False):  # the second config's products with one tile never written
         out = calls(config, pin)
@@ -71,7 +71,7 @@ def test_products_off_the_reference_are_never_chosen(chain, caplog):
     assert gemm_tuning.tune("c_fc", reference, skewed, [first, second], time_ms) == 2.0
     assert seen == ["c_fc"]  # the skewed config was never timed
     assert "c_fc" in caplog.text and "products off cuBLAS's" in caplog.text
-    assert list(stream_gemm.pinned_configs().values()) == [first]
+    assert list(stream_gemm_configs.pinned_configs().values()) == [first]
     with pytest.raises(ValueError, match="no config of 1 builds and agrees"):
         gemm_tuning.tune("c_fc", reference, skewed, [second], clock([])[0])
 
@@ -79,16 +79,16 @@ def test_products_off_the_reference_are_never_chosen(chain, caplog):
 def test_candidates_fit_shared_memory_and_load_by_tma_only_where_it_may():
     a = torch.zeros(64, K, dtype=torch.float16)
     w = torch.zeros(N, K, dtype=torch.float16)
-    configs = stream_gemm.candidate_configs(a, w)
+    configs = stream_gemm_configs.candidate_configs(a, w)
     assert configs and all(c["TMA"] for c in configs)
-    budget = stream_gemm.SMEM_TILES
+    budget = stream_gemm_configs.SMEM_TILES
     assert all(c["BLOCK_N"] * c["BLOCK_K"] * c["num_stages"] <= budget for c in configs)
-    fused = stream_gemm.candidate_configs(a, torch.zeros(2 * N, K, dtype=torch.float16), swiglu=True)
+    fused = stream_gemm_configs.candidate_configs(a, torch.zeros(2 * N, K, dtype=torch.float16), swiglu=True)
     assert fused and all(2 * c["BLOCK_N"] * c["BLOCK_K"] * c["num_stages"] <= budget for c in fused)
     misaligned = torch.zeros(64 * K + 1, dtype=torch.float16)[1:].view(64, K)  # 2 bytes past an aligned start
-    assert not any(c["TMA"] for c in stream_gemm.candidate_configs(misaligned, w))
+    assert not any(c["TMA"] for c in stream_gemm_configs.candidate_configs(misaligned, w))
     fp8_weights = w.to(torch.float8_e4m3fn)  # widened in registers beside bfloat16 rows: per-thread loads
-    assert not any(c["TMA"] for c in stream_gemm.candidate_configs(a, fp8_weights))
+    assert not any(c["TMA"] for c in stream_gemm_configs.candidate_configs(a, fp8_weights))
 
 
 def test_agreement_is_relative_to_each_reference():
