@@ -91,5 +91,7 @@ def tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
     arithmetic) may load these operands' tiles: 16-byte aligned starts (rows are, K being a
     multiple of K_MULTIPLE) and one dtype (the widened FP8 weights keep per-thread loads). On the
     H200 it took 1-13% off each one-request shape's best config, FP8 and bfloat16, graph-timed
-    over the 8b's 32 layers (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`)."""
-    return a.dtype == b.dtype and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    over the 8b's 32 layers (`SWEEP_ARGS="--grid tma" scripts/gpu_run.sh gemmsweep`). A GPU
+    before Hopper has no TMA (Triton's interpreter, on the CPU, emulates it)."""
+    hopper = not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9
+    return hopper and a.dtype == b.dtype and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
