@@ -19,7 +19,7 @@ from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest
 from cde.shared.request_bounds import check_generate_request
 from cde.shared.settings import EngineArgs
 from cde.shared.tokenizer import get_tokenizer
-from cde.worker import fp8, isolation, stream_linear
+from cde.worker import fp8, gemm_tuning, isolation, stream_linear
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
 from cde.worker.device_clock import DeviceClock
@@ -68,7 +68,7 @@ class Engine:
         if args.quantization == "fp8":
             fp8.quantize_model(model, args.fp8_weight_only_rows)
             if device == "cuda":  # one request's FP8 GEMMs: each shape's launch config timed over its layers
-                fp8.tune_stream_gemms(model)
+                gemm_tuning.tune_fp8_linears(model)
         elif device == "cuda" and dtype == torch.bfloat16:  # one request's linears: cuBLAS or Triton, measured
             stream_linear.install(model)
         self.tokenizer = get_tokenizer(self.cfg.instruct)

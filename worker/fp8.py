@@ -35,13 +35,11 @@ from cde.kernels.fp8_ops import (
     fp8_weight_matmul,
     quantize_rows,
     silu_mul_quantize,
-    stream_fp8_matmul,
 )
 from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
-from cde.worker.gemm_tuning import Clock, cuda_ms, tune
 from cde.worker.model import BLOCK_LINEARS, Block, HandedOn
 
 QUANTIZATIONS = ("none", "fp8")
@@ -60,6 +58,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 class Fp8Linear(nn.Module):
     """A bias-free linear layer with an e4m3 weight [N, K] and per-output-channel float32 scales [N]."""
+
+    weight: torch.Tensor  # buffers, typed for the checker (nn.Module's __getattr__ says Tensor | Module)
+    scale: torch.Tensor
+    counters: torch.Tensor
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, weight_only_rows: int = FP8_WEIGHT_ONLY_ROWS):
         super().__init__()
@@ -219,48 +221,6 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
         extra={"fp8_bytes_before": before, "fp8_bytes_after": after},
     )
     return model
-
-
-@torch.no_grad()
-def tune_stream_gemms(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[int, int], float | None]:
-    """CUDA: per weight shape, the one-request FP8 GEMM's config timed over every layer's weight
-    and pinned (worker/gemm_tuning.py); the references are torch._scaled_mm's products (cuBLAS).
-    Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
-    launched early (PDL) behind it, not behind the GEMM before, whose tail it would overlap.
-    Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
-    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
-
-    by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
-    for module in model.modules():
-        if isinstance(module, Fp8Linear) and path_for_rows(MAX_ROWS, 0, module.in_features) == "triton":
-            by_shape.setdefault((module.out_features, module.in_features), []).append(module)
-    chosen: dict[tuple[int, int], float | None] = {}
-    for (n, k), layers in by_shape.items():
-        h = torch.randn(MAX_ROWS, 2 * k, device=layers[0].weight.device, dtype=torch.bfloat16)
-        xq, x_scale = silu_mul_quantize(h)
-        reference = [
-            torch._scaled_mm(
-                xq, m.weight.t(), scale_a=x_scale[:, None], scale_b=m.scale[None, :], out_dtype=torch.bfloat16
-            )
-            for m in layers
-        ]
-
-        def calls(
-            config: dict, pin: bool = False, h: torch.Tensor = h, layers: list[Fp8Linear] = layers
-        ) -> list[torch.Tensor]:
-            products = []
-            for m in layers:
-                q, scale = silu_mul_quantize(h)
-                products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
-            return products
-
-        candidates = candidate_configs(xq, layers[0].weight)
-        try:
-            chosen[(n, k)] = tune(f"fp8 [{n}, {k}]", reference, calls, candidates, time_ms)
-        except ValueError as exc:
-            log.warning("fp8: [%d, %d] not tuned (%s); the autotuner's pick stays", n, k, exc)
-            chosen[(n, k)] = None
-    return chosen
 
 
 def check_quantization(quantization: str, device: str | torch.device, dtype: torch.dtype) -> None:

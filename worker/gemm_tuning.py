@@ -10,7 +10,8 @@ up to 1.5x slower than the best over the layers' chain, and different ones from 
 `tune` times every candidate (kernels/stream_gemm_configs.candidate_configs) over all the layers' own
 weights of one shape, replayed from a CUDA graph (`Clock`), keeps those whose products agree with
 a reference (cuBLAS) and pins the fastest for the engine's later calls of that shape
-(`stream_gemm(pin=True)`). The callers (worker/stream_linear.py, worker/fp8.py) say what a call is.
+(`stream_gemm(pin=True)`). worker/stream_linear.py tunes the bfloat16 shapes before its cuBLAS race;
+`tune_fp8_linears` the FP8 blocks' (the engine calls it after quantizing).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.nn as nn
+from cde.kernels.fp8_ops import silu_mul_quantize, stream_fp8_matmul
+from cde.kernels.stream_tiles import MAX_ROWS
 from cde.worker.cuda_timing import graph_replay_ms
+from cde.worker.fp8 import Fp8Linear, path_for_rows
 
 AGREEMENT = 1e-2  # a product's relative distance from cuBLAS's at most (bfloat16 rounding is ~4e-3)
 
@@ -66,3 +71,45 @@ def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]]) -> float:
     4.258 ms" against cuBLAS's 0.763 for 32 layers of one shape, while the same kernels replayed
     from a graph took 4.33 and 4.32 ms for the whole 32-layer stack)."""
     return graph_replay_ms(fn, iters=5)[0]
+
+
+@torch.no_grad()
+def tune_fp8_linears(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[int, int], float | None]:
+    """CUDA: per weight shape of the FP8 blocks (worker/fp8.py), the one-request GEMM's config
+    timed over every layer's weight and pinned; the references are torch._scaled_mm's products.
+    Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
+    launched early (PDL) behind it, not behind the GEMM before, whose tail it would overlap.
+    Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
+    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
+
+    by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
+    for module in model.modules():
+        if isinstance(module, Fp8Linear) and path_for_rows(MAX_ROWS, 0, module.in_features) == "triton":
+            by_shape.setdefault((module.out_features, module.in_features), []).append(module)
+    chosen: dict[tuple[int, int], float | None] = {}
+    for (n, k), layers in by_shape.items():
+        h = torch.randn(MAX_ROWS, 2 * k, device=layers[0].weight.device, dtype=torch.bfloat16)
+        xq, x_scale = silu_mul_quantize(h)
+        reference = [
+            torch._scaled_mm(
+                xq, m.weight.t(), scale_a=x_scale[:, None], scale_b=m.scale[None, :], out_dtype=torch.bfloat16
+            )
+            for m in layers
+        ]
+
+        def calls(
+            config: dict, pin: bool = False, h: torch.Tensor = h, layers: list[Fp8Linear] = layers
+        ) -> list[torch.Tensor]:
+            products = []
+            for m in layers:
+                q, scale = silu_mul_quantize(h)
+                products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
+            return products
+
+        candidates = candidate_configs(xq, layers[0].weight)
+        try:
+            chosen[(n, k)] = tune(f"fp8 [{n}, {k}]", reference, calls, candidates, time_ms)
+        except ValueError as exc:
+            log.warning("gemm_tuning: fp8 [%d, %d] not tuned (%s); the autotuner's pick stays", n, k, exc)
+            chosen[(n, k)] = None
+    return chosen

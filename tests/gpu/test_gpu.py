@@ -375,11 +375,11 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
 
 
 def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
-    """worker/fp8.py's tune_stream_gemms on the GPU: every FP8 block shape timed over its layers and
-    its config pinned; one request's MLP and attention projections with the pinned configs within
-    bfloat16 rounding of the autotuner's."""
+    """worker/gemm_tuning.py's tune_fp8_linears on the GPU: every FP8 block shape timed over its
+    layers and its config pinned; one request's MLP and attention projections with the pinned
+    configs within bfloat16 rounding of the autotuner's."""
     from cde.kernels import stream_gemm_configs
-    from cde.worker import fp8
+    from cde.worker import fp8, gemm_tuning
     from cde.worker.checkpoint import load_checkpoint
 
     model = fp8.quantize_model(load_checkpoint(small_dir, dtype=torch.bfloat16, device="cuda")[1])
@@ -387,7 +387,7 @@ def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
     block = model.transformer.blocks[0]
     with torch.inference_mode():
         before = [block.mlp(x).float(), block.attn.c_attn(x).float()]
-    chosen = fp8.tune_stream_gemms(model)
+    chosen = gemm_tuning.tune_fp8_linears(model)
     assert len(chosen) == 4 and all(ms is not None and ms > 0 for ms in chosen.values())
     pinned = {key[:2] for key in stream_gemm_configs.pinned_configs() if key[3] == torch.float8_e4m3fn}
     assert set(chosen) <= pinned

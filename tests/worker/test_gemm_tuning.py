@@ -5,8 +5,9 @@ reference is pinned, and the calls without a config run it from then on."""
 
 import pytest
 import torch
-from cde.kernels import stream_gemm, stream_gemm_configs
-from cde.worker import gemm_tuning
+from cde.kernels import fp8_ops, stream_gemm, stream_gemm_configs
+from cde.worker import fp8, gemm_tuning
+from cde.worker.checkpoint import load_checkpoint
 
 N, K = 96, 512
 
@@ -99,3 +100,40 @@ def test_agreement_is_relative_to_each_reference():
     off = [r.clone() for r in ref]
     off[2][:, :8] = 0  # one layer's tile never written: does not
     assert not gemm_tuning.agrees(ref, off)
+
+
+def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir, monkeypatch) -> None:
+    """tune_fp8_linears on the CPU (the split-K GEMM in Triton's interpreter, a clock the test
+    gives): every FP8 block shape of the small model is timed over its layers, each GEMM behind
+    the quantizing kernel that feeds it, and the faster of two candidates is pinned for its key."""
+    model = fp8.quantize_model(load_checkpoint(small_dir, dtype=torch.bfloat16, device="cpu")[1])
+    for m in model.modules():  # the split-K tile counters a CUDA weight carries (none on the CPU)
+        if isinstance(m, fp8.Fp8Linear):
+            m.counters = torch.zeros(stream_gemm.counter_count(m.out_features), dtype=torch.int32)
+    every = stream_gemm_configs.candidate_configs
+
+    # two wide-tile candidates and two layers: the interpreter runs each tile's program in turn
+    def two(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
+        return [c for c in every(a, b, swiglu) if c["SPLIT_K"] == 1][-2:]
+
+    monkeypatch.setattr(stream_gemm_configs, "candidate_configs", two)
+    model.transformer.blocks = model.transformer.blocks[:2]
+    layer_counts = []
+
+    def time_ms(name: str, calls) -> float:
+        layer_counts.append(len(calls()))
+        return [3.0, 2.0][(len(layer_counts) - 1) % 2]  # the second candidate of each shape is faster
+
+    try:
+        chosen = gemm_tuning.tune_fp8_linears(model, time_ms)
+        block = model.transformer.blocks[0]
+        shapes = {(m.out_features, m.in_features) for m in block.modules() if isinstance(m, fp8.Fp8Linear)}
+        assert chosen == {shape: 2.0 for shape in shapes} and len(shapes) == 4
+        assert layer_counts == [len(model.transformer.blocks)] * 8
+        pinned = stream_gemm_configs.pinned_configs()
+        for n, k in shapes:
+            key = (n, k, fp8_ops.E4M3, fp8_ops.E4M3, True, True, False, 0)  # plain launches on the CPU
+            xq = torch.zeros(64, k, dtype=fp8_ops.E4M3)
+            assert pinned[key] == two(xq, torch.zeros(n, k, dtype=fp8_ops.E4M3))[1]
+    finally:
+        stream_gemm_configs.unpin_all()
