@@ -270,7 +270,7 @@ def stream_gemm(
     config = config or pinned_config(key)
     if config is not None and config.get("TMA") and not tma_fits(a, b):
         config = {**config, "TMA": False}  # a view off the 16-byte grid: the same tiles by per-thread loads
-    tma = config is not None and config.get("TMA", False)
+    tma = config is not None and config.get("TMA", False)  # the autotuner's calls: per-thread loads
     if timeline is not None:
         flags["TIMELINE"] = True
     if prefetch:
@@ -278,7 +278,7 @@ def stream_gemm(
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
     book = out if timeline is None else timeline  # unread without TIMELINE
-    descs = _descriptors(a, b, config) if tma else (None, None)
+    descs = _descriptors(a, b, config) if config is not None and tma else (None, None)
     args = (a, b, *descs, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if config is None:
         _autotuned[grid](*args, **flags)
@@ -287,13 +287,12 @@ def stream_gemm(
     return out
 
 
-def _descriptors(a: torch.Tensor, b: torch.Tensor, config: dict | None) -> tuple:
-    """TMA descriptors of the operands with the config's tile shapes; without a config, the
-    autotuner sets each candidate's (`_set_tile_shapes`)."""
-    tiles = config or {"BLOCK_M": MAX_ROWS, "BLOCK_N": MIN_BLOCK_N, "BLOCK_K": K_MULTIPLE}
+def _descriptors(a: torch.Tensor, b: torch.Tensor, config: dict) -> tuple:
+    """TMA descriptors of the operands with the config's tile shapes (the autotuner's own calls,
+    per-thread loads, take none)."""
     return (
-        TensorDescriptor.from_tensor(a, [tiles["BLOCK_M"], tiles["BLOCK_K"]]),
-        TensorDescriptor.from_tensor(b, [tiles["BLOCK_N"], tiles["BLOCK_K"]]),
+        TensorDescriptor.from_tensor(a, [config["BLOCK_M"], config["BLOCK_K"]]),
+        TensorDescriptor.from_tensor(b, [config["BLOCK_N"], config["BLOCK_K"]]),
     )
 
 

@@ -22,7 +22,6 @@ def autotune_configs() -> list:
             {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SWAP_AB": swap},
             num_warps=4,
             num_stages=stages,
-            pre_hook=set_tile_shapes,
         )
         for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
         for bk in (K_MULTIPLE // 2, K_MULTIPLE)
@@ -31,13 +30,6 @@ def autotune_configs() -> list:
         for swap in (False, True)
         if bn * bk * stages <= SMEM_TILES  # shared memory
     ]
-
-
-def set_tile_shapes(nargs: dict) -> None:
-    # The TMA descriptors' tiles are the config's: set before each candidate's and the pick's launch.
-    if nargs.get("TMA"):
-        nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
-        nargs["b_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
 
 
 def prune_configs(configs: list, named_args: dict, **kwargs: object) -> list:

@@ -29,13 +29,7 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import (
-    add_norm_quantize,
-    fp8_matmul,
-    fp8_weight_matmul,
-    quantize_rows,
-    silu_mul_quantize,
-)
+from cde.kernels.fp8_ops import add_norm_quantize, fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
 from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
