@@ -238,7 +238,7 @@ def stream_gemm(
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages; TMA: the tiles loaded by
     Hopper's tensor memory accelerator) instead of the autotuner's choice; `pin`: and from now on
     for every call without one of this weight shape, dtypes and flags (worker/gemm_tuning.py pins
-    the config it timed fastest over the layers' chain; `pinned_configs`).
+    the config it timed fastest over the layers' chain; stream_gemm_configs.pinned_configs).
     `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
     `timeline` (CUDA, a diagnostic): int64 [CTAs, 4] that each CTA fills with its start, the end of
     its K loop and its end (%globaltimer, ns) and its SM."""

@@ -65,6 +65,26 @@ def tune(name: str, reference: list[torch.Tensor], calls: Calls, candidates: lis
     return best[0]
 
 
+def pin_fastest(
+    name: str,
+    reference: list[torch.Tensor],
+    calls: Calls,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    time_ms: Clock,
+    swiglu: bool = False,
+) -> float | None:
+    """`tune` over the candidates for operands a, b (kernels/stream_gemm_configs.py); None where
+    none builds and agrees: the autotuner's pick stays, and a warning says so."""
+    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
+
+    try:
+        return tune(name, reference, calls, candidate_configs(a, b, swiglu), time_ms)
+    except ValueError as exc:
+        log.warning("gemm_tuning: %s not tuned (%s); the autotuner's pick stays", name, exc)
+        return None
+
+
 def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]]) -> float:
     """Mean ms of fn() replayed from a CUDA graph, as a pass runs it: timed eagerly, each Triton
     launch from Python (~0.1 ms) outweighed the 64-row GEMM itself (H200, 2026-12-02: "Triton
@@ -80,8 +100,6 @@ def tune_fp8_linears(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[i
     Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
     launched early (PDL) behind it, not behind the GEMM before, whose tail it would overlap.
     Returns the pinned chain's ms per (N, K), None where none agreed (the autotuner's pick stays)."""
-    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
-
     by_shape: dict[tuple[int, int], list[Fp8Linear]] = {}
     for module in model.modules():
         if isinstance(module, Fp8Linear) and path_for_rows(MAX_ROWS, 0, module.in_features) == "triton":
@@ -106,10 +124,5 @@ def tune_fp8_linears(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[i
                 products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
             return products
 
-        candidates = candidate_configs(xq, layers[0].weight)
-        try:
-            chosen[(n, k)] = tune(f"fp8 [{n}, {k}]", reference, calls, candidates, time_ms)
-        except ValueError as exc:
-            log.warning("gemm_tuning: fp8 [%d, %d] not tuned (%s); the autotuner's pick stays", n, k, exc)
-            chosen[(n, k)] = None
+        chosen[(n, k)] = pin_fastest(f"fp8 [{n}, {k}]", reference, calls, xq, layers[0].weight, time_ms)
     return chosen

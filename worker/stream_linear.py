@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from cde.kernels import stream_ops
 from cde.kernels.stream_ops import stream_linear, stream_swiglu, swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
-from cde.worker.gemm_tuning import AGREEMENT, Clock, agrees, cuda_ms, tune
+from cde.worker.gemm_tuning import AGREEMENT, Clock, agrees, cuda_ms, pin_fastest
 from cde.worker.model import BLOCK_LINEARS, SteerlingModel
 
 MARGIN = 0.02  # the Triton GEMM must be this much faster: timing noise never flips a shape to it
@@ -161,17 +161,12 @@ def _tune(
 ) -> None:
     """Pins the Triton GEMM's fastest config over these (weight, counters) layers (CUDA), which
     the ops then run; where none agrees with the reference, the autotuner's pick stays."""
-    from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
-
     gemm = stream_ops.stream_gemm
 
     def calls(config: dict, pin: bool = False) -> list[torch.Tensor]:
         return [gemm.stream_gemm(x, w, c, x.dtype, config=config, swiglu=swiglu, pin=pin) for w, c in layers]
 
-    try:
-        tune(name, reference, calls, candidate_configs(x, layers[0][0], swiglu), time_ms)
-    except ValueError as exc:
-        log.warning("stream_linear: %s not tuned (%s); the autotuner's pick stays", name, exc)
+    pin_fastest(name, reference, calls, x, layers[0][0], time_ms, swiglu)
 
 
 def streamable(w: torch.Tensor) -> bool:
