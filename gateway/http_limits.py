@@ -13,7 +13,10 @@ from dataclasses import dataclass
 class HttpLimits:
     header_timeout: float = 10.0  # a request's line and headers, from its first byte (or the connection's start)
     body_timeout: float = 30.0  # the whole body, from the end of the headers
-    keep_alive_timeout: float = 5.0  # an idle connection between requests
+    # An idle connection between requests. Longer than the clients' own idle expiry (httpx's, so
+    # the openai SDK's, is 5 s; aiohttp's 15 s): the client drops an idle connection first, and
+    # never sends a request on one the server is closing at that moment (a ReadError).
+    keep_alive_timeout: float = 20.0
     max_connections: int = 1024  # open at once; the next ones get 503
     allowed_hosts: frozenset[str] | None = None  # Host header names; None: any
     max_connections_per_client: int | None = None  # from one address; None: 3/4 of max_connections

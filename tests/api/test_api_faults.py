@@ -17,10 +17,6 @@ import pytest
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
 
 HEARTBEAT_TIMEOUT, SHUTDOWN_TIMEOUT = 2, 3
-# Each client here idles across waits longer than the gateway's 5 s keep-alive: a pooled connection
-# the server closes just as a request goes out fails with ReadError, a race that is not the fault
-# under test, so every request opens its own connection.
-ONE_CONNECTION_PER_REQUEST = httpx.Limits(max_keepalive_connections=0)
 SHORT = {"model": "tiny", "prompt": "y", "max_tokens": 120, "temperature": 0, "tokens_per_step": 8}
 
 
@@ -65,7 +61,7 @@ async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_afte
     url = server.base_url + "/completions"
     victim = server.worker_pids()[0]
     stopped = asyncio.Event()
-    async with httpx.AsyncClient(timeout=60, limits=ONE_CONNECTION_PER_REQUEST) as http:
+    async with httpx.AsyncClient(timeout=60) as http:
 
         async def one():
             async with http.stream("POST", url, json=LONG) as r:
@@ -116,7 +112,7 @@ async def test_stopped_worker_is_failed_by_heartbeat_timeout_and_readmitted_afte
 async def test_sigterm_refuses_new_requests_drains_then_fails_stragglers(server):
     pids = server.worker_pids()
     url = server.base_url + "/completions"
-    async with httpx.AsyncClient(timeout=60, limits=ONE_CONNECTION_PER_REQUEST) as http:
+    async with httpx.AsyncClient(timeout=60) as http:
 
         async def stream(body):
             async with http.stream("POST", url, json=body) as r:
@@ -168,7 +164,7 @@ async def test_late_worker_and_restarted_worker_are_admitted(tiny_dir):
     workers = []
     url = gateway.base_url + "/completions"
     try:
-        async with httpx.AsyncClient(timeout=60, limits=ONE_CONNECTION_PER_REQUEST) as http:
+        async with httpx.AsyncClient(timeout=60) as http:
             status, health = gateway.health()
             assert status == 503 and health["workers"][0]["alive"] is False
             r = await http.post(url, json=SHORT)
