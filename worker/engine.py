@@ -23,6 +23,7 @@ from cde.worker import fp8, gemm_tuning, isolation, stream_linear
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
 from cde.worker.device_clock import DeviceClock
+from cde.worker.gemm_tuning_cache import TuningCache
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
 from cde.worker.outputs import OutputStage
@@ -65,12 +66,14 @@ class Engine:
         dtype = DTYPES[fp8.engine_dtype(args.dtype, device, args.quantization)]
         fp8.check_quantization(args.quantization, device, dtype)
         self.cfg, model = load_checkpoint(args.model, dtype=dtype, device=device)
+        # One request's GEMM configs, each shape's timed over its layers or kept from a run before.
+        picks = TuningCache.for_device(torch.device(device)) if device == "cuda" else None
         if args.quantization == "fp8":
             fp8.quantize_model(model, args.fp8_weight_only_rows)
-            if device == "cuda":  # one request's FP8 GEMMs: each shape's launch config timed over its layers
-                gemm_tuning.tune_fp8_linears(model)
-        elif device == "cuda" and dtype == torch.bfloat16:  # one request's linears: cuBLAS or Triton, measured
-            stream_linear.install(model)
+            if picks is not None:
+                gemm_tuning.tune_fp8_linears(model, picks)
+        elif picks is not None and dtype == torch.bfloat16:  # one request's linears: cuBLAS or Triton, measured
+            stream_linear.install(model, cache=picks)
         self.tokenizer = get_tokenizer(self.cfg.instruct)
         num_pages = args.num_pages or args.max_running * self.cfg.max_blocks
         # The K/V of a prompt page depend on its tokens and on the weights as run: model, dtype, quantization.

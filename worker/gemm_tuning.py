@@ -11,7 +11,8 @@ up to 1.5x slower than the best over the layers' chain, and different ones from 
 weights of one shape, replayed from a CUDA graph (`Clock`), keeps those whose products agree with
 a reference (cuBLAS) and pins the fastest for the engine's later calls of that shape
 (`stream_gemm(pin=True)`). worker/stream_linear.py tunes the bfloat16 shapes before its cuBLAS race;
-`tune_fp8_linears` the FP8 blocks' (the engine calls it after quantizing).
+`tune_fp8_linears` the FP8 blocks' (the engine calls it after quantizing). The picks are kept
+under CDE_HOME (worker/gemm_tuning_cache.py): a restart pins them without timing again.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cde.kernels.fp8_ops import silu_mul_quantize, stream_fp8_matmul
 from cde.kernels.stream_tiles import MAX_ROWS
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import Fp8Linear, path_for_rows
+from cde.worker.gemm_tuning_cache import Pick, TuningCache, tuning_key
 
 AGREEMENT = 1e-2  # a product's relative distance from cuBLAS's at most (bfloat16 rounding is ~4e-3)
 
@@ -42,8 +44,8 @@ def agrees(reference: list[torch.Tensor], products: list[torch.Tensor]) -> bool:
     )
 
 
-def tune(name: str, reference: list[torch.Tensor], calls: Calls, candidates: list[dict], time_ms: Clock) -> float:
-    """The ms of the fastest candidate whose products agree with `reference`, pinned by one more
+def tune(name: str, reference: list[torch.Tensor], calls: Calls, candidates: list[dict], time_ms: Clock) -> Pick:
+    """The fastest candidate whose products agree with `reference` and its ms, pinned by one more
     `calls(config, pin=True)`; a candidate that fails to build is skipped. Raises ValueError when
     none is left (the caller keeps cuBLAS)."""
     best: tuple[float, dict] | None = None
@@ -62,7 +64,7 @@ def tune(name: str, reference: list[torch.Tensor], calls: Calls, candidates: lis
         raise ValueError(f"no config of {len(candidates)} builds and agrees with cuBLAS")
     calls(best[1], pin=True)
     log.info("gemm_tuning: %s %.3f ms with %s (%d candidates)", name, best[0], best[1], len(candidates))
-    return best[0]
+    return Pick(best[1], best[0])
 
 
 def pin_fastest(
@@ -72,17 +74,35 @@ def pin_fastest(
     a: torch.Tensor,
     b: torch.Tensor,
     time_ms: Clock,
+    cache: TuningCache,
     swiglu: bool = False,
 ) -> float | None:
-    """`tune` over the candidates for operands a, b (kernels/stream_gemm_configs.py); None where
-    none builds and agrees: the autotuner's pick stays, and a warning says so."""
+    """The pick `cache` keeps for operands a, b where it is still a candidate and still agrees,
+    pinned; else `tune` over the candidates (kernels/stream_gemm_configs.py) and keep its pick.
+    Its ms; None where none builds and agrees: the autotuner's pick stays, and a warning says so."""
     from cde.kernels.stream_gemm_configs import candidate_configs  # Triton: CUDA machines (and the tests)
 
+    candidates = candidate_configs(a, b, swiglu)
+    key = tuning_key(name, a, b, swiglu)
+    kept = cache.get(key)
+    if kept is not None and kept.config in candidates and _still_agrees(reference, calls, kept.config):
+        calls(kept.config, pin=True)
+        log.info("gemm_tuning: %s %.3f ms with %s (kept in %s)", name, kept.ms, kept.config, cache.path)
+        return kept.ms
     try:
-        return tune(name, reference, calls, candidate_configs(a, b, swiglu), time_ms)
+        pick = tune(name, reference, calls, candidates, time_ms)
     except ValueError as exc:
         log.warning("gemm_tuning: %s not tuned (%s); the autotuner's pick stays", name, exc)
         return None
+    cache.put(key, pick)
+    return pick.ms
+
+
+def _still_agrees(reference: list[torch.Tensor], calls: Calls, config: dict) -> bool:
+    try:
+        return agrees(reference, calls(config))
+    except Exception:  # no longer builds here
+        return False
 
 
 def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]]) -> float:
@@ -94,7 +114,9 @@ def cuda_ms(kernel: str, fn: Callable[[], list[torch.Tensor]]) -> float:
 
 
 @torch.no_grad()
-def tune_fp8_linears(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[int, int], float | None]:
+def tune_fp8_linears(
+    model: nn.Module, cache: TuningCache, time_ms: Clock = cuda_ms
+) -> dict[tuple[int, int], float | None]:
     """CUDA: per weight shape of the FP8 blocks (worker/fp8.py), the one-request GEMM's config
     timed over every layer's weight and pinned; the references are torch._scaled_mm's products.
     Each GEMM of the timed chain follows the short quantizing kernel that feeds it, as in a pass:
@@ -124,5 +146,5 @@ def tune_fp8_linears(model: nn.Module, time_ms: Clock = cuda_ms) -> dict[tuple[i
                 products.append(stream_fp8_matmul(q, scale, m.weight, m.scale, m.counters, torch.bfloat16, config, pin))
             return products
 
-        chosen[(n, k)] = pin_fastest(f"fp8 [{n}, {k}]", reference, calls, xq, layers[0].weight, time_ms)
+        chosen[(n, k)] = pin_fastest(f"fp8 [{n}, {k}]", reference, calls, xq, layers[0].weight, time_ms, cache)
     return chosen

@@ -29,6 +29,7 @@ from cde.kernels import stream_ops
 from cde.kernels.stream_ops import stream_linear, stream_swiglu, swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.worker.gemm_tuning import AGREEMENT, Clock, agrees, cuda_ms, pin_fastest
+from cde.worker.gemm_tuning_cache import TuningCache
 from cde.worker.model import BLOCK_LINEARS, SteerlingModel
 
 MARGIN = 0.02  # the Triton GEMM must be this much faster: timing noise never flips a shape to it
@@ -76,9 +77,9 @@ class StreamMLP(nn.Module):
         return self.c_proj(h.reshape(*x.shape[:-1], h.shape[-1]))
 
 
-def install(model: SteerlingModel, time_ms: Clock | None = None) -> dict:
+def install(model: SteerlingModel, time_ms: Clock | None = None, cache: TuningCache | None = None) -> dict:
     """Every block's linears become StreamLinears and its MLP a StreamMLP, then `calibrate(model,
-    time_ms)`; returns its choices."""
+    time_ms, cache)`; returns its choices."""
     for block in model.transformer.blocks:
         for path in BLOCK_LINEARS:
             owner_name, name = path.split(".")
@@ -86,13 +87,14 @@ def install(model: SteerlingModel, time_ms: Clock | None = None) -> dict:
             setattr(owner, name, StreamLinear(getattr(owner, name).weight))
         c_fc, c_proj = (cast(StreamLinear, getattr(block.mlp, name)) for name in ("c_fc", "c_proj"))
         block.mlp = StreamMLP(c_fc, c_proj)
-    return calibrate(model, time_ms or cuda_ms)
+    return calibrate(model, time_ms or cuda_ms, cache)
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, time_ms: Clock) -> dict:
+def calibrate(model: nn.Module, time_ms: Clock, cache: TuningCache | None = None) -> dict:
     """Per weight shape (N, K): the ms of a 64-row product over every layer of that shape by cuBLAS
-    and by the Triton GEMM; `stream` set where the Triton GEMM is faster by MARGIN. Then the MLPs:
+    and by the Triton GEMM, its config tuned first (or taken from `cache`; None: nothing kept); `stream`
+    set where the Triton GEMM is faster by MARGIN. Then the MLPs:
     c_fc as chosen plus the compiled activation against `cde::stream_swiglu`; `fused` set where it
     is faster by MARGIN. Returns {"linears": {(N, K): {"cublas_ms", "stream_ms", "stream"}},
     "swiglu": {"unfused_ms", "fused_ms", "fused"} or None (no StreamMLP)}, a None ms: unavailable."""
@@ -100,6 +102,7 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
     for module in model.modules():
         if isinstance(module, StreamLinear):
             by_shape.setdefault((module.out_features, module.in_features), []).append(module)
+    cache = cache or TuningCache(None)
     linears = {}
     for (n, k), layers in by_shape.items():
         w0 = layers[0].weight
@@ -112,7 +115,7 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
             return [stream_linear(x, m.weight, m.counters) for m in layers]
 
         if streamable(w0) and w0.is_cuda:
-            _tune(f"[{n}, {k}]", by_cublas(), x, [(m.weight, m.counters) for m in layers], time_ms)
+            _tune(f"[{n}, {k}]", by_cublas(), x, [(m.weight, m.counters) for m in layers], time_ms, cache)
         cublas, stream, chosen = race(time_ms, ("cublas", by_cublas), ("triton", by_triton), streamable(w0))
         for m in layers:
             m.stream = chosen
@@ -125,10 +128,10 @@ def calibrate(model: nn.Module, time_ms: Clock) -> dict:
             for (n, k), c in linears.items()
         ),
     )
-    return {"linears": linears, "swiglu": _calibrate_mlps(model, time_ms)}
+    return {"linears": linears, "swiglu": _calibrate_mlps(model, time_ms, cache)}
 
 
-def _calibrate_mlps(model: nn.Module, time_ms: Clock) -> dict | None:
+def _calibrate_mlps(model: nn.Module, time_ms: Clock, cache: TuningCache) -> dict | None:
     mlps = [m for m in model.modules() if isinstance(m, StreamMLP)]
     if not mlps:
         return None
@@ -143,7 +146,7 @@ def _calibrate_mlps(model: nn.Module, time_ms: Clock) -> dict | None:
         return [stream_swiglu(x, m.c_fc.weight, m.counters) for m in mlps]
 
     if streamable(w0) and w0.is_cuda:
-        _tune("swiglu", unfused(), x, [(m.c_fc.weight, m.counters) for m in mlps], time_ms, swiglu=True)
+        _tune("swiglu", unfused(), x, [(m.c_fc.weight, m.counters) for m in mlps], time_ms, cache, swiglu=True)
     unfused_ms, fused_ms, chosen = race(time_ms, ("unfused", unfused), ("fused", fused), streamable(w0))
     for m in mlps:
         m.fused = chosen
@@ -157,7 +160,13 @@ def _calibrate_mlps(model: nn.Module, time_ms: Clock) -> dict | None:
 
 
 def _tune(
-    name: str, reference: list[torch.Tensor], x: torch.Tensor, layers: list[tuple], time_ms: Clock, swiglu: bool = False
+    name: str,
+    reference: list[torch.Tensor],
+    x: torch.Tensor,
+    layers: list[tuple],
+    time_ms: Clock,
+    cache: TuningCache,
+    swiglu: bool = False,
 ) -> None:
     """Pins the Triton GEMM's fastest config over these (weight, counters) layers (CUDA), which
     the ops then run; where none agrees with the reference, the autotuner's pick stays."""
@@ -166,7 +175,7 @@ def _tune(
     def calls(config: dict, pin: bool = False) -> list[torch.Tensor]:
         return [gemm.stream_gemm(x, w, c, x.dtype, config=config, swiglu=swiglu, pin=pin) for w, c in layers]
 
-    pin_fastest(name, reference, calls, x, layers[0][0], time_ms, swiglu)
+    pin_fastest(name, reference, calls, x, layers[0][0], time_ms, cache, swiglu)
 
 
 def streamable(w: torch.Tensor) -> bool:

@@ -374,27 +374,41 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, fused
 
 
-def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir) -> None:
+def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir, tmp_path) -> None:
     """worker/gemm_tuning.py's tune_fp8_linears on the GPU: every FP8 block shape timed over its
     layers and its config pinned; one request's MLP and attention projections with the pinned
-    configs within bfloat16 rounding of the autotuner's."""
+    configs within bfloat16 rounding of the autotuner's. A restart pins the kept picks untimed."""
     from cde.kernels import stream_gemm_configs
+    from cde.shared.home import cde_home
     from cde.worker import fp8, gemm_tuning
     from cde.worker.checkpoint import load_checkpoint
+    from cde.worker.gemm_tuning_cache import TuningCache
 
     model = fp8.quantize_model(load_checkpoint(small_dir, dtype=torch.bfloat16, device="cuda")[1])
     x = torch.randn(1, 64, model.cfg.n_embd, device="cuda", dtype=torch.bfloat16)
     block = model.transformer.blocks[0]
     with torch.inference_mode():
         before = [block.mlp(x).float(), block.attn.c_attn(x).float()]
-    chosen = gemm_tuning.tune_fp8_linears(model)
+    cache = TuningCache(tmp_path / "picks.json")
+    chosen = gemm_tuning.tune_fp8_linears(model, cache)
     assert len(chosen) == 4 and all(ms is not None and ms > 0 for ms in chosen.values())
-    pinned = {key[:2] for key in stream_gemm_configs.pinned_configs() if key[3] == torch.float8_e4m3fn}
-    assert set(chosen) <= pinned
+
+    def fp8_pins() -> dict:
+        return {k: c for k, c in stream_gemm_configs.pinned_configs().items() if k[3] == torch.float8_e4m3fn}
+
+    pins = fp8_pins()
+    assert set(chosen) <= {key[:2] for key in pins}
     with torch.inference_mode():
         after = [block.mlp(x).float(), block.attn.c_attn(x).float()]
     for ref, got in zip(before, after):
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+
+    def never(name, calls):
+        raise AssertionError(f"{name} timed again")
+
+    stream_gemm_configs.unpin_all()  # a restart: the same picks from the file, none timed
+    assert gemm_tuning.tune_fp8_linears(model, cache, never) == chosen and fp8_pins() == pins
+    assert TuningCache.for_device(torch.device("cuda")).path.parent == cde_home() / "gemm-tuning"
 
 
 @pytest.mark.parametrize("weight_only_rows", [0, 64])  # one item on FP8 GEMMs; one item weight-only
