@@ -10,7 +10,9 @@
 - `cde::add_norm_quantize(x, delta, weight, eps, inject=None, gate=None)`: out = x + rms_norm(delta,
   weight, eps) for x, delta [M, K] (a post-norm block's residual), plus the steering gate * inject
   where given (inject [M, K], gate [G]: one per M // G consecutive rows, an item's), and out
-  quantized per row to e4m3 -> (out, q [M, K], scales [M]).
+  quantized per row to e4m3 -> (out, q [M, K], scales [M]);
+- `cde::heads_quantize(y)`: attention's output y [N, H, T, Dh] (any strides) with its heads joined
+  per token, [N * T, H * Dh], quantized per row to e4m3 -> (q, scales [N * T]).
 
 On CUDA they run the Triton kernels of kernels/stream_gemm.py and kernels/fp8_triton.py; elsewhere
 the same arithmetic in float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
@@ -117,6 +119,19 @@ def _(
     return torch.empty_like(x), x.new_empty(rows, width, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
 
 
+@torch.library.custom_op("cde::heads_quantize", mutates_args=())
+def heads_quantize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, h, t, d = y.shape
+    q, scale = quantize_rows(y.transpose(1, 2).reshape(n * t, h * d))
+    return q, scale[:, 0]
+
+
+@heads_quantize.register_fake
+def _(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, h, t, d = y.shape
+    return y.new_empty(n * t, h * d, dtype=E4M3), y.new_empty(n * t, dtype=torch.float32)
+
+
 try:
     from cde.kernels import fp8_triton, stream_gemm
 except ImportError:  # no Triton (CPU environments): the float32 definitions above everywhere
@@ -155,3 +170,4 @@ if fp8_triton is not None:
     )
     silu_mul_quantize.register_kernel("cuda")(fp8_triton.silu_mul_quantize)
     add_norm_quantize.register_kernel("cuda")(fp8_triton.add_norm_quantize)
+    heads_quantize.register_kernel("cuda")(fp8_triton.heads_quantize)

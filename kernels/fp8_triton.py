@@ -147,3 +147,43 @@ def add_norm_quantize(
         num_warps=warps,
     )
     return out, q, scale
+
+
+@triton.jit
+def _heads_quantize_kernel(
+    y_ptr,
+    q_ptr,
+    s_ptr,
+    T,
+    stride_n,
+    stride_h,
+    stride_t,
+    stride_d,
+    D: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TRIGGER: tl.constexpr,
+):
+    # One token's row per program: its C = H * D values gathered from the heads by y's strides.
+    if TRIGGER:
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < C
+    src = y_ptr + (row // T) * stride_n + (row % T) * stride_t + (cols // D) * stride_h + (cols % D) * stride_d
+    _quantize_row(tl.load(src, mask=ok, other=0.0).to(tl.float32), q_ptr + row * C + cols, s_ptr + row, ok)
+
+
+def heads_quantize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention's output y [N, H, T, Dh], any strides -> its heads joined per token [N * T, H * Dh]
+    quantized per row to e4m3, float32 scales [N * T]; y is read where it lies (no copy)."""
+    n, h, t, d = y.shape
+    c = h * d
+    q = torch.empty(n * t, c, dtype=torch.float8_e4m3fn, device=y.device)
+    scale = torch.empty(n * t, dtype=torch.float32, device=y.device)
+    block = triton.next_power_of_2(c)
+    warps = max(4, min(32, block // 512))
+    _heads_quantize_kernel[(n * t,)](
+        y, q, scale, t, *y.stride(), D=d, C=c, BLOCK=block, TRIGGER=y.is_cuda, num_warps=warps
+    )
+    return q, scale

@@ -14,9 +14,9 @@ Each call picks its path by its row count (64 rows per item, so per batch bucket
   scale = amax(|row|) / 448, and multiplied with row-wise scales: at most MAX_ROWS rows by
   the Triton GEMM of kernels/stream_gemm.py (cuBLAS reads the weights at half the bandwidth there),
   more by `torch._scaled_mm` (scale_a [M, 1], scale_b [1, N], float32; bfloat16 out).
-The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`), and a
+The MLP's `silu(gate) * up` is quantized by one fused op on its way to c_proj (`Fp8MLP`), a
 post-norm block's two residuals by another, on their way to c_fc and to the next block's c_attn
-(`Fp8Block`).
+(`Fp8Block`), and at one request attention's output by a third on its way to c_proj (`Fp8Attention`).
 On the CPU the ops of kernels/fp8_ops.py emulate the GPU's: the same e4m3 rounding
 (float8_e4m3fn casts) and the same scales, multiplied in float32. So the CPU tests cover the
 quantizer, the path choice and the accuracy of every path; the GPU tests measure the real kernels.
@@ -29,12 +29,19 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from cde.kernels.fp8_ops import add_norm_quantize, fp8_matmul, fp8_weight_matmul, quantize_rows, silu_mul_quantize
+from cde.kernels.fp8_ops import (
+    add_norm_quantize,
+    fp8_matmul,
+    fp8_weight_matmul,
+    heads_quantize,
+    quantize_rows,
+    silu_mul_quantize,
+)
 from cde.kernels.stream_ops import swiglu, tile_counters
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
-from cde.worker.model import BLOCK_LINEARS, Block, HandedOn
+from cde.worker.model import BLOCK_LINEARS, Attention, Block, HandedOn
 
 QUANTIZATIONS = ("none", "fp8")
 MIN_CAPABILITY = (8, 9)  # Ada, Hopper and later have e4m3 tensor cores
@@ -140,6 +147,23 @@ class Fp8MLP(nn.Module):
         return self.c_proj.matmul(q, scale, h.dtype)
 
 
+class Fp8Attention(Attention):
+    """Attention on Fp8Linear layers. Where c_proj runs the Triton GEMM (one request), the output's
+    heads are joined and quantized by one kernel (`cde::heads_quantize`) that reads them where the
+    attention left them and signals the GEMM to start fetching its weights, as the kernels before
+    the other three FP8 GEMMs do. More rows keep the compiled join and quantization: the kernel
+    there would need the heads copied first (the attention's output is a view only for one item),
+    and cuBLAS fetches nothing early."""
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        n, _, t, _ = y.shape
+        rows, c_proj = n * t, self.c_proj
+        if rows <= c_proj.weight_only_rows or path_for_rows(rows, 0, c_proj.in_features) != "triton":
+            return super().project(y)
+        q, scale = heads_quantize(y)
+        return c_proj.matmul(q, scale, y.dtype).reshape(n, t, c_proj.out_features)
+
+
 class Fp8Block(Block):
     """A post-norm block whose residuals come with their rows quantized for the next linear, each
     from one fused op (`cde::add_norm_quantize`): after attention, x + ln_1(a) for c_fc; at the
@@ -203,6 +227,7 @@ def quantize_model(model: nn.Module, weight_only_rows: int = FP8_WEIGHT_ONLY_ROW
             after += q.weight.numel() + q.scale.numel() * 4
             setattr(owner, name, q)
         block.mlp = Fp8MLP(block.mlp.c_fc, block.mlp.c_proj)
+        block.attn.__class__ = Fp8Attention
         block.__class__ = Fp8Block  # the same modules and weights; only the step between attention and the MLP changes
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

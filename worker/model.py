@@ -108,7 +108,6 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Attention from c_attn's output [N, T, D + 2 KV] on (the FP8 block gives it from rows
         quantized before)."""
-        n, t, _ = qkv.shape
         mask = meta.block_mask
         if mask is not None and meta.flashblock is None and fused_input_stage(qkv, self.cfg.head_dim):
             # CUDA: `qkv` and the cache writes as one kernel, q left packed for the attention.
@@ -131,6 +130,12 @@ class Attention(nn.Module):
         else:
             q, k, v = self.split_heads(qkv, cos, sin)
             y = paged_attention(q, k, v.contiguous(), cache, meta)
+        return self.project(y)
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        """c_proj of the attention's output y [N, H, T, Dh], its heads joined per token -> [N, T, D]
+        (the FP8 attention, worker/fp8.py, joins and quantizes them in one kernel)."""
+        n, _, t, _ = y.shape
         return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
 
     def dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -138,12 +143,10 @@ class Attention(nn.Module):
         training forward, input attribution's replay). KV heads are repeated by hand rather than
         enable_gqa: CUDA's memory-efficient SDPA kernel, the one that takes a mask and has a
         backward, does not group queries itself."""
-        n, t, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)
         group = self.cfg.n_head // self.cfg.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.c_proj(y.transpose(1, 2).reshape(n, t, self.cfg.n_embd))
+        return self.project(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
 
 class MLP(nn.Module):

@@ -491,6 +491,24 @@ def test_fp8_silu_mul_quantize_kernel_matches_the_cpu_op(rows: int) -> None:
 
 
 @pytest.mark.parametrize("items", [1, 32])
+def test_fp8_heads_quantize_kernel_matches_the_cpu_op(items: int) -> None:
+    """Attention's output [N, 32 heads, 64, 128] (the 8b's; heads outermost at 32 items) joined per
+    token and quantized by the Triton kernel, against cde::heads_quantize's definition on the CPU:
+    the same scales, e4m3 values at most a rounding tie apart."""
+    from cde.kernels.fp8_ops import heads_quantize
+
+    torch.manual_seed(5)
+    y = (torch.randn(32, items, 64, 128, device="cuda") * 2).to(torch.bfloat16).transpose(0, 1)
+    q, scale = heads_quantize(y)
+    ref_q, ref_scale = heads_quantize(y.cpu())
+    assert q.shape == (items * 64, 4096)
+    assert torch.allclose(scale.cpu(), ref_scale, rtol=1e-6, atol=0)
+    assert (q.cpu().float() != ref_q.float()).float().mean().item() < 1e-4
+    step = ref_q.float().abs().clamp(min=2**-6) * 2**-3
+    assert ((q.cpu().float() - ref_q.float()).abs() <= step + 2**-9).all()
+
+
+@pytest.mark.parametrize("items", [1, 32])
 def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
     """cde::qkv_rope_write on the 8b's attention shape against `Attention.qkv` + `write_kv` (the
     path the parity tests hold to the official package): within a bfloat16 rounding, q packed

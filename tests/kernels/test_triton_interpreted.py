@@ -199,3 +199,22 @@ def test_add_norm_quantize_kernel_adds_the_steering_of_each_item():
     assert torch.allclose(out.float(), ref.float(), rtol=2**-9, atol=0)  # two float16 roundings at most
     assert torch.equal(out[2:], plain[2:]) and not torch.equal(out[:2], plain[:2])
     assert torch.allclose(scale, ref_scale, rtol=2**-9)
+
+
+def test_heads_quantize_kernel_reads_each_tokens_heads_where_they_lie():
+    """The kernel on attention's output as the attention kernel leaves it ([N, H, T, Dh], heads
+    outermost) against the op's CPU definition. Every value is an e4m3 value times 2^-4 and every
+    token's largest magnitude is 448 * 2^-4, so its scale is 2^-4 and its quotients need no rounding
+    (which the interpreter gets wrong, see above): q must be each token's heads, joined, exactly."""
+    from cde.kernels import fp8_triton
+
+    g = torch.Generator().manual_seed(13)
+    n, h, t, d = 2, 3, 8, 32
+    e4m3 = torch.randn(h, n, t, d, generator=g).mul(60).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    e4m3[:, :, :, 0] = 0.0
+    e4m3[0, :, :, 0] = 448.0  # every token's largest magnitude
+    y = (e4m3 * 2**-4).half().transpose(0, 1)  # [N, H, T, Dh], not contiguous
+    q, scale = fp8_triton.heads_quantize(y)
+    ref_q, ref_scale = fp8_ops.heads_quantize(y)
+    assert q.shape == (n * t, h * d) and torch.equal(scale, torch.full((n * t,), 2.0**-4))
+    assert torch.equal(scale, ref_scale) and torch.equal(q.float(), ref_q.float())
