@@ -12,8 +12,8 @@ from cde.gateway.http_utils import read_body
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import as_invalid
 from cde.gateway.prompts import encode_chat, encode_prompts, template_messages
-from cde.gateway.schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
 from cde.gateway.state import ServerState
+from cde.gateway.tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
 from cde.shared.config import BOS_ID, EOS_ID
 from cde.shared.limits import check_context, check_token_ids
 from cde.shared.tokenizer import Tokenizer, get_tokenizer

@@ -1,0 +1,51 @@
+"""Request bodies of vLLM's /tokenize and /detokenize (gateway/tokenize_routes.py); the chat form
+takes the messages of gateway/schemas.py's chat request."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from cde.gateway.body import Body
+from cde.gateway.schemas import ChatMessage
+from pydantic import Discriminator, Field, RootModel, Tag, model_validator
+
+
+class TokenizeCompletionRequest(Body):
+    """vLLM's POST /tokenize, prompt form. add_special_tokens as the official tokenizer's flag:
+    <|bos|> before and <|endoftext|> after (completions feed a prompt without them)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(Body):
+    """vLLM's POST /tokenize, messages form: the ids /v1/chat/completions would feed the model."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> TokenizeChatRequest:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("set add_generation_prompt or continue_final_message, not both")
+        return self
+
+
+class TokenizeRequest(RootModel[Any]):
+    """Either form; as vLLM, a body with `messages` is the chat form."""
+
+    root: Annotated[
+        Annotated[TokenizeChatRequest, Tag("Chat")] | Annotated[TokenizeCompletionRequest, Tag("Prompt")],
+        Discriminator(lambda v: "Chat" if isinstance(v, dict) and "messages" in v else "Prompt"),
+    ]
+
+
+class DetokenizeRequest(Body):
+    model: str | None = None
+    tokens: list[int]
