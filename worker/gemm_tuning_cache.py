@@ -13,6 +13,7 @@ and the entry replaced. Delete the file to tune every shape again.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -76,22 +77,27 @@ class TuningCache:
 
     def put(self, key: str, pick: Pick) -> None:
         """Adds or replaces `key`'s pick: the file is rewritten whole and renamed into place, so a
-        worker that reads it meanwhile sees the old file or the new one, never half of one."""
+        worker that reads it meanwhile sees the old file or the new one, never half of one. The
+        read, change and rename hold an exclusive lock (a `.lock` file beside it): workers that
+        tune at once, one per GPU, would otherwise each write back what they read and drop the
+        others' picks (4 processes of 60 picks each kept 100-173 of the 240 without it)."""
         if self.path is None:
             return
-        entries = self._entries()
-        entries[key] = {
-            "config": pick.config,
-            "ms": pick.ms,
-            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
         tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump(entries, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+            with open(self.path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                entries = self._entries()
+                entries[key] = {
+                    "config": pick.config,
+                    "ms": pick.ms,
+                    "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(entries, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
         except OSError as exc:  # a read-only CDE_HOME: the pick holds for this process only
             log.warning("gemm_tuning: cannot keep the pick in %s (%s)", self.path, exc)
             if tmp is not None:
