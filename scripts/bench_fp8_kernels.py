@@ -20,6 +20,10 @@ kernels/row_confidence.py against what the engine ran before, each checked for a
 5. Per weight shape at one request (64 rows): that shape's 32 layers back to back, bfloat16 on
    cuBLAS and on the split-K GEMM, FP8 on the split-K GEMM, each beside the shape's weight-read
    limit: which GEMMs of a one-request pass stream near the bandwidth and which pay their start.
+6. Attention's c_proj at one request, 32 layers: the attention output's heads joined per token and
+   quantized by the compiled definition (Inductor's kernel, which signals nothing) or by
+   `heads_quantize` (which signals), each followed by the FP8 GEMM launched early with its weight
+   prefetch, as the engine launches it; the quantizers alone beside them.
 
     python scripts/bench_fp8_kernels.py [--layers 32] [--only SECTION...]
 """
@@ -30,7 +34,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from cde.kernels.fp8_triton import add_norm_quantize, silu_mul_quantize
+from cde.kernels.fp8_ops import PREFETCH_TILES
+from cde.kernels.fp8_triton import add_norm_quantize, heads_quantize, silu_mul_quantize
 from cde.kernels.row_confidence import row_confidence
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs, tuned_launch_configs
 from cde.kernels.stream_ops import rms_norm, swiglu
@@ -244,6 +249,42 @@ def shape_row(n: int, k: int, layers: int) -> str:
     return f"| [{n}, {k}] | {limit16:.3f} | {cublas} | {stream16} | {limit8:.3f} | {stream8} |"
 
 
+def attn_proj(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    n, k = SHAPES[1]
+    wq = [quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02) for _ in range(args.layers)]
+    wq = [(q, sc[:, 0].contiguous()) for q, sc in wq]
+    ys = [torch.randn(1, 32, MAX_ROWS, k // 32, device="cuda", dtype=torch.bfloat16) for _ in range(args.layers)]
+    counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
+    compiled = torch.compile(lambda y: quantize_rows(y.transpose(1, 2).reshape(MAX_ROWS, k)), dynamic=False)
+
+    def joined(y: torch.Tensor, by_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if by_kernel:
+            return heads_quantize(y)
+        q, sc = compiled(y)
+        return q, sc[:, 0]
+
+    def chain(by_kernel: bool, gemm: bool) -> list[torch.Tensor]:
+        outs = []
+        for y, (q, sc) in zip(ys, wq):
+            xq, xs = joined(y, by_kernel)
+            outs.append(stream_gemm(xq, q, counters, torch.bfloat16, (xs, sc), prefetch=PREFETCH_TILES) if gemm else xq)
+        return outs
+
+    ref, got = chain(False, True), chain(True, True)
+    diff = max(rel_diff(g, r) for g, r in zip(got, ref))
+    mism = max((a.float() != b.float()).float().mean().item() for a, b in zip(chain(True, False), chain(False, False)))
+    print(f"\nattention's c_proj [{n}, {k}] at {MAX_ROWS} rows, {args.layers} layers, GEMM prefetch {PREFETCH_TILES}")
+    print("| join and quantize by | quantizer alone ms | with the FP8 GEMM ms | max rel diff | q mismatches |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, by_kernel in (("compiled (Inductor)", False), ("heads_quantize", True)):
+        alone = graph_ms(lambda b=by_kernel: chain(b, False))
+        both = graph_ms(lambda b=by_kernel: chain(b, True))
+        print(
+            f"| {name} | {alone:.3f} | {both:.3f} | {diff if by_kernel else 0:.1e} | {mism if by_kernel else 0:.1e} |"
+        )
+
+
 def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.softmax(x, -1, dtype=torch.float32).amax(-1), x.argmax(-1)
 
@@ -271,6 +312,7 @@ SECTIONS = {
     "act_quant": act_quant,
     "pdl_chain": pdl_chain,
     "per_shape": per_shape,
+    "attn_proj": attn_proj,
     "stack": stack,
 }
 

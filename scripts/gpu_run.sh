@@ -16,7 +16,7 @@
 # BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
 # $OUT/base: two commits side by side in one call), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
-# FP8_KERNELS="pdl_chain per_shape stack" (`fp8kernels`: only those sections of scripts/bench_fp8_kernels.py).
+# FP8_KERNELS="pdl_chain per_shape attn_proj stack" (`fp8kernels`: only those sections of scripts/bench_fp8_kernels.py).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
 # attribution sections of that model, e.g. cde/demo/reference.tar.xz, to eval_base.md/json).
