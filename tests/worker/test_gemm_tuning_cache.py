@@ -31,3 +31,14 @@ def test_workers_keeping_picks_at_once_lose_none(tmp_path: Path) -> None:
     assert missing == []
     assert cache.get("worker 3 shape 7") == Pick({"BLOCK_N": 64, "i": 7}, 7.0)
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_a_home_that_cannot_be_written_keeps_nothing_and_raises_nothing(tmp_path: Path, caplog) -> None:
+    """A CDE_HOME the worker cannot write (read-only, or here a file where its folder should be):
+    the pick holds for the process only, with a warning; serving goes on."""
+    blocker = tmp_path / "home"
+    blocker.write_text("not a folder")
+    cache = TuningCache(blocker / "gemm-tuning" / "gpu.json")
+    cache.put("c_attn", Pick({"BLOCK_N": 64}, 1.0))
+    assert cache.get("c_attn") is None
+    assert "cannot keep the pick" in caplog.text
