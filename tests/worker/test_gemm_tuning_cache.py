@@ -1,5 +1,6 @@
-"""The GEMM picks' file under CDE_HOME (worker/gemm_tuning_cache.py) shared by worker processes
-that tune at the same time (one per GPU of a machine): no process's pick is lost."""
+"""The GEMM picks' file under CDE_HOME (worker/gemm_tuning_cache.py): shared by worker processes
+that tune at the same time (one per GPU of a machine), it loses no process's pick; where it cannot
+be written, nothing is kept and nothing fails. (tests/worker/test_gemm_tuning.py covers its use.)"""
 
 from __future__ import annotations
 
