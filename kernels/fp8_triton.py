@@ -52,15 +52,22 @@ def _quantize_row(h, q_ptrs, s_ptr, ok):
     tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=ok)
 
 
+def _quantized_rows(rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """What a one-row-per-program quantizer writes, e4m3 rows [rows, width] and their float32
+    scales [rows], and its launch: BLOCK (width's next power of two, the row held in registers) and
+    warps (16 values of a row per thread at most, 4 to 32 warps)."""
+    q = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=device)
+    scale = torch.empty(rows, dtype=torch.float32, device=device)
+    block = triton.next_power_of_2(width)
+    return q, scale, block, max(4, min(32, block // 512))
+
+
 def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, 2F] (up, gate halves) -> (silu(gate) * up quantized per row to e4m3 [M, F],
     float32 scales [M])."""
     m, two_f = x.shape
     f = two_f // 2
-    q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(f)
-    warps = max(4, min(32, block // 512))  # 16 values of each half per thread at most
+    q, scale, block, warps = _quantized_rows(m, f, x.device)
     _silu_mul_quantize_kernel[(m,)](
         x, q, scale, f, x.stride(0), q.stride(0), BLOCK=block, TRIGGER=x.is_cuda, num_warps=warps
     )
@@ -121,14 +128,11 @@ def add_norm_quantize(
     x, delta = x.contiguous(), delta.contiguous()  # the kernel indexes rows of width K
     m, k = x.shape
     out = torch.empty_like(x)
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    q, scale, block, warps = _quantized_rows(m, k, x.device)
     if inject is not None and gate is not None:
         steer, inj, g, rows_per_gate = True, inject.contiguous(), gate, m // gate.numel()
     else:  # unread when STEER is off
         steer, inj, g, rows_per_gate = False, x, x, 1
-    block = triton.next_power_of_2(k)
-    warps = max(4, min(32, block // 512))
     _add_norm_quantize_kernel[(m,)](
         x,
         delta,
@@ -179,10 +183,7 @@ def heads_quantize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     quantized per row to e4m3, float32 scales [N * T]; y is read where it lies (no copy)."""
     n, h, t, d = y.shape
     c = h * d
-    q = torch.empty(n * t, c, dtype=torch.float8_e4m3fn, device=y.device)
-    scale = torch.empty(n * t, dtype=torch.float32, device=y.device)
-    block = triton.next_power_of_2(c)
-    warps = max(4, min(32, block // 512))
+    q, scale, block, warps = _quantized_rows(n * t, c, y.device)
     _heads_quantize_kernel[(n * t,)](
         y, q, scale, t, *y.stride(), D=d, C=c, BLOCK=block, TRIGGER=y.is_cuda, num_warps=warps
     )
