@@ -139,8 +139,19 @@ class MessageToolCall(ResponseModel):
     function: FunctionCall
 
 
-class DeltaToolCall(MessageToolCall):
+class DeltaFunction(ResponseModel):
+    name: Omitted[str] = None  # in the call's first chunk
+    arguments: str  # this chunk's piece of the arguments' text
+
+
+class DeltaToolCall(ResponseModel):
+    """A streamed call: its first chunk has its id, type and name, the next ones more of its
+    arguments; joined per index, they are the call."""
+
     index: int  # of the call in the answer
+    id: Omitted[str] = None
+    type: Omitted[Literal["function"]] = None
+    function: DeltaFunction
 
 
 class AssistantMessage(ResponseModel):
@@ -169,7 +180,7 @@ class ChatCompletionResponse(ResponseModel):
 
 
 class ChatDelta(ResponseModel):
-    """What a chunk adds to the message: the role (first chunk), text, or the calls (last chunk)."""
+    """What a chunk adds to the message: the role (first chunk), text, or pieces of the calls."""
 
     role: Omitted[Literal["assistant"]] = None
     content: Omitted[str] = None

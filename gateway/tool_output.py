@@ -1,17 +1,25 @@
 """A chat answer as the client reads it: text `content`, or `tool_calls` when the request has tools
-and the answer is calls (gateway/tools.py's format), whole or streamed."""
+and the answer is calls (gateway/tools.py's format), whole or streamed as they are written."""
 
 from __future__ import annotations
 
-from cde.gateway.response_schemas import AssistantMessage, ChatDelta, DeltaToolCall, FinishReason, MessageToolCall
-from cde.gateway.tool_format import CALL_OPEN, parse_calls
+from cde.gateway.response_schemas import (
+    AssistantMessage,
+    ChatDelta,
+    DeltaFunction,
+    DeltaToolCall,
+    FinishReason,
+    MessageToolCall,
+)
+from cde.gateway.tool_format import CALL_OPEN
+from cde.gateway.tool_stream import CallPart, CallReader, whole_calls
 
 
 def answer_message(
     text: str, finish_reason: FinishReason | None, tools: bool
 ) -> tuple[AssistantMessage, FinishReason | None]:
     """(message, finish_reason) of a whole answer: calls become tool_calls, finishing "tool_calls"."""
-    calls = parse_calls(text) if tools else None
+    calls = whole_calls(text) if tools else None
     if calls is None:
         return AssistantMessage(role="assistant", content=text), finish_reason
     tool_calls = [MessageToolCall.model_validate(call) for call in calls]
@@ -21,25 +29,47 @@ def answer_message(
 class StreamedAnswer:
     """One choice's stream of deltas from its text deltas, whatever their size. Without tools the
     text goes out as it comes. With tools, text is held while it could still be the start of a
-    call; an answer of calls goes out once complete, as one `delta.tool_calls` with the finish."""
+    call; an answer of calls goes out as it is written (gateway/tool_stream.py): each call's id and
+    name once the name is complete, then its arguments' text, finishing "tool_calls". Calls cut
+    short (max_tokens) end with the engine's finish reason, "length"; cut before a name was
+    complete, they go out as text."""
 
     def __init__(self, tools: bool) -> None:
-        self.tools = tools
         self.held = ""
         self.calls: bool | None = None if tools else False  # None: not known yet
+        self.reader = CallReader()
 
     def delta(self, text: str, finish_reason: FinishReason | None) -> tuple[ChatDelta, FinishReason | None]:
-        self.held += text
-        if self.calls is None and not CALL_OPEN.startswith(self.held):
-            self.calls = self.held.startswith(CALL_OPEN)
-        if self.calls is False or (self.calls is None and finish_reason is not None):
-            out, self.held = self.held, ""
-            return (ChatDelta(content=out) if out else ChatDelta()), finish_reason
-        if finish_reason is None:
-            return ChatDelta(), None
-        held, self.held = self.held, ""
-        calls = parse_calls(held)
-        if calls is None:  # calls cut short (max_tokens): the text as it is
-            return ChatDelta(content=held), finish_reason
-        streamed = [DeltaToolCall.model_validate({"index": i, **call}) for i, call in enumerate(calls)]
-        return ChatDelta(tool_calls=streamed), "tool_calls"
+        if self.calls is None:
+            self.held += text
+            if not CALL_OPEN.startswith(self.held):
+                self.calls = self.held.startswith(CALL_OPEN)
+            elif finish_reason is None:
+                return ChatDelta(), None
+            text, self.held = self.held, ""
+        if not self.calls:
+            return (ChatDelta(content=text) if text else ChatDelta()), finish_reason
+        parts = self.reader.feed(text)
+        if finish_reason is not None and not self.reader.calls:  # no call's name was complete: text
+            return ChatDelta(content=self.reader.text), finish_reason
+        if finish_reason is not None and self.reader.complete:
+            finish_reason = "tool_calls"
+        return ChatDelta(tool_calls=_joined(parts) or None), finish_reason
+
+
+def _joined(parts: list[CallPart]) -> list[DeltaToolCall]:
+    """One delta per call of what a read added to it."""
+    out: dict[int, DeltaToolCall] = {}
+    for part in parts:
+        if part.index in out:
+            out[part.index].function.arguments += part.arguments
+        elif part.id is not None:
+            out[part.index] = DeltaToolCall(
+                index=part.index,
+                id=part.id,
+                type="function",
+                function=DeltaFunction(name=part.name, arguments=part.arguments),
+            )
+        else:
+            out[part.index] = DeltaToolCall(index=part.index, function=DeltaFunction(arguments=part.arguments))
+    return list(out.values())

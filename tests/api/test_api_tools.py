@@ -77,18 +77,23 @@ def test_auto_answers_text_or_calls(client):
 
 
 def test_streamed_tool_calls_are_the_whole_answers(client):
+    """Streamed as written: a call's first chunk has its id and name, later chunks more of its
+    arguments; joined, the calls of the same request unstreamed."""
     whole = chat(client, tool_choice="required").choices[0].message.tool_calls
     calls: dict[int, dict] = {}
-    finishes = []
+    finishes, chunks_with_calls = [], 0
     for chunk in chat(client, tool_choice="required", stream=True):
         for c in chunk.choices:
             finishes += [c.finish_reason] if c.finish_reason else []
             assert not c.delta.content
+            chunks_with_calls += bool(c.delta.tool_calls)
             for d in c.delta.tool_calls or []:
+                first = d.index not in calls
                 entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                assert (d.id is not None) == (d.type == "function") == (d.function.name is not None) == first
                 entry["name"] += d.function.name or ""
                 entry["arguments"] += d.function.arguments or ""
-    assert finishes == ["tool_calls"]
+    assert finishes == ["tool_calls"] and chunks_with_calls > 1
     assert [calls[i] for i in sorted(calls)] == [
         {"name": w.function.name, "arguments": w.function.arguments} for w in whole
     ]

@@ -1,0 +1,116 @@
+"""Tool calls read as the answer grows (gateway/tool_stream.py) and streamed as deltas
+(gateway/tool_output.py): whatever the pieces the text arrives in, a call's name goes out once it
+is complete, its arguments' pieces join to the text written, and the whole answer reads the same
+as when it is parsed at once. The layout is the tools grammar's (tests/api/test_api_tools.py runs
+it through a real server)."""
+
+import json
+import random
+
+import pytest
+from cde.gateway.tool_output import StreamedAnswer, answer_message
+from cde.gateway.tool_stream import CallReader, whole_calls
+
+ARGS = [
+    '{"city":"Paris","unit":"C"}',
+    '{"q":"a}\\"b{[","n":[1,{"x":[]}],"ok":true}',  # brackets and an escaped quote inside strings
+    "{}",
+]
+NAMES = ["get_weather", "search", "noop"]
+ANSWER = "".join(f'<tool_call>{{"name":"{n}","arguments":{a}}}</tool_call>' for n, a in zip(NAMES, ARGS))
+
+
+def pieces(text: str, seed: int) -> list[str]:
+    rng, out, pos = random.Random(seed), [], 0
+    while pos < len(text):
+        step = rng.choice([1, 1, 2, 3, 7, 20])
+        out.append(text[pos : pos + step])
+        pos += step
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_calls_read_in_any_pieces_are_the_calls_read_at_once(seed):
+    reader, names, args, ids = CallReader(), {}, {}, {}
+    for piece in pieces(ANSWER, seed) if seed else list(ANSWER):
+        for part in reader.feed(piece):
+            if part.name is not None:
+                assert part.index == len(names) and part.index not in args  # a name before its arguments
+                names[part.index], ids[part.index] = part.name, part.id
+            args[part.index] = args.get(part.index, "") + part.arguments
+    assert reader.complete and not reader.broken
+    assert [names[i] for i in range(3)] == NAMES and [args[i] for i in range(3)] == ARGS
+    whole = whole_calls(ANSWER)
+    assert [c["function"] for c in whole] == [{"name": n, "arguments": a} for n, a in zip(NAMES, ARGS)]
+    assert len({c["id"] for c in whole} | set(ids.values())) == 6 and all(i.startswith("call_") for i in ids.values())
+
+
+def test_arguments_go_out_before_the_call_is_closed():
+    reader = CallReader()
+    assert reader.feed('<tool_call>{"name":"get_we') == []
+    head, first = reader.feed('ather","arguments":{"ci')
+    assert (head.index, head.name, head.arguments) == (0, "get_weather", "") and head.id.startswith("call_")
+    assert (first.index, first.name, first.arguments) == (0, None, '{"ci')
+    (more,) = reader.feed('ty":"Pa')
+    assert more.arguments == 'ty":"Pa' and not reader.complete
+    (last,) = reader.feed('ris"}}</tool_call>')
+    assert last.arguments == 'ris"}' and reader.complete
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name":"a","arguments":{"x":1}}',  # not closed
+        '<tool_call>{"name":"a","arguments":{"x":1',  # cut inside the arguments
+        '<tool_call>{"name":"a","arguments":{"x":1}}</tool_call>tail',  # text after the calls
+        '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_c',  # a second call cut at its start
+        '<tool_call>{"arguments":{},"name":"a"}</tool_call>',  # not the grammar's layout
+        '<tool_call>{"name":"a","arguments":"x"}</tool_call>',  # arguments not an object
+        "Hello",
+    ],
+)
+def test_anything_but_whole_calls_is_no_calls(text):
+    assert whole_calls(text) is None
+
+
+def stream(text_pieces, finish):
+    answer, deltas = StreamedAnswer(tools=True), []
+    for i, piece in enumerate(text_pieces):
+        deltas.append(answer.delta(piece, finish if i == len(text_pieces) - 1 else None))
+    return deltas
+
+
+def test_a_streamed_answer_of_calls_joins_to_the_whole_answer():
+    deltas = stream(pieces(ANSWER, 5), "stop")
+    assert [f for _, f in deltas[:-1]] == [None] * (len(deltas) - 1) and deltas[-1][1] == "tool_calls"
+    assert all(d.content is None for d, _ in deltas)
+    calls: dict[int, dict] = {}
+    for d, _ in deltas:
+        for t in d.tool_calls or []:
+            entry = calls.setdefault(t.index, {"name": "", "arguments": ""})
+            assert (t.id is not None) == (t.function.name is not None) == (entry["name"] == "")
+            entry["name"] += t.function.name or ""
+            entry["arguments"] += t.function.arguments
+    assert [calls[i] for i in range(3)] == [{"name": n, "arguments": a} for n, a in zip(NAMES, ARGS)]
+    message, finish = answer_message(ANSWER, "stop", tools=True)
+    assert finish == "tool_calls" and message.content is None
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == list(zip(NAMES, ARGS))
+    assert json.loads(message.tool_calls[1].function.arguments)["q"] == 'a}"b{['
+
+
+def test_calls_cut_short_end_as_the_engine_ended_them():
+    cut = '<tool_call>{"name":"get_weather","arguments":{"city":"Pa'
+    deltas = stream([cut[:20], cut[20:]], "length")
+    assert deltas[-1][1] == "length"
+    assert "".join(t.function.arguments for d, _ in deltas for t in d.tool_calls or []) == '{"city":"Pa'
+    # cut before the name is complete: nothing went out as a call, so the text goes out as text
+    deltas = stream(['<tool_call>{"na', 'me":"get_w'], "length")
+    assert deltas[-1] == (deltas[-1][0], "length") and deltas[-1][0].content == '<tool_call>{"name":"get_w'
+    assert answer_message(cut, "length", tools=True)[0].content == cut
+
+
+def test_text_answers_go_out_as_text():
+    deltas = stream(["<", "tool", "s are", " fun"], "stop")
+    assert "".join(d.content or "" for d, _ in deltas) == "<tools are fun" and deltas[-1][1] == "stop"
+    deltas = stream(["<tool_c"], "stop")  # ended while it could still have been a call
+    assert deltas[-1][0].content == "<tool_c" and deltas[-1][1] == "stop"
