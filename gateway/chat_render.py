@@ -1,5 +1,5 @@
 """The response objects of one /v1/chat/completions request: its SSE chunks (the role first, then
-the choices' deltas, tool calls whole in a choice's last one, then the usage chunk) or its JSON
+the choices' deltas, tool calls as they are written, then the usage chunk) or its JSON
 body."""
 
 from __future__ import annotations
