@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cde.gateway.completion_flow import ResponseHead, include_usage
+from cde.gateway.completion_flow import ResponseHead, StreamUsage
 from cde.gateway.denoise import StepDelta
 from cde.gateway.generation import Choice, Delta, TokenLogprob
 from cde.gateway.logprobs_render import chat_logprobs
@@ -34,7 +34,7 @@ class ChatRenderer:
         """`tools`: the request has tools, so an answer may be calls (gateway/tool_output.py)."""
         self.body, self.head, self.prompt, self.tools, self.tokenizer = body, head, prompt, tools, tokenizer
         self.answers = [StreamedAnswer(tools) for _ in range(body.n)]
-        self.with_usage = include_usage(body)
+        self.usage = StreamUsage(body)
 
     def opening(self) -> list[ChatCompletionChunk]:
         """Each choice's role; as vLLM, the prompt's ids on the response's first chunk."""
@@ -47,6 +47,7 @@ class ChatRenderer:
         return chunks
 
     def chunk(self, d: Delta) -> ChatCompletionChunk:
+        self.usage.count(d)
         delta, finish_reason = self.answers[d.index].delta(d.text, d.finish_reason)
         choice = ChatStreamChoice(
             index=d.index,
@@ -62,7 +63,7 @@ class ChatRenderer:
         return self.head.step_event("chat.completion.step", d)
 
     def last_chunk(self, completion_tokens: int, cached_tokens: int) -> ChatCompletionChunk | None:
-        if not self.with_usage:
+        if not self.usage.last:
             return None
         h = self.head
         return ChatCompletionChunk(
@@ -107,8 +108,7 @@ class ChatRenderer:
             choices=[choice],
             prompt_token_ids=prompt_token_ids,
         )
-        if self.with_usage:
-            chunk.usage = None  # set: written as null on every chunk before the usage chunk
+        self.usage.set_on(chunk, choice.index, len(self.prompt))
         return chunk
 
     def _logprobs(self, token_ids: list[int], rows: list[TokenLogprob] | None) -> ChatLogprobs | None:

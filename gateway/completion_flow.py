@@ -18,7 +18,15 @@ from cde.gateway.json_out import JsonResponse
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import generate_requests, stop_list
 from cde.gateway.request_logs import ContentLog
-from cde.gateway.response_schemas import ChatCompletionResponse, CompletionResponse, ResponseModel, StepChunk
+from cde.gateway.response_schemas import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ResponseModel,
+    StepChunk,
+    Usage,
+)
 from cde.gateway.schemas import SamplingParams
 from cde.gateway.sse import Chunk, EventStreamResponse, SseEvent
 from cde.gateway.state import ServerState
@@ -40,9 +48,24 @@ async def open_request(request: Request, schema: type[B]) -> tuple[ServerState, 
     return state, body, info
 
 
-def include_usage(body: SamplingParams) -> bool:
-    """Whether a stream ends with a usage chunk (and its other chunks carry `usage: null`)."""
-    return bool(body.stream_options and body.stream_options.include_usage)
+class StreamUsage:
+    """A stream's usage: with `stream_options.include_usage` it ends with a usage chunk and its other
+    chunks carry `usage`, null or, with vLLM's `continuous_usage_stats`, as vLLM has it, the usage so
+    far of the chunk's choice (its prompt, its tokens)."""
+
+    def __init__(self, body: SamplingParams) -> None:
+        options = body.stream_options
+        self.last = bool(options and options.include_usage)
+        self.continuous = bool(self.last and options and options.continuous_usage_stats)
+        self.completion_tokens: dict[int, int] = {}  # per choice, so far
+
+    def count(self, delta: Delta) -> None:
+        self.completion_tokens[delta.index] = self.completion_tokens.get(delta.index, 0) + len(delta.token_ids)
+
+    def set_on(self, chunk: ChatCompletionChunk | CompletionChunk, index: int, prompt_tokens: int) -> None:
+        if self.last:  # set, so written: null before the last chunk, or the usage so far
+            so_far = Usage.so_far(prompt_tokens, self.completion_tokens.get(index, 0))
+            chunk.usage = so_far if self.continuous else None
 
 
 async def start_generation(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cde.gateway.attribution_schemas import Attribution
-from cde.gateway.completion_flow import ResponseHead, include_usage
+from cde.gateway.completion_flow import ResponseHead, StreamUsage
 from cde.gateway.denoise import StepDelta
 from cde.gateway.generation import Choice, Delta, TokenLogprob
 from cde.gateway.logprobs_render import CompletionLogprobsRenderer
@@ -34,7 +34,7 @@ class CompletionRenderer:
         self.prompt_of = [prompts[i // body.n] for i in range(n_choices)]
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.logprobs = [CompletionLogprobsRenderer(tokenizer) for _ in range(n_choices)]
-        self.with_usage = include_usage(body)
+        self.usage = StreamUsage(body)
         self.started: set[int] = set()  # choices whose first chunk went out (with prompt_token_ids)
 
     def opening(self) -> list[CompletionChunk]:
@@ -44,13 +44,14 @@ class CompletionRenderer:
         return [self._chunk(self._choice(i, self._echo(i), [], None, None, None)) for i in range(len(self.prompt_of))]
 
     def chunk(self, d: Delta) -> CompletionChunk:
+        self.usage.count(d)
         return self._chunk(self._choice(d.index, d.text, d.token_ids, d.finish_reason, d.attribution, d.logprobs))
 
     def step(self, d: StepDelta) -> SseEvent:
         return self.head.step_event("text_completion.step", d)
 
     def last_chunk(self, completion_tokens: int, cached_tokens: int) -> CompletionChunk | None:
-        if not self.with_usage:
+        if not self.usage.last:
             return None
         h = self.head
         usage = Usage.of(self.prompt_tokens, completion_tokens, cached_tokens)
@@ -80,8 +81,7 @@ class CompletionRenderer:
     def _chunk(self, choice: CompletionChoice) -> CompletionChunk:
         h = self.head
         chunk = CompletionChunk(id=h.id, object="text_completion", created=h.created, model=h.model, choices=[choice])
-        if self.with_usage:
-            chunk.usage = None  # set: written as null on every chunk before the usage chunk
+        self.usage.set_on(chunk, choice.index, len(self.prompt_of[choice.index]))
         return chunk
 
     def _choice(

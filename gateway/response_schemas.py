@@ -52,7 +52,7 @@ class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int  # the tokens of the returned text (docs/api.md)
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
+    prompt_tokens_details: Omitted[PromptTokensDetails] = None  # not in a stream's usage so far
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
@@ -61,6 +61,16 @@ class Usage(ResponseModel):
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+    @classmethod
+    def so_far(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """A stream's usage before its end (vLLM's continuous_usage_stats): the cached tokens are
+        known once the first block is back, so they come with the last chunk only."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
         )
 
 

@@ -129,6 +129,7 @@ _Prompt = Annotated[
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk has the usage so far
     include_obfuscation: bool | None = None  # accepted, ignored: CDE pads no stream event
 
 

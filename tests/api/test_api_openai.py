@@ -150,6 +150,46 @@ def test_include_usage_chunk(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_give_each_chunk_its_choices_usage_so_far(client):
+    """vLLM's stream_options.continuous_usage_stats: with include_usage, every chunk carries the
+    usage of its choice so far (its prompt, the tokens it has returned, counted by their ids); the
+    last chunk the whole usage. Without include_usage it adds nothing."""
+    args = dict(
+        model="tiny", max_tokens=12, temperature=0.8, seed=5, n=2, stream=True, extra_body={"tokens_per_step": 2}
+    )
+    chunks = list(
+        client.completions.create(
+            prompt=["hi", "hello there"],
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"tokens_per_step": 2, "return_token_ids": True},
+            **{k: v for k, v in args.items() if k != "extra_body"},
+        )
+    )
+    *body, last = chunks
+    counted = [0] * 4
+    for c in body:
+        (choice,) = c.choices
+        counted[choice.index] += len(choice.token_ids or [])
+        assert c.usage.prompt_tokens == (1 if choice.index < 2 else 2)
+        assert c.usage.completion_tokens == counted[choice.index]
+        assert c.usage.total_tokens == c.usage.prompt_tokens + counted[choice.index]
+        assert c.usage.prompt_tokens_details is None  # known with the last chunk
+    assert len(body) > 4 and counted == [12] * 4
+    assert last.choices == [] and (last.usage.prompt_tokens, last.usage.completion_tokens) == (3, 48)
+    assert last.usage.prompt_tokens_details.cached_tokens == 0
+    chat = list(
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "Hi"}],
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            **{**args, "n": 1},
+        )
+    )
+    assert [c.usage.completion_tokens for c in chat[:-1]] == sorted(c.usage.completion_tokens for c in chat[:-1])
+    assert chat[0].usage.completion_tokens == 0 and chat[-2].usage.completion_tokens == chat[-1].usage.completion_tokens
+    plain = list(client.completions.create(prompt="hi", stream_options={"continuous_usage_stats": True}, **args))
+    assert all(c.usage is None for c in plain)
+
+
 def test_echo(client):
     args = dict(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, **FAST)
     plain = client.completions.create(**args).choices[0].text

@@ -37,6 +37,12 @@ COMPLETIONS = {
     "attribution": {"prompt": "The sea", "attribution": ATTRIBUTION, **FAST},
     "stream": {"prompt": "The sea", "logprobs": 1, "return_token_ids": True, "echo": False, **STREAM, **FAST},
     "stream echo": {"prompt": "The sea", "echo": True, **STREAM, **FAST},
+    "stream usage so far": {
+        "prompt": "The sea",
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **FAST,
+    },
     "stream attribution": {"prompt": "The sea", "attribution": ATTRIBUTION, "stream": True, **FAST},
     "stream denoise": {
         "prompt": "The sea",
