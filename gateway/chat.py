@@ -35,8 +35,16 @@ async def create_chat_completion(request: Request) -> Response:
     tools = active_tools(body)
     constraint = chat_grammar(body, tools)
     if constraint is not None:
+        if body.continue_final_message:
+            raise invalid(
+                f"continue_final_message cannot be combined with {constraint[1]}: its grammar holds the "
+                "whole answer from its start, not the rest of a message",
+                "continue_final_message",
+            )
         await check_grammar(*constraint, info)
-    prompt = await encode_chat(tok, render_messages(body), info)
+    prompt = await encode_chat(
+        tok, render_messages(body), info, body.add_generation_prompt, body.continue_final_message
+    )
     if len(prompt) >= info.context_len:
         raise invalid(
             f"the messages take {len(prompt)} tokens; this model's context is {info.context_len}",

@@ -55,8 +55,16 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
 
 
 async def encode_chat(
-    tok: Tokenizer, messages: list[dict], info: ModelInfo, add_generation_prompt: bool = True
+    tok: Tokenizer,
+    messages: list[dict],
+    info: ModelInfo,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> list[int]:
+    """The chat template's ids of `messages`; `continue_final_message` (vLLM's, with
+    add_generation_prompt false) leaves the last message open: its end of turn is left out."""
+    if add_generation_prompt and continue_final_message:
+        raise invalid("set add_generation_prompt to false to continue the final message", "continue_final_message")
     if len(messages) * MIN_MESSAGE_TOKENS >= info.context_len:
         raise invalid(
             f"{len(messages)} messages take more than this model's context of {info.context_len} tokens",
@@ -65,4 +73,5 @@ async def encode_chat(
         )
     contents = [m["content"] for m in messages]
     _check_fits(contents, info, "messages")
-    return await _run(lambda: tok.chat_prompt(messages, add_generation_prompt), sum(map(len, contents)))
+    ids = await _run(lambda: tok.chat_prompt(messages, add_generation_prompt), sum(map(len, contents)))
+    return ids[:-1] if continue_final_message else ids  # the template ends each message with <|eot_id|>

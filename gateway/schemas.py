@@ -347,6 +347,10 @@ class ChatCompletionRequest(SamplingParams):
     tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
+    add_generation_prompt: bool = Field(True, description="vLLM's: false ends the prompt after the messages")
+    continue_final_message: bool = Field(
+        False, description="vLLM's: the last message left open (no end of turn) for the answer to continue"
+    )
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
     _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
     _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")

@@ -33,9 +33,9 @@ async def tokenize(request: Request) -> Response:
     if isinstance(body, TokenizeChatRequest):
         if not info.instruct:
             raise invalid("a base checkpoint has no chat template; send a prompt", "messages", "chat_not_supported")
-        ids = await encode_chat(tok, template_messages(body.messages), info, body.add_generation_prompt)
-        if body.continue_final_message:
-            ids = ids[:-1]  # the last message stays open: no end of turn
+        ids = await encode_chat(
+            tok, template_messages(body.messages), info, body.add_generation_prompt, body.continue_final_message
+        )
     else:
         (ids,) = await encode_prompts(tok, [body.prompt], info)
     if body.add_special_tokens:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from cde.gateway.body import Body
 from cde.gateway.schemas import ChatMessage
-from pydantic import Discriminator, Field, RootModel, Tag, model_validator
+from pydantic import Discriminator, Field, RootModel, Tag
 
 
 class TokenizeCompletionRequest(Body):
@@ -29,12 +29,6 @@ class TokenizeChatRequest(Body):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     return_token_strs: bool | None = False
-
-    @model_validator(mode="after")
-    def _one_ending(self) -> TokenizeChatRequest:
-        if self.add_generation_prompt and self.continue_final_message:
-            raise ValueError("set add_generation_prompt or continue_final_message, not both")
-        return self
 
 
 class TokenizeRequest(RootModel[Any]):

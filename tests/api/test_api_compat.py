@@ -95,6 +95,38 @@ def test_tokenize_messages_is_the_chat_template(server, client, official):
     assert all(getattr(c, "prompt_token_ids", None) is None for c in chunks[1:])
 
 
+def test_chat_continues_the_final_message(server, client, official):
+    """vLLM's add_generation_prompt and continue_final_message on the chat route: the prompt's ids
+    by the template, against the official tokenizer; the answer is the continuation alone; the two
+    flags together, or the continuation under a grammar, a 400 naming continue_final_message."""
+    enc = lambda s: official.encode(s, add_special_tokens=False)
+    user = [START_HEADER_ID, *enc("user"), END_HEADER_ID, *enc("\n\n"), *enc(ASK[0]["content"]), EOT_ID]
+    started = [START_HEADER_ID, *enc("assistant"), END_HEADER_ID, *enc("\n\n"), *enc("The key")]
+    messages = [*ASK, {"role": "assistant", "content": "The key"}]
+
+    def chat(**flags):
+        extra = {"return_token_ids": True, **flags}
+        return client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body=extra
+        )
+
+    cont = chat(add_generation_prompt=False, continue_final_message=True)
+    assert cont.prompt_token_ids == user + started
+    choice = cont.choices[0]
+    assert choice.token_ids and choice.message.content == official.decode(choice.token_ids)
+    assert chat(add_generation_prompt=False).prompt_token_ids == user + started + [EOT_ID]
+    tokenized = post(
+        server, "/tokenize", {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    )
+    assert tokenized.json()["tokens"] == user + started
+    for body in (
+        {"continue_final_message": True},
+        {"add_generation_prompt": False, "continue_final_message": True, "response_format": {"type": "json_object"}},
+    ):
+        r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 2, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+
+
 def test_detokenize_is_the_official_decoding(server, official):
     ids = official.encode("A round trip: 🌊 and <|eot_id|> as text.", add_special_tokens=False) + [EOT_ID]
     r = post(server, "/detokenize", {"model": MODEL, "tokens": ids})
@@ -112,7 +144,7 @@ def test_detokenize_is_the_official_decoding(server, official):
         ("/detokenize", {"model": "gpt-4", "tokens": [5]}, 404, "model"),
         ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
         ("/tokenize", {"prompt": "x", "chat_template": "{{ x }}"}, 400, "chat_template"),
-        ("/tokenize", {"messages": ASK, "continue_final_message": True}, 400, None),
+        ("/tokenize", {"messages": ASK, "continue_final_message": True}, 400, "continue_final_message"),
         ("/tokenize", {"messages": []}, 400, "messages"),
         ("/tokenize", {"prompt": "x" * 3_000_000}, 400, "prompt"),  # refused untokenized
         ("/tokenize", {"prompt": "hello " * 5000}, 400, "prompt"),  # more ids than the context
