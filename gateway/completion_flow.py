@@ -90,6 +90,7 @@ async def start_generation(
         frames,
         tokenizer,
         stop_list(body),
+        body.include_stop_str_in_output,
         renderer(reqs, tokenizer, state.labels, info),
         denoise_views(reqs, tokenizer, state.labels, info),
     )

@@ -8,7 +8,7 @@ import bisect
 import codecs
 from typing import TYPE_CHECKING
 
-from cde.shared.stops import find_stop
+from cde.shared.stops import find_stop, first_stop_end
 
 if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
@@ -36,9 +36,12 @@ class ChoiceText:
     time or a few per step, the pieces join to the same text, the one a single `find_stop` over
     the whole generation cuts."""
 
-    def __init__(self, tokenizer: Tokenizer, stops: list[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stops: list[str], include_stop: bool = False) -> None:
+        """`include_stop` (vLLM's include_stop_str_in_output): the text ends after the first stop
+        string to be complete, where the worker stopped, instead of before the earliest one."""
         self._detok = Utf8Detokenizer(tokenizer)
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop
         self.text = ""  # everything decoded so far
         self.ids: list[int] = []  # every token fed
         self._text_ends: list[int] = []  # len(text) after each token of `ids`
@@ -56,11 +59,14 @@ class ChoiceText:
             self._text_ends.append(len(self.text))
         if final and not ids:
             self.text += self._detok.add([], True)
-        found = find_stop(self.text, self.stops)
         end = len(self.text) if final else len(self.text) - self._partial_stop_len()
-        if found is not None and found[0] <= end:
-            self.stopped = True
-            end = found[0]
+        if self.include_stop:
+            cut = first_stop_end(self.text, self.stops)
+        else:
+            found = find_stop(self.text, self.stops)
+            cut = found[0] if found is not None and found[0] <= end else None
+        if cut is not None:
+            self.stopped, end = True, cut
         end = max(end, self._sent)
         out = self.text[self._sent : end]
         self._sent = end

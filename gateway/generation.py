@@ -80,6 +80,7 @@ class Generation:
         frames: list[bytes],
         tokenizer: Tokenizer,
         stops: list[str],
+        include_stop: bool,
         render_attribution: Callable[[int, list[PackedAttribution]], Attribution | None],
         denoise_views: list[DenoiseView | None],
     ) -> None:
@@ -91,7 +92,7 @@ class Generation:
         self.started = time.monotonic()
         self.completion_tokens = 0
         self._cached = [0] * len(reqs)  # per choice: prompt tokens its worker found cached
-        self._texts = [ChoiceText(tokenizer, stops) for _ in reqs]
+        self._texts = [ChoiceText(tokenizer, stops, include_stop) for _ in reqs]
         self._handles: list[RequestHandle] = []
         try:
             for req, frame in zip(reqs, frames):

@@ -231,6 +231,7 @@ class SamplingParams(_Body):
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
     repetition_penalty: float = Field(1.0, gt=0.0)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool = Field(False, description="vLLM's: the stop string stays at the text's end")
     tokens_per_step: int = Field(1, ge=1, le=MAX_TOKENS_PER_STEP, description="tokens unmasked per denoising step")
     confidence_threshold: float | None = Field(None, gt=0.0, le=1.0)
     entropy_sampling: bool = False

@@ -13,3 +13,11 @@ def find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
         if i >= 0 and (best is None or i < best[0]):
             best = (i, stop)
     return best
+
+
+def first_stop_end(text: str, stops: list[str]) -> int | None:
+    """Where the first stop string to be complete in `text` ends (vLLM's include_stop_str_in_output
+    keeps the text up to there), or None. Text that grows adds no occurrence that ends earlier, so
+    however it arrives, this is where the worker stopped."""
+    ends = [i + len(stop) for stop in stops if stop and (i := text.find(stop)) >= 0]
+    return min(ends, default=None)

@@ -131,6 +131,15 @@ def test_stop_string_cuts_text(client):
     assert r.choices[0].finish_reason == "stop"
     streamed = "".join(c.choices[0].text for c in client.completions.create(stop=stop, stream=True, **args))
     assert streamed == r.choices[0].text
+    # vLLM's include_stop_str_in_output: the stop string stays, and the tokens that wrote it count
+    # (the last one whole, though the stop may end inside it)
+    kept = dict(stop=stop, **{**args, "extra_body": {**FAST["extra_body"], "include_stop_str_in_output": True}})
+    r = client.completions.create(**kept, logprobs=0)
+    assert r.choices[0].text == full[: full.index(stop) + len(stop)] and r.choices[0].finish_reason == "stop"
+    tokens = r.choices[0].logprobs.tokens
+    assert "".join(tokens).startswith(r.choices[0].text) and not "".join(tokens[:-1]).startswith(r.choices[0].text)
+    assert r.usage.completion_tokens == len(r.choices[0].logprobs.tokens)
+    assert "".join(c.choices[0].text for c in client.completions.create(stream=True, **kept)) == r.choices[0].text
 
 
 def test_include_usage_chunk(client):
