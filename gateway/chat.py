@@ -8,7 +8,7 @@ from cde.gateway.chat_render import ChatRenderer
 from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
 from cde.gateway.errors import invalid
-from cde.gateway.params import check_prompt
+from cde.gateway.params import check_prompt, truncated
 from cde.gateway.prompts import encode_chat
 from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import ChatCompletionRequest
@@ -42,8 +42,9 @@ async def create_chat_completion(request: Request) -> Response:
                 "continue_final_message",
             )
         await check_grammar(*constraint, info)
-    prompt = await encode_chat(
-        tok, render_messages(body), info, body.add_generation_prompt, body.continue_final_message
+    prompt = truncated(
+        await encode_chat(tok, render_messages(body), info, body.add_generation_prompt, body.continue_final_message),
+        body,
     )
     if len(prompt) >= info.context_len:
         raise invalid(

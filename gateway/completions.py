@@ -9,7 +9,7 @@ from cde.gateway.completion_flow import ResponseHead, answer, open_request, star
 from cde.gateway.completion_render import CompletionRenderer
 from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
-from cde.gateway.params import check_prompt
+from cde.gateway.params import check_prompt, truncated
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import CompletionRequest
@@ -43,7 +43,7 @@ async def create_completion(request: Request) -> Response:
             "echo",
         )
     tok = get_tokenizer(info.instruct)
-    prompts = await _prompts(body.prompt, tok, info)
+    prompts = [truncated(ids, body) for ids in await _prompts(body.prompt, tok, info)]
     if len(prompts) * body.n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} in one request", "n")
     for ids in prompts:

@@ -25,6 +25,12 @@ from cde.shared.protocol import (
 from cde.shared.request_bounds import check_generate_request
 
 
+def truncated(ids: list[int], body: SamplingParams) -> list[int]:
+    """A prompt's ids as fed: with vLLM's truncate_prompt_tokens k, its last k."""
+    k = body.truncate_prompt_tokens
+    return ids[-k:] if k is not None else ids
+
+
 def stop_list(body: SamplingParams) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 

@@ -232,6 +232,9 @@ class SamplingParams(_Body):
     repetition_penalty: float = Field(1.0, gt=0.0)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = Field(False, description="vLLM's: the stop string stays at the text's end")
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=1, le=INT_MAX, description="vLLM's: only the prompt's last k tokens are fed (left truncation)"
+    )
     tokens_per_step: int = Field(1, ge=1, le=MAX_TOKENS_PER_STEP, description="tokens unmasked per denoising step")
     confidence_threshold: float | None = Field(None, gt=0.0, le=1.0)
     entropy_sampling: bool = False

@@ -199,6 +199,26 @@ def test_continuous_usage_stats_give_each_chunk_its_choices_usage_so_far(client)
     assert all(c.usage is None for c in plain)
 
 
+def test_truncate_prompt_tokens_feeds_the_last_k(client, server):
+    """vLLM's truncate_prompt_tokens: the prompt's last k ids are what is fed, counted and returned,
+    so the answer is that of the last k ids sent as the prompt; chat truncates its templated ids."""
+    extra = {"return_token_ids": True, "tokens_per_step": 8}
+    ids = list(range(300, 340))
+    cut = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=6, temperature=0, extra_body={**extra, "truncate_prompt_tokens": 8}
+    )
+    direct = client.completions.create(model="tiny", prompt=ids[-8:], max_tokens=6, temperature=0, extra_body=extra)
+    assert cut.choices[0].prompt_token_ids == ids[-8:] and cut.usage.prompt_tokens == 8
+    assert cut.choices[0].token_ids == direct.choices[0].token_ids
+    messages = [{"role": "user", "content": "Say something about the sea and the sky."}]
+    args = dict(model="tiny", messages=messages, max_tokens=2, temperature=0)
+    full = client.chat.completions.create(**args, extra_body=extra).prompt_token_ids
+    short = client.chat.completions.create(**args, extra_body={**extra, "truncate_prompt_tokens": 5})
+    assert len(full) > 5 and short.prompt_token_ids == full[-5:] and short.usage.prompt_tokens == 5
+    r = post(server, "/completions", {"model": "tiny", "prompt": "hi", "truncate_prompt_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 def test_echo(client):
     args = dict(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, **FAST)
     plain = client.completions.create(**args).choices[0].text
