@@ -38,6 +38,9 @@ class ReadCall:
 
 @dataclass
 class CallReader:
+    """An answer's calls as its text grows (`feed`): `calls` read so far, `complete` once the text
+    is whole calls and nothing else."""
+
     text: str = ""
     calls: list[ReadCall] = field(default_factory=list)
     broken: bool = False
