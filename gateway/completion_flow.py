@@ -56,7 +56,7 @@ class StreamUsage:
     def __init__(self, body: SamplingParams) -> None:
         options = body.stream_options
         self.last = bool(options and options.include_usage)
-        self.continuous = bool(self.last and options and options.continuous_usage_stats)
+        self.continuous = bool(options and options.continuous_usage_stats)  # read under `last` only
         self.completion_tokens: dict[int, int] = {}  # per choice, so far
 
     def count(self, delta: Delta) -> None:

@@ -59,9 +59,10 @@ class CallReader:
         """Appends `text`; returns what it completed: new calls (id, name) and arguments' text."""
         self.text += text
         parts: list[CallPart] = []
+        read = {"head": self._read_head, "name": self._read_name, "args": self._read_args, "tail": self._read_tail}
         while not self.broken and self._pos < len(self.text):
             before = (self._pos, self._stage)
-            getattr(self, f"_read_{self._stage}")(parts)
+            read[self._stage](parts)
             if (self._pos, self._stage) == before:  # waits for more text
                 break
         return parts
