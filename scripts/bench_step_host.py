@@ -24,8 +24,10 @@ Each request generates --max-tokens tokens, one per step, with a stop string tha
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -134,7 +136,9 @@ def main() -> None:
         p.error("give two checkouts or more: --tree NAME=CHECKOUT --tree NAME=CHECKOUT")
     from cde.worker.checkpoint import make_model
 
-    model = str(make_model(args.preset, Path(tempfile.mkdtemp(prefix="bench-step-host-")), seed=1))
+    model_dir = tempfile.mkdtemp(prefix="bench-step-host-")
+    atexit.register(shutil.rmtree, model_dir, ignore_errors=True)
+    model = str(make_model(args.preset, Path(model_dir), seed=1))
     levels = [int(x) for x in args.concurrency.split(",")]
     runs: dict[tuple[str, int], list[dict]] = {}
     for r in range(args.rounds):

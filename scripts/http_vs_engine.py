@@ -24,9 +24,11 @@ one after the other, never together.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model
     if model is None:
         model = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")
+        atexit.register(shutil.rmtree, model, ignore_errors=True)  # a random 8b is 16 GB of /tmp
         subprocess.run([*PY, "make-model", "--preset", args.preset, model], stdout=subprocess.DEVNULL, check=True)
     t0 = time.monotonic()
     engine = run_engine(args, model, out)

@@ -11,7 +11,7 @@ import os
 import random
 import tempfile
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,7 @@ from cde.worker.engine import Engine, resolve_device
 
 if TYPE_CHECKING:
     from cde.shared.protocol import FlashBlockSpec
+    from cde.shared.settings import EngineArgs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -213,13 +214,25 @@ def run(args: argparse.Namespace) -> int:
     inductor = parse_inductor_overrides(args.inductor)
     if args.preset is None:
         resolve_model_args(args, "bench engine")
-    model_dir = args.model
-    if model_dir is None:
-        model_dir = tempfile.mkdtemp(prefix=f"cde-{args.preset}-")
+    if args.model is not None:
+        return _bench(args, args.model, device, engine_settings, tokens_per_step, inductor)
+    # A random checkpoint lives as long as its run (an 8b preset is 16 GB of /tmp).
+    with tempfile.TemporaryDirectory(prefix=f"cde-{args.preset}-") as model_dir:
         dtype = "bfloat16" if device == "cuda" else "float32"
         t0 = time.perf_counter()
         make_model(args.preset, model_dir, seed=0, dtype=dtype, device=device, overrides=config_overrides(args))
         print(f"wrote random {args.preset} checkpoint to {model_dir} in {time.perf_counter() - t0:.1f}s", flush=True)
+        return _bench(args, model_dir, device, engine_settings, tokens_per_step, inductor)
+
+
+def _bench(
+    args: argparse.Namespace,
+    model_dir: str,
+    device: str,
+    engine_settings: EngineArgs,
+    tokens_per_step: list[int],
+    inductor: dict[str, Any],
+) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
     # Warnings, and the engine's startup choice of one request's linears (cuBLAS or Triton per

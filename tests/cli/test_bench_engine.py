@@ -6,6 +6,7 @@ against the exact forward) and deterministic. The model is configured past the 8
 context (`--set block_size=8192`) and the prompts use it."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,11 @@ def test_latency_table_and_profile(tmp_path):
         "--profile",
         str(prof),
     ]
-    res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    tmp = tmp_path / "tmp"  # the bench's own temporary files: the random checkpoint must not outlive it
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600, env=env)
+    assert "wrote random tiny checkpoint" in res.stdout and not list(tmp.glob("cde-tiny-*"))
     header = next(line for line in res.stdout.splitlines() if line.startswith("conc |"))
     assert "ms/fwd 1st block" in header and "ms/fwd after" in header and "GC ms" in header
     results = json.loads(out.read_text())["results"]
