@@ -235,10 +235,12 @@ def _bench(
 ) -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     prompt_lens = [int(x) for x in args.prompt_len.split(",")]
-    # Warnings, and the engine's startup choice of one request's linears (cuBLAS or Triton per
-    # shape, with both timings), in the bench's log as JSON lines on stderr.
+    # Warnings, and the engine's startup choices for one request's linears (cuBLAS or Triton per
+    # shape, with both timings; each shape's GEMM config timed over its layers), in the bench's
+    # log as JSON lines on stderr.
     setup_logging("bench", "warning")
-    logging.getLogger("cde.stream_linear").setLevel(logging.INFO)
+    for name in ("cde.stream_linear", "cde.gemm_tuning"):
+        logging.getLogger(name).setLevel(logging.INFO)
     apply_inductor_overrides(inductor)
     t0 = time.perf_counter()
     engine = Engine(dataclasses.replace(engine_settings, model=model_dir, max_running=max(levels)))
