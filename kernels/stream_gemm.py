@@ -39,7 +39,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from cde.kernels.gemm_tiles import prefetch_l2, store_tile
 from cde.kernels.stream_gemm_configs import autotune_configs, pin_config, pinned_config, prune_configs, tma_fits
+from cde.kernels.stream_k import partial_elements, stream_k_kernel, tile_shares
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
 from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -99,7 +101,7 @@ def _stream_gemm_kernel(
         # one prefetch per 64 elements of a weight row (a 128-byte line holds 64 bfloat16 or 128 e4m3)
         lines = offs_n[:, None] * stride_bn + k_first * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
         for t in tl.static_range(PREFETCH):
-            _prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
+            prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
         gdc_wait()  # the kernel before this one has finished: its outputs (our activations) are visible
     for i in range(0, k_count):
         k_at = (k_first + i) * BLOCK_K
@@ -146,12 +148,12 @@ def _stream_gemm_kernel(
                     )
             if SWIGLU:
                 acc = _silu_mul(acc, acc_g, c_ptr.dtype.element_ty)
-            _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+            store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
         if SWIGLU:
             acc = _silu_mul(acc, acc_g, c_ptr.dtype.element_ty)
-        _store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+        store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
     if TIMELINE:  # per CTA: start, loop done, end (ns) and its SM, for scripts/sweep_stream_gemm.py --timeline
         cta = (pid_k * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
         tl.store(timeline_ptr + cta * 4 + 0, started)
@@ -171,33 +173,12 @@ def _smid():
 
 
 @triton.jit
-def _prefetch_l2(ptrs, mask, base):
-    # PTX prefetch to L2; the masked-off lines are clamped to the weight's first, which exists
-    ptrs = tl.where(mask, ptrs, base)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _silu_mul(up, gate, dtype):
     # The unfused path's numerics: up and gate rounded to the output dtype as c_fc writes them,
     # then silu(gate) * up in float32 as the compiled pointwise kernel computes it.
     up = up.to(dtype).to(tl.float32)
     gate = gate.to(dtype).to(tl.float32)
     return gate * tl.sigmoid(gate) * up
-
-
-@triton.jit
-def _store_tile(
-    acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr
-):
-    if SCALE_A:
-        sa = tl.load(sa_ptr + offs_m, mask=offs_m < M, other=0.0)
-        acc = acc * sa[:, None]
-    if SCALE_B:
-        sb = tl.load(sb_ptr + offs_n, mask=offs_n < N, other=0.0)
-        acc = acc * sb[None, :]
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 def _bench(kernel_call: object, quantiles: list[float]) -> list[float]:
@@ -236,7 +217,9 @@ def stream_gemm(
     silu(a @ gate.T) * (a @ up.T) [M, N]. `counters`: counter_count(N) int32 zeros, used by one
     stream at a time (and zero again after every call). `config`: fixed kernel meta-parameters
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB; num_warps, num_stages; TMA: the tiles loaded by
-    Hopper's tensor memory accelerator) instead of the autotuner's choice; `pin`: and from now on
+    Hopper's tensor memory accelerator) instead of the autotuner's choice, or (BLOCK_M, BLOCK_N,
+    BLOCK_K, CTAS, TMA; num_warps, num_stages) for kernels/stream_k.py's stream-K kernel on CTAS
+    programs; `pin`: and from now on
     for every call without one of this weight shape, dtypes and flags (worker/gemm_tuning.py pins
     the config it timed fastest over the layers' chain; stream_gemm_configs.pinned_configs).
     `prefetch` > 0: launched with programmatic dependent launch, that many weight tiles to L2 first.
@@ -253,9 +236,6 @@ def stream_gemm(
             f"counters, got [{m}, {k}] and {counters.numel()}"
         )
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
-    # Partials for the largest split: allocated per call from the caching allocator (and, inside a
-    # CUDA graph, from its pool), never initialised: each share writes its own before it is read.
-    part = torch.empty((2 if swiglu else 1) * MAX_SPLIT_K * m * n, dtype=torch.float32, device=a.device)
     sa, sb = scales if scales is not None else (None, None)
 
     def grid(meta: dict) -> tuple[int, int, int]:
@@ -271,16 +251,29 @@ def stream_gemm(
     if config is not None and config.get("TMA") and not tma_fits(a, b):
         config = {**config, "TMA": False}  # a view off the 16-byte grid: the same tiles by per-thread loads
     tma = config is not None and config.get("TMA", False)  # the autotuner's calls: per-thread loads
+    stream_k = config if config is not None and "CTAS" in config else None  # kernels/stream_k.py's
+    if stream_k is not None and (swiglu or timeline is not None or a.dtype != b.dtype):
+        raise ValueError("stream_gemm's stream-K configs take same-dtype operands, no swiglu and no timeline")
+    # Partials for the largest split (or the stream-K shares): allocated per call from the caching
+    # allocator (inside a CUDA graph, from its pool), never initialised: each share writes its own
+    # before it is read.
+    parts = partial_elements(n, k, stream_k) if stream_k is not None else (2 if swiglu else 1) * MAX_SPLIT_K * m * n
+    part = torch.empty(parts, dtype=torch.float32, device=a.device)
     if timeline is not None:
         flags["TIMELINE"] = True
     if prefetch:
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    book = out if timeline is None else timeline  # unread without TIMELINE
+    # unread without TIMELINE; the stream-K kernel takes each tile's partial slots there
+    book = tile_shares(n, k, stream_k) if stream_k is not None else out if timeline is None else timeline
     descs = _descriptors(a, b, config) if config is not None and tma else (None, None)
     args = (a, b, *descs, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
-    if config is None:
+    if stream_k is not None:
+        flags.pop("SWIGLU")
+        meta = {name: v for name, v in stream_k.items() if name != "CTAS"}
+        stream_k_kernel[(stream_k["CTAS"],)](*args, **flags, **meta)
+    elif config is None:
         _autotuned[grid](*args, **flags)
     else:
         _stream_gemm_kernel[grid](*args, **flags, **config)

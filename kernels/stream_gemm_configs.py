@@ -69,13 +69,35 @@ def unpin_all() -> None:
 
 def candidate_configs(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
     """The autotuner's configs that fit these operands, as `stream_gemm(config=...)`, with the
-    tiles loaded by TMA where `tma_fits`: what worker/gemm_tuning.py times over a layers' chain."""
+    tiles loaded by TMA where `tma_fits`, then the stream-K kernel's (kernels/stream_k.py) for
+    same-dtype operands without SwiGLU: what worker/gemm_tuning.py times over a layers' chain."""
     named = {"a_ptr": a, "b_ptr": b}
     tma = tma_fits(a, b)
-    return [
+    split_k = [
         {**c.kwargs, "TMA": tma, "num_warps": c.num_warps, "num_stages": c.num_stages}
         for c in prune_configs(autotune_configs(), named, SWIGLU=swiglu)
     ]
+    if swiglu or a.dtype != b.dtype:
+        return split_k
+    return split_k + stream_k_configs(programs(a.device), tma)
+
+
+def stream_k_configs(ctas: int, tma: bool) -> list[dict]:
+    """The stream-K kernel's configs on `ctas` programs: its tiles as the split-K kernel's, with as
+    many weight tiles in flight as the shared memory holds."""
+    return [
+        {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "CTAS": ctas, "TMA": tma, "num_warps": 4, "num_stages": st}
+        for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
+        for bk in (K_MULTIPLE // 2, K_MULTIPLE)
+        for st in (4, 6)
+        if bn * bk * st <= SMEM_TILES
+    ]
+
+
+def programs(device: torch.device) -> int:
+    """The stream-K kernel's programs: one per SM (a deep pipeline's shared memory holds one CTA);
+    a few in Triton's interpreter, which runs them one after another."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def tma_fits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -324,6 +324,45 @@ def test_bf16_stream_gemm_matches_cublas_at_every_split(n: int, k: int, rows: in
 
 
 @pytest.mark.parametrize("rows", [64, 5])
+@pytest.mark.parametrize("n,k", [(5120, 4096), (4096, 4096), (4096, 16384), (32768, 4096)])  # the 8b's four
+def test_stream_k_matches_cublas_on_every_sm(n: int, k: int, rows: int) -> None:
+    """kernels/stream_k.py on one program per SM, bfloat16 and FP8, against cuBLAS (F.linear,
+    torch._scaled_mm): the same product to bfloat16 rounding, the counters zero after every call,
+    the same bits twice, launched early (PDL) with weight tiles prefetched, and by per-thread
+    loads as by TMA."""
+    from cde.kernels import fp8_ops
+    from cde.kernels.stream_gemm import counter_count, stream_gemm
+    from cde.kernels.stream_gemm_configs import programs, stream_k_configs
+
+    torch.manual_seed(2)
+    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    xq, xs = fp8_ops.quantize_rows(a)
+    wq, ws = fp8_ops.quantize_rows(w)
+    cases = {
+        "bf16": ((a, w), None, torch.nn.functional.linear(a, w).float()),
+        "fp8": (
+            (xq, wq),
+            (xs[:, 0], ws[:, 0]),
+            torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16).float(),
+        ),
+    }
+    counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
+    for name, (operands, scales, ref) in cases.items():
+        for cfg in stream_k_configs(programs(a.device), tma=False)[::3]:
+            got = stream_gemm(*operands, counters, torch.bfloat16, scales=scales, config=cfg)
+            assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, (name, cfg)
+            assert not counters.any(), (name, cfg)
+            again = stream_gemm(*operands, counters, torch.bfloat16, scales=scales, config=cfg)
+            assert torch.equal(again, got), (name, cfg)
+            for tma, prefetch in ((False, 2), (True, 0), (True, 2)):
+                out = stream_gemm(
+                    *operands, counters, torch.bfloat16, scales=scales, config={**cfg, "TMA": tma}, prefetch=prefetch
+                )
+                assert torch.equal(out, got), (name, cfg, tma, prefetch)
+
+
+@pytest.mark.parametrize("rows", [64, 5])
 def test_stream_swiglu_kernel_matches_the_two_steps(rows: int) -> None:
     """c_fc of the 8b with silu(gate) * up in the split-K GEMM's epilogue, autotuned, against
     F.linear (cuBLAS) then the activation: the same values to bfloat16 rounding."""

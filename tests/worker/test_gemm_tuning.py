@@ -95,6 +95,9 @@ def test_candidates_fit_shared_memory_and_load_by_tma_only_where_it_may():
     assert not any(c["TMA"] for c in stream_gemm_configs.candidate_configs(misaligned, w))
     fp8_weights = w.to(torch.float8_e4m3fn)  # widened in registers beside bfloat16 rows: per-thread loads
     assert not any(c["TMA"] for c in stream_gemm_configs.candidate_configs(a, fp8_weights))
+    # the stream-K kernel for same-dtype operands without SwiGLU (it neither widens nor fuses)
+    assert any("CTAS" in c for c in configs)
+    assert not any("CTAS" in c for c in fused + stream_gemm_configs.candidate_configs(a, fp8_weights))
 
 
 def test_agreement_is_relative_to_each_reference():
@@ -118,9 +121,10 @@ def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir
             m.counters = torch.zeros(stream_gemm.counter_count(m.out_features), dtype=torch.int32)
     every = stream_gemm_configs.candidate_configs
 
-    # two wide-tile candidates and two layers: the interpreter runs each tile's program in turn
+    # a wide-tile split-K candidate, a stream-K one, two layers: the interpreter runs each program in turn
     def two(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) -> list[dict]:
-        return [c for c in every(a, b, swiglu) if c["SPLIT_K"] == 1][-2:]
+        configs = every(a, b, swiglu)
+        return [[c for c in configs if c.get("SPLIT_K") == 1][-1], next(c for c in configs if "CTAS" in c)]
 
     monkeypatch.setattr(stream_gemm_configs, "candidate_configs", two)
     model.transformer.blocks = model.transformer.blocks[:2]
