@@ -43,11 +43,28 @@ CASES = [
 ]
 
 
+def stream_k_config(block_n: int, block_k: int, ctas: int) -> dict:
+    return {"BLOCK_M": stream_gemm.MAX_ROWS, "BLOCK_N": block_n, "BLOCK_K": block_k, "CTAS": ctas}
+
+
+# The stream-K kernel (kernels/stream_k.py) on the same tests: a tile's steps shared by 2 programs,
+# by 3 (16 steps in runs of 6), a run that ends one tile and starts the next, programs left without
+# work, one program for all, partial row and column tiles.
+STREAM_K_CASES = [
+    (64, 128, 1024, stream_k_config(32, 128, 5)),
+    (64, 64, 2048, stream_k_config(64, 128, 3)),
+    (64, 96, 1280, stream_k_config(32, 256, 5)),  # 5 steps a tile in runs of 3: the middle tile falls to 3
+    (17, 96, 768, stream_k_config(32, 256, 2)),
+    (5, 160, 512, stream_k_config(64, 128, 11)),
+    (8, 96, 512, stream_k_config(32, 256, 1)),
+]
+
+
 TMA = pytest.mark.parametrize("tma", [False, True], ids=["pointer_loads", "tma_loads"])
 
 
 @TMA
-@pytest.mark.parametrize("m,n,k,cfg", CASES)
+@pytest.mark.parametrize("m,n,k,cfg", CASES + STREAM_K_CASES)
 def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg, tma):
     cfg = {**cfg, "TMA": tma}
     g = torch.Generator().manual_seed(m + n + k)
@@ -63,7 +80,7 @@ def test_stream_gemm_is_the_product_at_every_split(m, n, k, cfg, tma):
 
 
 @TMA
-@pytest.mark.parametrize("m,n,k,cfg", CASES)
+@pytest.mark.parametrize("m,n,k,cfg", CASES + STREAM_K_CASES[:3])
 def test_stream_gemm_fp8_applies_row_and_channel_scales(m, n, k, cfg, tma):
     cfg = {**cfg, "TMA": tma}
     g = torch.Generator().manual_seed(m * n + k)
@@ -107,50 +124,6 @@ def test_stream_gemm_swiglu_writes_silu_gate_times_up(m, n, k, cfg, tma):
     assert torch.allclose(out.float(), ref.float(), rtol=2e-3, atol=1e-4), (out.float() - ref.float()).abs().max()
     assert not counters.any()
     assert torch.equal(stream_gemm.stream_gemm(a, w, counters, torch.float16, config=cfg, swiglu=True), out)
-
-
-def stream_k_config(block_n: int, block_k: int, ctas: int) -> dict:
-    return {"BLOCK_M": stream_gemm.MAX_ROWS, "BLOCK_N": block_n, "BLOCK_K": block_k, "CTAS": ctas}
-
-
-# (rows, outputs, K, config): a tile's steps shared by 2 programs, by 3 (16 steps in runs of 6), a
-# run that ends one tile and starts the next, programs left without work, one program for all,
-# partial row and column tiles.
-STREAM_K_CASES = [
-    (64, 128, 1024, stream_k_config(32, 128, 5)),
-    (64, 64, 2048, stream_k_config(64, 128, 3)),
-    (64, 96, 1280, stream_k_config(32, 256, 5)),  # 5 steps a tile in runs of 3: the middle tile falls to 3
-    (17, 96, 768, stream_k_config(32, 256, 2)),
-    (5, 160, 512, stream_k_config(64, 128, 11)),
-    (8, 96, 512, stream_k_config(32, 256, 1)),
-]
-
-
-@TMA
-@pytest.mark.parametrize("m,n,k,cfg", STREAM_K_CASES)
-def test_stream_k_is_the_product_with_every_share_summed_once(m, n, k, cfg, tma):
-    cfg = {**cfg, "TMA": tma}
-    g = torch.Generator().manual_seed(m + n + k)
-    a = torch.randn(m, k, generator=g).half()
-    b = (torch.randn(n, k, generator=g) * 0.05).half()
-    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
-    out = stream_gemm.stream_gemm(a, b, counters, torch.float32, config=cfg)
-    ref = a.double() @ b.double().t()
-    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5), (out.double() - ref).abs().max()
-    assert not counters.any()  # the last share of every shared tile reset its counter
-    assert torch.equal(stream_gemm.stream_gemm(a, b, counters, torch.float32, config=cfg), out)
-
-
-@pytest.mark.parametrize("m,n,k,cfg", STREAM_K_CASES[:3])
-def test_stream_k_fp8_applies_row_and_channel_scales(m, n, k, cfg):
-    g = torch.Generator().manual_seed(m * n + k)
-    xq, xs = fp8_ops.quantize_rows(torch.randn(m, k, generator=g))
-    wq, ws = fp8_ops.quantize_rows(torch.randn(n, k, generator=g) * 0.02)
-    counters = torch.zeros(stream_gemm.counter_count(n), dtype=torch.int32)
-    out = stream_gemm.stream_gemm(xq, wq, counters, torch.float32, scales=(xs[:, 0], ws[:, 0]), config=cfg)
-    ref = fp8_ops.fp8_matmul(xq, xs[:, 0], wq, ws[:, 0], tile_counters(n, "cpu"), torch.float32)
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6), (out - ref).abs().max()
-    assert not counters.any()
 
 
 def test_stream_k_slots_hold_every_share_of_a_tile():
