@@ -110,7 +110,9 @@ def test_agreement_is_relative_to_each_reference():
     assert not gemm_tuning.agrees(ref, off)
 
 
-def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir, monkeypatch, tmp_path) -> None:
+def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(
+    small_dir, monkeypatch, tmp_path, caplog
+) -> None:
     """tune_fp8_linears on the CPU (the split-K GEMM in Triton's interpreter, a clock the test
     gives): every FP8 block shape of the small model is timed over its layers, each GEMM behind
     the quantizing kernel that feeds it, and the faster of two candidates is pinned for its key.
@@ -135,8 +137,10 @@ def test_each_gemm_shape_pins_its_fastest_config_timed_over_its_layers(small_dir
         return [3.0, 2.0][(len(layer_counts) - 1) % 2]  # the second candidate of each shape is faster
 
     cache = TuningCache(tmp_path / "picks.json")
+    caplog.set_level("INFO", logger="cde.gemm_tuning")
     try:
         chosen = gemm_tuning.tune_fp8_linears(model, cache, time_ms)
+        assert caplog.text.count("(2 candidates; fastest split-K 3.000 ms, stream-K 2.000 ms)") == 4
         block = model.transformer.blocks[0]
         shapes = {(m.out_features, m.in_features) for m in block.modules() if isinstance(m, fp8.Fp8Linear)}
         assert chosen == {shape: 2.0 for shape in shapes} and len(shapes) == 4
