@@ -14,6 +14,15 @@ def prefetch_l2(ptrs, mask, base):
 
 
 @triton.jit
+def prefetch_weight_tiles(b_ptr, offs_n, N, stride_bn, k_first, count, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
+    # The first TILES of the `count` weight tiles from K tile k_first on, rows offs_n, to L2: one
+    # prefetch per 64 elements of a row (a 128-byte line holds 64 bfloat16 or 128 e4m3).
+    lines = offs_n[:, None] * stride_bn + k_first * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
+    for t in tl.static_range(TILES):
+        prefetch_l2(b_ptr + lines + t * BLOCK_K, (offs_n[:, None] < N) & (t < count), b_ptr)
+
+
+@triton.jit
 def store_tile(
     acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A: tl.constexpr, SCALE_B: tl.constexpr
 ):

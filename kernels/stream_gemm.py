@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.gemm_tiles import prefetch_l2, store_tile
+from cde.kernels.gemm_tiles import prefetch_weight_tiles, store_tile
 from cde.kernels.stream_gemm_configs import autotune_configs, pin_config, pinned_config, prune_configs, tma_fits
 from cde.kernels.stream_k import partial_elements, stream_k_kernel, tile_shares
 from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, MAX_SPLIT_K, MIN_BLOCK_N
@@ -98,10 +98,7 @@ def _stream_gemm_kernel(
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: gate
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # SWAP_AB: out.T = b @ a.T
     if PREFETCH > 0:
-        # one prefetch per 64 elements of a weight row (a 128-byte line holds 64 bfloat16 or 128 e4m3)
-        lines = offs_n[:, None] * stride_bn + k_first * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
-        for t in tl.static_range(PREFETCH):
-            prefetch_l2(b_ptr + lines + t * BLOCK_K, n_ok & (t < k_count), b_ptr)
+        prefetch_weight_tiles(b_ptr, offs_n, N, stride_bn, k_first, k_count, BLOCK_K, PREFETCH)
         gdc_wait()  # the kernel before this one has finished: its outputs (our activations) are visible
     for i in range(0, k_count):
         k_at = (k_first + i) * BLOCK_K

@@ -20,7 +20,7 @@ follows from the step numbering alone, so no program waits for another.
 
 import triton
 import triton.language as tl
-from cde.kernels.gemm_tiles import prefetch_l2, store_tile
+from cde.kernels.gemm_tiles import prefetch_weight_tiles, store_tile
 from triton.language.extra.cuda import gdc_wait
 
 
@@ -58,15 +58,13 @@ def stream_k_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m[:, None] < M
     if PREFETCH > 0:
-        # the run's first weight tiles within its first output tile (one prefetch per 64 elements
-        # of a row), then wait for the kernel before this one: its outputs are our activations
+        # the run's first weight tiles within its first output tile, then wait for the kernel
+        # before this one: its outputs are our activations
         t0 = start // k_tiles
         k0 = start - t0 * k_tiles
+        ahead = tl.minimum(end - start, k_tiles - k0)  # the run's steps in that tile
         n0 = t0 * BLOCK_N + tl.arange(0, BLOCK_N)
-        lines = n0[:, None] * stride_bn + k0 * BLOCK_K + tl.arange(0, BLOCK_K // 64)[None, :] * 64
-        for i in tl.static_range(PREFETCH):
-            ahead = (n0[:, None] < N) & (start + i < end) & (k0 + i < k_tiles)
-            prefetch_l2(b_ptr + lines + i * BLOCK_K, ahead, b_ptr)
+        prefetch_weight_tiles(b_ptr, n0, N, stride_bn, k0, ahead, BLOCK_K, PREFETCH)
         gdc_wait()
     for tile in range(start // k_tiles, tl.cdiv(end, k_tiles)):
         k_first = tl.maximum(start, tile * k_tiles) - tile * k_tiles

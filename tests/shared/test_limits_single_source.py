@@ -43,7 +43,7 @@ ALLOWED: dict[str, dict[int, int]] = {
     "gateway/errors.py": {128: 1},  # the longest param name an error echoes
     "gateway/prompts.py": {64: 1, 128: 1},  # cl100k_base's longest token; a thread's text, 64 KiB
     "gateway/router.py": {128: 1, 256: 1},  # queue defaults (cde/commands/gateway.py's)
-    "kernels/stream_gemm.py": {64: 2},  # bfloat16 elements of a 128-byte line: one L2 prefetch each
+    "kernels/gemm_tiles.py": {64: 2},  # bfloat16 elements of a 128-byte line: one L2 prefetch each
     "kernels/stream_tiles.py": {64: 1, 256: 1},  # the split-K GEMM's row and K tiles
     "shared/catalog_file.py": {64: 1},  # 64 MiB catalog file cap
     "shared/settings.py": {256: 1},  # EngineArgs.max_items' default (64-token blocks per pass)
