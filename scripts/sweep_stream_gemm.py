@@ -23,13 +23,13 @@ import time
 import torch
 from bench_fp8_kernels import SHAPES as FP8_KERNEL_SHAPES  # scripts/: the 8b's four weight shapes
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_launch_configs
+from cde.kernels.stream_gemm_configs import pipeline_bytes, shared_limit
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
 from cde.commands.bench_roofline import BANDWIDTH_TB_S
 
 SHAPES = dict(zip(("c_attn", "attn c_proj", "c_fc", "mlp c_proj"), FP8_KERNEL_SHAPES))
-SMEM_BYTES = 200 * 1024  # leave room below the H200's 227 KB per CTA for Triton's own scratch
 
 
 def configs(elem_bytes: int) -> list[dict]:
@@ -37,14 +37,18 @@ def configs(elem_bytes: int) -> list[dict]:
     tiles); and unsplit tiles shared by a cluster of 2 or 4 CTAs (Hopper's `num_ctas`: each CTA
     computes a slice of the tile's columns, and the cluster may share the activation tile, which
     every CTA of a one-request GEMM otherwise reads from L2 for itself)."""
+
+    def fits(c: dict) -> bool:  # a cluster's CTA holds its slice of the tile's columns
+        return pipeline_bytes({**c, "BLOCK_N": c["BLOCK_N"] // c["num_ctas"]}, elem_bytes, elem_bytes) <= shared
+
+    shared = shared_limit(torch.device("cuda"))
     out = []
     for bn, bk, sk, warps in itertools.product((32, 64, 128), (128, 256, 512), (1, 2, 4, 8), (4, 8)):
         for stages in (4, 6, 8) if sk == 1 else (3, 4, 6):
-            if stages * (bn + MAX_ROWS) * bk * elem_bytes <= SMEM_BYTES:
-                out.append(config(bn, bk, sk, warps, stages))
+            out.append(config(bn, bk, sk, warps, stages))
     for ctas, bn, bk, stages in itertools.product((2, 4), (64, 128, 256), (128, 256), (4, 6)):
-        if stages * (bn // ctas + MAX_ROWS) * bk * elem_bytes <= SMEM_BYTES:
-            out.append(config(bn, bk, 1, 4, stages, ctas))
+        out.append(config(bn, bk, 1, 4, stages, ctas))
+    out = [c for c in out if fits(c)]
     random.Random(0).shuffle(out)  # a budget cut leaves a random sample of the grid, not one corner
     return out
 
