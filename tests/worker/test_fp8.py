@@ -400,3 +400,15 @@ def test_the_silu_quant_experiment_gives_the_engine_kernels_bits() -> None:
     res = subprocess.run([sys.executable, str(script), "--cpu"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("| True |") == 7
+
+
+def test_the_fp8_head_experiment_compares_every_variant_with_bfloat16() -> None:
+    """scripts/fp8_head_experiment.py (issue 29's experiment, CPU): with the demo model it prints a
+    row per variant against bfloat16's greedy tokens and the e4m3 head's own deviation."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "fp8_head_experiment.py"
+    args = [sys.executable, str(script), "--prompts", "2", "--tokens", "8"]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "/2 |" in line]
+    assert len(rows) == 3, res.stdout
+    assert "e4m3 head alone on" in res.stdout and "greedy_agreement" in res.stdout
