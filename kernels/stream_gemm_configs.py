@@ -111,13 +111,14 @@ def candidate_configs(a: torch.Tensor, b: torch.Tensor, swiglu: bool = False) ->
 
 
 def stream_k_configs(ctas: int, tma: bool) -> list[dict]:
-    """The stream-K kernel's configs on `ctas` programs: its tiles as the split-K kernel's, 4 or 6
-    weight tiles in flight (those that fit the operands' shared memory: `fits`)."""
+    """The stream-K kernel's configs on `ctas` programs: its tiles as the split-K kernel's, 4 to 8
+    weight tiles in flight (those that fit the operands' shared memory: `fits`). A program has its
+    SM to itself, so its pipeline depth is what keeps the SM's share of the bytes in flight."""
     return [
         {"BLOCK_M": MAX_ROWS, "BLOCK_N": bn, "BLOCK_K": bk, "CTAS": ctas, "TMA": tma, "num_warps": 4, "num_stages": st}
         for bn in (MIN_BLOCK_N, 2 * MIN_BLOCK_N, 4 * MIN_BLOCK_N)
         for bk in (K_MULTIPLE // 2, K_MULTIPLE)
-        for st in (4, 6)
+        for st in (4, 6, 8)
     ]
 
 
