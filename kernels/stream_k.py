@@ -16,6 +16,12 @@ own slot, and the last to finish (the tile's counter) sums the shares in program
 scales, writes the tile and resets the counter: the split-K kernel's rule, so the result does not
 depend on which finished last and the counters are zero between calls. Which programs share a tile
 follows from the step numbering alone, so no program waits for another.
+
+A run is one loop over its steps, not a loop per tile: Triton pipelines it as one, so the weight
+tiles of the next output tile are in flight while a tile ends (a loop per tile drained and refilled
+the pipeline at every tile's end, a DRAM latency each time). Only a run's first and last tiles can
+be shared, so their counters are counted after the loop, behind one barrier: a barrier inside the
+loop would keep Triton from pipelining it (seen in the sm_90 code, tests/kernels/compile_sm90.py).
 """
 
 import triton
@@ -66,41 +72,65 @@ def stream_k_kernel(
         n0 = t0 * BLOCK_N + tl.arange(0, BLOCK_N)
         prefetch_weight_tiles(b_ptr, n0, N, stride_bn, k0, ahead, BLOCK_K, PREFETCH)
         gdc_wait()
-    for tile in range(start // k_tiles, tl.cdiv(end, k_tiles)):
-        k_first = tl.maximum(start, tile * k_tiles) - tile * k_tiles
-        k_end = tl.minimum(end, (tile + 1) * k_tiles) - tile * k_tiles
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # One loop over the run's steps, so the pipeline keeps loading across a tile's end: a whole
+    # tile's store, or a shared tile's partial, runs while the next tile's first weight tiles are
+    # already on their way. (A barrier in the loop would stop Triton from pipelining it, so the
+    # shares are counted after it.)
+    for step in range(start, end):
+        tile = step // k_tiles
+        kt = step - tile * k_tiles
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n[:, None] < N
-        offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
-        b_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_first, k_end):
-            if TMA:
-                a = a_desc.load([0, kt * BLOCK_K])
-                b = b_desc.load([tile * BLOCK_N, kt * BLOCK_K])
-            else:
-                a = tl.load(a_ptrs, mask=m_ok, other=0.0)
-                b = tl.load(b_ptrs, mask=n_ok, other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
-        first = (tile * k_tiles) // per  # the programs whose runs cover this tile's steps
-        last = ((tile + 1) * k_tiles - 1) // per
-        if first == last:
-            store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+        if TMA:
+            a = a_desc.load([0, kt * BLOCK_K])
+            b = b_desc.load([tile * BLOCK_N, kt * BLOCK_K])
         else:
-            slot = part_ptr + (tile * shares) * BLOCK_M * BLOCK_N
-            tile_offs = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            tl.store(slot + (pid - first) * BLOCK_M * BLOCK_N + tile_offs, acc)
-            tl.debug_barrier()  # every thread's partial is written before the counter says so
-            finished = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-            if finished == last - first:  # the last share of the tile: sum them in program order
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(0, last - first + 1):
-                    acc += tl.load(slot + s * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :], mask=m_ok, other=0.0)
+            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :], mask=offs_n[:, None] < N, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        if (kt == k_tiles - 1) | (step == end - 1):  # this run's share of the tile is done
+            first = (tile * k_tiles) // per  # the programs whose runs cover this tile's steps
+            if first == ((tile + 1) * k_tiles - 1) // per:
                 store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
-                tl.atomic_xchg(count_ptr + tile, 0)
+            else:
+                tl.store(_slot(part_ptr, tile, shares, pid - first, BLOCK_M, BLOCK_N), acc)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if end > start:
+        # Only a run's first and last tiles can be shared with other programs.
+        tl.debug_barrier()  # every thread's partials are written before a counter says so
+        first_tile, last_tile = start // k_tiles, (end - 1) // k_tiles
+        _count_share(first_tile, pid, per, k_tiles, c_ptr, sa_ptr, sb_ptr, part_ptr, count_ptr, shares, M, N,
+                     stride_cm, SCALE_A, SCALE_B, BLOCK_M, BLOCK_N)  # fmt: skip
+        if last_tile != first_tile:
+            _count_share(last_tile, pid, per, k_tiles, c_ptr, sa_ptr, sb_ptr, part_ptr, count_ptr, shares, M, N,
+                         stride_cm, SCALE_A, SCALE_B, BLOCK_M, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _slot(part_ptr, tile, shares, share, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # a tile's partial slots lie one after another, `shares` of them per tile
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    return part_ptr + (tile * shares + share) * BLOCK_M * BLOCK_N + offs
+
+
+@triton.jit
+def _count_share(
+    tile, pid, per, k_tiles, c_ptr, sa_ptr, sb_ptr, part_ptr, count_ptr, shares, M, N, stride_cm,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # A shared tile's share is written: count it; the last share sums them all in program order.
+    first = (tile * k_tiles) // per
+    last = ((tile + 1) * k_tiles - 1) // per
+    if first != last:
+        finished = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+        if finished == last - first:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for share in range(0, last - first + 1):
+                acc += tl.load(_slot(part_ptr, tile, shares, share, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            store_tile(acc, c_ptr, sa_ptr, sb_ptr, tl.arange(0, BLOCK_M), offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
+            tl.atomic_xchg(count_ptr + tile, 0)
 
 
 def tile_shares(n: int, k: int, config: dict) -> int:
