@@ -51,8 +51,10 @@ def pipeline_bytes(config: dict, a_bytes: int, b_bytes: int, swiglu: bool = Fals
     activation tile [BLOCK_M, BLOCK_K] and a weight tile [BLOCK_N, BLOCK_K] (two with SwiGLU: up and
     gate rows). Triton adds a few bytes of barriers per stage and, widening FP8 weights, their
     bfloat16 copy; with swapped operands it may keep one stage fewer in flight. Compiled for sm_90
-    (Triton 3.6, the H200 image's, and 3.8), the same-dtype configs take exactly the tiles' bytes
-    plus 8-16 per stage: tests/kernels/test_stream_gemm_configs.py holds the bound to the compiler."""
+    (Triton 3.6, the H200 image's, and 3.8), the split-K kernel's same-dtype configs take exactly
+    the tiles' bytes plus 8-16 per stage, the stream-K kernel's its epilogue's float32 tile besides
+    (8-32 KB: every kept config still fits): tests/kernels/test_stream_gemm_configs.py holds the
+    bound to the compiler."""
     stages = config["num_stages"] - (1 if config.get("SWAP_AB") else 0)
     weight_tiles = 2 if swiglu else 1
     return stages * config["BLOCK_K"] * (config["BLOCK_M"] * a_bytes + weight_tiles * config["BLOCK_N"] * b_bytes)
