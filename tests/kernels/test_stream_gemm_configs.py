@@ -4,9 +4,10 @@ At the boundary of every operand kind the smallest pruned config does not fit a 
 and every compiled kernel takes at least `pipeline_bytes`, so the pruning drops only configs that
 could never launch; for same-dtype operands (the engine's default paths) the largest kept config
 fits, so it drops all of those. The bound counts every stage in flight, so a kernel that Triton
-stopped pipelining (one buffer, not num_stages) fails it too. Widening FP8 weights beside bfloat16 rows (`--fp8-weight-only-rows`)
-takes a bfloat16 copy of some weight tiles besides, which the bound leaves out: a kept config may
-still fail there, and the warm-up tuning skips it, as it skips any config that fails to build."""
+stopped pipelining (one buffer, not num_stages) fails it too. Widening FP8 weights beside
+bfloat16 rows (`--fp8-weight-only-rows`) takes a bfloat16 copy of some weight tiles besides, which
+the bound leaves out: a kept config may still fail there, and the warm-up tuning skips it, as it
+skips any config that fails to build."""
 
 from __future__ import annotations
 
