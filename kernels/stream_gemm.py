@@ -262,15 +262,17 @@ def stream_gemm(
         flags["launch_pdl"] = True
     # a scale the flags leave off is never read: `out` stands in for its pointer
     scale_ptrs = (out if sa is None else sa, out if sb is None else sb)
-    # unread without TIMELINE; the stream-K kernel takes each tile's partial slots there
-    book = tile_shares(n, k, stream_k) if stream_k is not None else out if timeline is None else timeline
     descs = _descriptors(a, b, config) if config is not None and tma else (None, None)
-    args = (a, b, *descs, out, *scale_ptrs, part, counters, book, m, n, k, a.stride(0), b.stride(0), out.stride(0))
+    operands = (a, b, *descs, out, *scale_ptrs, part, counters)
+    dims = (m, n, k, a.stride(0), b.stride(0), out.stride(0))
     if stream_k is not None:
-        flags.pop("SWIGLU")
+        del flags["SWIGLU"]
         meta = {name: v for name, v in stream_k.items() if name != "CTAS"}
-        stream_k_kernel[(stream_k["CTAS"],)](*args, **flags, **meta)
-    elif config is None:
+        stream_k_kernel[(stream_k["CTAS"],)](*operands, tile_shares(n, k, stream_k), *dims, **flags, **meta)
+        return out
+    timeline_ptr = out if timeline is None else timeline  # unread without TIMELINE
+    args = (*operands, timeline_ptr, *dims)
+    if config is None:
         _autotuned[grid](*args, **flags)
     else:
         _stream_gemm_kernel[grid](*args, **flags, **config)

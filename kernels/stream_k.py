@@ -90,8 +90,8 @@ def stream_k_kernel(
             b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :], mask=offs_n[:, None] < N, other=0.0)
         acc = tl.dot(a, tl.trans(b), acc)
         if (kt == k_tiles - 1) | (step == end - 1):  # this run's share of the tile is done
-            first = (tile * k_tiles) // per  # the programs whose runs cover this tile's steps
-            if first == ((tile + 1) * k_tiles - 1) // per:
+            first, last = _sharers(tile, k_tiles, per)
+            if first == last:
                 store_tile(acc, c_ptr, sa_ptr, sb_ptr, offs_m, offs_n, M, N, stride_cm, SCALE_A, SCALE_B)
             else:
                 tl.store(_slot(part_ptr, tile, shares, pid - first, BLOCK_M, BLOCK_N), acc)
@@ -108,6 +108,12 @@ def stream_k_kernel(
 
 
 @triton.jit
+def _sharers(tile, k_tiles, per):
+    # the first and last programs whose runs cover this tile's steps
+    return (tile * k_tiles) // per, ((tile + 1) * k_tiles - 1) // per
+
+
+@triton.jit
 def _slot(part_ptr, tile, shares, share, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # a tile's partial slots lie one after another, `shares` of them per tile
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -120,8 +126,7 @@ def _count_share(
     SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # A shared tile's share is written: count it; the last share sums them all in program order.
-    first = (tile * k_tiles) // per
-    last = ((tile + 1) * k_tiles - 1) // per
+    first, last = _sharers(tile, k_tiles, per)
     if first != last:
         finished = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
         if finished == last - first:
