@@ -137,7 +137,7 @@ def _stream_gemm_kernel(
         if finished == SPLIT_K - 1:  # the last of the tile: sum every share in split order
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
+            for s in range(SPLIT_K):  # a loop, not unrolled: SPLIT_K tiles in flight spilled registers
                 acc += tl.load(part_ptr + s * M * N + tile_offs, mask=tile_ok, other=0.0, cache_modifier=".cg")
                 if SWIGLU:
                     acc_g += tl.load(

@@ -1,16 +1,21 @@
 """Compiles the weight-streaming GEMM kernels for sm_90 (the H200) without a GPU and prints the
-shared memory each takes, as the launcher would see it: the helper of
+shared memory each takes, as the launcher would see it, and its stack frame (registers spilled to
+local memory, read from the cubin by the CUDA toolkit's cuobjdump that Triton ships): the helper of
 tests/kernels/test_stream_gemm_configs.py, run in its own process because the test process defines
 the kernels in Triton's interpreter (tests/conftest.py), where they cannot be compiled.
 
 Reads a JSON list of {"kernel": "split_k" | "stream_k", "a": DTYPE, "b": DTYPE, "swiglu": bool,
-"config": stream_gemm's config} from stdin; writes the list of `metadata.shared` (bytes).
+"config": stream_gemm's config} from stdin; writes the list of {"shared": `metadata.shared`,
+"stack": the kernel's stack frame}, in bytes.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from cde.kernels.stream_gemm import _stream_gemm_kernel
@@ -22,7 +27,7 @@ POINTEE = {"bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv"}
 META = ("CTAS", "num_warps", "num_stages")
 
 
-def shared_bytes(case: dict) -> int:
+def compiled(case: dict) -> triton.compiler.CompiledKernel:
     config, a, b = case["config"], POINTEE[case["a"]], POINTEE[case["b"]]
     split_k = case["kernel"] == "split_k"
     fn = _stream_gemm_kernel if split_k else stream_k_kernel
@@ -53,8 +58,23 @@ def shared_bytes(case: dict) -> int:
         attrs=attrs,
     )
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def stack_bytes(kernel: triton.compiler.CompiledKernel) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run(
+            [triton.knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
+def usage(case: dict) -> dict:
+    kernel = compiled(case)
+    return {"shared": kernel.metadata.shared, "stack": stack_bytes(kernel)}
 
 
 if __name__ == "__main__":
-    print(json.dumps([shared_bytes(case) for case in json.load(sys.stdin)]))
+    print(json.dumps([usage(case) for case in json.load(sys.stdin)]))

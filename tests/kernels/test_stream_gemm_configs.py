@@ -7,7 +7,8 @@ fits, so it drops all of those. The bound counts every stage in flight, so a ker
 stopped pipelining (one buffer, not num_stages) fails it too. Widening FP8 weights beside
 bfloat16 rows (`--fp8-weight-only-rows`) takes a bfloat16 copy of some weight tiles besides, which
 the bound leaves out: a kept config may still fail there, and the warm-up tuning skips it, as it
-skips any config that fails to build."""
+skips any config that fails to build. And no split-K config spills registers: its last share sums
+the others' partial tiles one at a time, however many there are."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from cde.kernels import stream_gemm_configs as configs
+from cde.kernels.stream_tiles import MAX_SPLIT_K
 
 HELPER = Path(__file__).with_name("compile_sm90.py")
 SM90_OPTIN = 232448  # CUDA's sharedMemPerBlockOptin on sm_90 (227 KB), which Triton's launcher checks
@@ -66,7 +68,8 @@ def boundary(case: str) -> list[tuple[dict, bool]]:
     ]
 
 
-def compiled_shared(cases: list[dict]) -> list[int]:
+def compiled_usage(cases: list[dict]) -> list[dict]:
+    """compile_sm90.py's {"shared", "stack"} bytes per case."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
         [sys.executable, str(HELPER)], input=json.dumps(cases), capture_output=True, text=True, env=env, timeout=600
@@ -84,8 +87,8 @@ def test_the_hopper_limit_is_the_one_the_launcher_checks() -> None:
 def test_pruning_keeps_what_fits_and_drops_only_what_cannot_launch(case: str) -> None:
     picked = boundary(case)
     assert any(kept for _, kept in picked)
-    shared = compiled_shared([c for c, _ in picked])
-    for (c, kept), took in zip(picked, shared):
+    usage = compiled_usage([c for c, _ in picked])
+    for (c, kept), took in zip(picked, (u["shared"] for u in usage)):
         a, b = torch.zeros(1, dtype=CASES[case][0]), torch.zeros(1, dtype=CASES[case][1])
         bound = configs.pipeline_bytes(c["config"], a.element_size(), b.element_size(), c["swiglu"])
         assert took >= bound, (c, took, bound)  # a lower bound: never prunes what fits
@@ -93,3 +96,19 @@ def test_pruning_keeps_what_fits_and_drops_only_what_cannot_launch(case: str) ->
             assert took > SM90_OPTIN, (c, took)
         elif c["a"] == c["b"]:  # same-dtype operands: the bound is the tiles' bytes, exact but for barriers
             assert took <= SM90_OPTIN, (c, took)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_widest_tile_at_the_deepest_split_spills_no_register(case: str) -> None:
+    """The split-K config with the most accumulator registers per thread (the widest output tile)
+    at the most shares: its epilogue once loaded every share's partial tile before adding them
+    (an unrolled loop), 255 registers and up to 1.2 KB spilled to local memory per thread on sm_90;
+    summed one share at a time, it takes as few registers as an unsplit config and spills none."""
+    a_dtype, b_dtype, swiglu = CASES[case]
+    a, b = torch.zeros(64, 4096, dtype=a_dtype), torch.zeros(4096, 4096, dtype=b_dtype)
+    kept = [c for k, c in offered(a, b, swiglu) if k == "split_k" and configs.fits(c, a, b, swiglu)]
+    widest = max(kept, key=lambda c: (c["BLOCK_N"], c["SPLIT_K"], -c["BLOCK_K"]))
+    assert widest["SPLIT_K"] == MAX_SPLIT_K
+    names = {"a": str(a_dtype).removeprefix("torch."), "b": str(b_dtype).removeprefix("torch."), "swiglu": swiglu}
+    (usage,) = compiled_usage([{"kernel": "split_k", **names, "config": widest}])
+    assert usage["stack"] == 0, (widest, usage)
