@@ -12,6 +12,7 @@ from typing import Any
 
 from cde.cli_errors import add_debug_argument, run_reporting_errors, take_debug_flag
 from cde.shared.home import use_compile_caches
+from cde.worker.cpu_threads import use_huge_pages
 
 STARTED = time.monotonic()  # the process's start, near enough: what "ready in" counts from
 
@@ -45,8 +46,10 @@ class HelpFormatter(argparse.HelpFormatter):
 
 def main(argv: list[str] | None = None) -> int:
     argv = take_debug_flag(sys.argv[1:] if argv is None else argv)
-    # Before any command imports torch: compiled kernels are kept under CDE_HOME and reused.
+    # Before any command imports torch: compiled kernels are kept under CDE_HOME and reused, and
+    # large CPU tensors come in huge pages.
     use_compile_caches()
+    use_huge_pages()
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser, module = build_parser(chosen)
     args = parser.parse_args(argv)

@@ -11,6 +11,11 @@ if not torch.cuda.is_available():
 
 from cde.shared.config import preset
 from cde.worker.checkpoint import make_model
+from cde.worker.cpu_threads import use_huge_pages
+
+# As the CLI does, for the engines the tests run in this process (and the servers they start):
+# torch reads the switch at its first large CPU allocation, which no import makes.
+use_huge_pages()
 
 
 def pytest_configure(config):

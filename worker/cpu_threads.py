@@ -1,8 +1,18 @@
-"""How many threads torch's CPU operators use in a worker (or `cde generate`). torch's default is
-one per core of the machine, which assumes the process has the machine to itself: CPU workers
-that share it, or a machine other jobs keep busy, then run more threads than free cores, and
-every operator waits for its slowest thread (on a 2-core machine at load 14, `cde generate` on
-the demo took 83 s with torch's 2 threads and 21 s with 1; docs/operations.md, "CPU threads")."""
+"""How torch runs on the CPU: how many threads its operators use in a worker (or `cde generate`),
+and huge pages for its large tensors.
+
+Threads: torch's default is one per core of the machine, which assumes the process has the machine
+to itself: CPU workers that share it, or a machine other jobs keep busy, then run more threads than
+free cores, and every operator waits for its slowest thread (on a 2-core machine at load 14, `cde
+generate` on the demo took 83 s with torch's 2 threads and 21 s with 1; docs/operations.md, "CPU
+threads").
+
+Huge pages: a pass on the CPU writes each step's vocabulary-wide logits into a fresh tensor (64
+rows of the 100,352-wide vocabulary: 26 MB in float32). Such a block comes from the kernel page by
+page, so every step faults in thousands of 4 KB pages: of the 52 ms that [128, 64] x [64, 100,352]
+takes on one core, 25 ms were page faults. torch's CPU allocator asks for transparent huge pages
+(2 MB) for tensors of 2 MB and more when THP_MEM_ALLOC_ENABLE=1: the same product took 28 ms.
+The bits are the same; only where the memory comes from changes."""
 
 from __future__ import annotations
 
@@ -10,6 +20,15 @@ import logging
 import os
 
 log = logging.getLogger("cde.worker")
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator), read at its first large allocation
+
+
+def use_huge_pages() -> None:
+    """Huge pages for torch's large CPU tensors, unless the operator set the switch (0: off). Call
+    it before the process allocates tensors (the CLI does, before any command imports torch). Where
+    the kernel offers no transparent huge pages (`never` in /sys/kernel/mm/transparent_hugepage/
+    enabled) it changes nothing; the tests' `huge_pages` test asserts it takes effect where offered."""
+    os.environ.setdefault(HUGE_PAGES_ENV, "1")
 
 
 def usable_cores() -> int:
