@@ -66,3 +66,23 @@ def test_only_a_failing_test_catches_a_bug(tmp_path):
         "no test selected": "BROKEN",
     }, out
     assert rc != 0, out
+
+
+def test_every_canary_of_the_list_finds_its_snippet_once_and_its_tests():
+    """The list CI runs last: a snippet that an edit moved (found 0 or 2 times) or a test renamed
+    away is reported here, in the parallel tests, not ~18 minutes in at the canaries' turn."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_canaries", SCRIPT)
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner  # its dataclasses look their module up
+    spec.loader.exec_module(runner)
+    for c in runner.load(runner.CANARIES):
+        text = (REPO / c.file).read_text()
+        assert text.count(c.find) == 1, (c.name, c.file, text.count(c.find))
+        assert c.replace != c.find and c.tests, c.name
+        for test in c.tests:
+            path, _, name = test.partition("::")
+            assert (REPO / path).is_file(), (c.name, test)
+            if name:  # a test function by name (a parametrized case's id is checked when it runs)
+                assert f"def {name.split('[')[0]}(" in (REPO / path).read_text(), (c.name, test)
