@@ -48,6 +48,12 @@ def offered(a: torch.Tensor, b: torch.Tensor, swiglu: bool) -> list[tuple[str, d
     return out
 
 
+def operands(case: str) -> dict:
+    """A case's operand fields as compile_sm90.py reads them."""
+    a_dtype, b_dtype, swiglu = CASES[case]
+    return {"a": str(a_dtype).removeprefix("torch."), "b": str(b_dtype).removeprefix("torch."), "swiglu": swiglu}
+
+
 def boundary(case: str) -> list[tuple[dict, bool]]:
     """Per kernel and operand order, the largest kept config and the smallest pruned one (as
     compile_sm90.py's cases), each with whether it was kept."""
@@ -61,9 +67,8 @@ def boundary(case: str) -> list[tuple[dict, bool]]:
     def size(config: dict) -> int:
         return configs.pipeline_bytes(config, a.element_size(), b.element_size(), swiglu)
 
-    names = {"a": str(a_dtype).removeprefix("torch."), "b": str(b_dtype).removeprefix("torch."), "swiglu": swiglu}
     return [
-        ({"kernel": kernel, **names, "config": (max if kept else min)(members, key=size)}, kept)
+        ({"kernel": kernel, **operands(case), "config": (max if kept else min)(members, key=size)}, kept)
         for (kernel, _, kept), members in groups.items()
     ]
 
@@ -109,6 +114,5 @@ def test_the_widest_tile_at_the_deepest_split_spills_no_register(case: str) -> N
     kept = [c for k, c in offered(a, b, swiglu) if k == "split_k" and configs.fits(c, a, b, swiglu)]
     widest = max(kept, key=lambda c: (c["BLOCK_N"], c["SPLIT_K"], -c["BLOCK_K"]))
     assert widest["SPLIT_K"] == MAX_SPLIT_K
-    names = {"a": str(a_dtype).removeprefix("torch."), "b": str(b_dtype).removeprefix("torch."), "swiglu": swiglu}
-    (usage,) = compiled_usage([{"kernel": "split_k", **names, "config": widest}])
+    (usage,) = compiled_usage([{"kernel": "split_k", **operands(case), "config": widest}])
     assert usage["stack"] == 0, (widest, usage)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cde.worker.cpu_threads import HUGE_PAGES_ENV
 
 PROBE = "import sys, torch; from cde.worker.cpu_threads import set_cpu_threads; {call}; print(torch.get_num_threads())"
 
@@ -36,7 +37,6 @@ def test_the_flag_then_the_environment_win():
 
 
 HUGE_PAGES_PROBE = """
-import sys
 from cde.worker.cpu_threads import use_huge_pages
 use_huge_pages()
 import torch
@@ -61,9 +61,9 @@ def test_large_tensors_come_in_huge_pages_unless_switched_off(switch):
     """`use_huge_pages` (the CLI calls it first) turns torch's switch on unless the operator set it:
     a logits-sized tensor then sits in 2 MB pages where the kernel offers them; with the switch
     set to 0 it gets none."""
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
     if switch is not None:
-        env["THP_MEM_ALLOC_ENABLE"] = switch
+        env[HUGE_PAGES_ENV] = switch
     res = subprocess.run(
         [sys.executable, "-c", HUGE_PAGES_PROBE], env=env, capture_output=True, text=True, timeout=120, check=False
     )
@@ -79,9 +79,9 @@ def test_the_cli_asks_for_huge_pages_before_any_command_runs():
     probe = (
         "import os; from cde.cli import main\n"
         "try:\n    main(['make-model', '--help'])\nexcept SystemExit:\n    pass\n"
-        "print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+        f"print(os.environ['{HUGE_PAGES_ENV}'])"
     )
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
     res = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=False
     )
