@@ -42,7 +42,7 @@ from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
-from cde.commands.bench_roofline import BANDWIDTH_TB_S
+from cde.commands.bench_roofline import this_card_bandwidth
 
 SHAPES = [(5120, 4096), (4096, 4096), (32768, 4096), (4096, 16384)]  # c_attn, attn c_proj, c_fc, mlp c_proj
 
@@ -69,8 +69,9 @@ def stack(args: argparse.Namespace) -> None:
     wq = [[(q, s[:, 0].contiguous()) for q, s in layer] for layer in wq]
     counters = {n: torch.zeros(counter_count(n), dtype=torch.int32, device=dev) for n, _ in SHAPES}
     weights = args.layers * sum(n * k for n, k in SHAPES)
-    limit16, limit8 = (weights * b / (BANDWIDTH_TB_S * 1e12) * 1e3 for b in (2, 1))
-    print(f"weight-read limit of the stack at {BANDWIDTH_TB_S} TB/s: bf16 {limit16:.3f} ms, fp8 {limit8:.3f} ms")
+    bandwidth = this_card_bandwidth()
+    limit16, limit8 = (weights * b / (bandwidth * 1e12) * 1e3 for b in (2, 1))
+    print(f"weight-read limit of the stack at {bandwidth} TB/s: bf16 {limit16:.3f} ms, fp8 {limit8:.3f} ms")
     print(
         "| rows | bf16 F.linear ms | bf16 stream_gemm ms | fp8 _scaled_mm ms | fp8 _scaled_mm fast-accum ms "
         "| fp8 stream_gemm ms | max rel diff bf16 / fp8 / fast-accum |"
@@ -222,7 +223,8 @@ def act_quant(args: argparse.Namespace) -> None:
 
 def per_shape(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
-    print(f"\n{args.layers} layers of one shape at {MAX_ROWS} rows, ms (% of the limit at {BANDWIDTH_TB_S} TB/s)")
+    limit_at = f"the limit at {this_card_bandwidth()} TB/s"
+    print(f"\n{args.layers} layers of one shape at {MAX_ROWS} rows, ms (% of {limit_at})")
     print("| shape [N, K] | bf16 limit | bf16 cuBLAS | bf16 stream_gemm | fp8 limit | fp8 stream_gemm |")
     print("| --- | --- | --- | --- | --- | --- |")
     for n, k in SHAPES:
@@ -237,7 +239,7 @@ def shape_row(n: int, k: int, layers: int) -> str:
     xq, xs = quantize_rows(x)
     xs = xs[:, 0].contiguous()
     counters = torch.zeros(counter_count(n), dtype=torch.int32, device="cuda")
-    limit16, limit8 = (layers * n * k * b / (BANDWIDTH_TB_S * 1e12) * 1e3 for b in (2, 1))
+    limit16, limit8 = (layers * n * k * b / (this_card_bandwidth() * 1e12) * 1e3 for b in (2, 1))
 
     def cell(limit: float, fn) -> str:
         ms = graph_ms(fn)

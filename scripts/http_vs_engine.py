@@ -59,7 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_engine(args: argparse.Namespace, model: str, out: Path) -> dict[tuple[int, bool], dict]:
+def run_engine(args: argparse.Namespace, model: str, out: Path) -> tuple[str, dict[tuple[int, bool], dict]]:
+    """The card the engine ran on, and its bench's rows per (concurrency, attribution)."""
     path = out / "engine.json"
     cmd = [
         *PY,
@@ -83,8 +84,8 @@ def run_engine(args: argparse.Namespace, model: str, out: Path) -> dict[tuple[in
     ]
     with open(out / "engine.log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
-    rows = json.loads(path.read_text())["results"]
-    return {(r["concurrency"], r["attribution"]): r for r in rows}
+    report = json.loads(path.read_text())
+    return report["device"], {(r["concurrency"], r["attribution"]): r for r in report["results"]}
 
 
 class Server:
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(shutil.rmtree, model, ignore_errors=True)  # a random 8b is 16 GB of /tmp
         subprocess.run([*PY, "make-model", "--preset", args.preset, model], stdout=subprocess.DEVNULL, check=True)
     t0 = time.monotonic()
-    engine = run_engine(args, model, out)
+    device, engine = run_engine(args, model, out)
     engine_s = time.monotonic() - t0
     server = Server(args, model, out, max(levels))
     try:
@@ -262,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text, flush=True)
     summary = {
         "args": vars(args),
+        "device": device,
         "cells": cells,
         "first_request": first,
         "first_vs_median": first["ttfb_s"] / rest - 1,

@@ -27,7 +27,7 @@ from cde.kernels.stream_gemm_configs import pipeline_bytes, shared_limit
 from cde.worker.cuda_timing import graph_replay_ms
 from cde.worker.fp8 import quantize_rows
 
-from cde.commands.bench_roofline import BANDWIDTH_TB_S
+from cde.commands.bench_roofline import this_card_bandwidth
 
 SHAPES = dict(zip(("c_attn", "attn c_proj", "c_fc", "mlp c_proj"), FP8_KERNEL_SHAPES))
 
@@ -140,7 +140,7 @@ def sweep(dtype: str, shapes: list[str], layers: int, budget_s: float, top: int,
     for name in shapes:
         n, k = SHAPES[name]
         elem = setups[name][2]
-        limit = layers * n * k * elem / (BANDWIDTH_TB_S * 1e12) * 1e3
+        limit = layers * n * k * elem / (this_card_bandwidth() * 1e12) * 1e3
         print(f"\n{dtype} {name} [{n}, {k}], {layers} layers at {MAX_ROWS} rows: limit {limit:.3f} ms")
         for ms, config, note in sorted(rows[name], key=lambda r: r[0])[:top] + rows[name][:1]:
             shown = label(config or tuned[(n, k, dtype == "fp8")])

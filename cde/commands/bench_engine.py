@@ -256,13 +256,19 @@ def _bench(
             res.pop("outputs"), res.pop("last_block_s")
         if args.json:
             settings = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None), list))}
+            report = {"args": settings, "device": device_name(device), "config": dataclasses.asdict(engine.cfg)}
             with open(args.json, "w") as f:  # the model's config too: a random checkpoint's directory is temporary
-                json.dump({"args": settings, "config": dataclasses.asdict(engine.cfg), "results": results}, f, indent=2)
+                json.dump({**report, "results": results}, f, indent=2)
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
             for c in levels:
                 profile_steps(engine, _requests(c, args, f"prof{c}"), os.path.join(args.profile, f"profile-c{c}.txt"))
     return 0
+
+
+def device_name(device: str) -> str:
+    """The card a run's figures belong to (`cde bench roofline` takes its limits from it)."""
+    return torch.cuda.get_device_name() if device == "cuda" else device
 
 
 def print_table(results: list[dict]) -> None:

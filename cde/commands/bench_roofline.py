@@ -16,7 +16,12 @@ with `--quantization fp8`, the LM head and concept heads in bfloat16 either way)
 gathered by row, not read whole. FLOPs: 2 per weight per token of the pass's 64-token blocks, and
 attention's QK and PV over the run's mean context. "host gap ms" is the time per pass the device
 sat idle waiting for the host to launch the next one (`cde bench engine`'s idle share of the run):
-time a pass loses that no kernel can win back."""
+time a pass loses that no kernel can win back.
+
+The limits are the card's the run recorded (`device` in the JSON; reports written before that field
+were all the H200's): its measured copy bandwidth and dense bfloat16 rate, FP8's twice that. Issue
+29's bars were set on the H200: a row from another card shows its bar but does not judge it, so a
+table from an H100 never reads as a bar met or missed."""
 
 from __future__ import annotations
 
@@ -39,7 +44,31 @@ LONG_CONTEXT = 131072  # the long-context bar's 128k tokens (4 layers of the 8b 
 LONG_MS_BAR = 3.5  # exact decode, ms per pass
 FLASH_RATIO_BAR = 1.5  # exact attention over SDPA flash's on contiguous KV of the same size
 HTTP_BAR = 0.03  # HTTP tok/s below the engine's, at most
-BANDWIDTH_TB_S = 4.2  # the H200's measured copy bandwidth: the weight-read limit's default
+
+
+@dataclass(frozen=True)
+class Card:
+    bandwidth: float | None  # TB/s, a device-to-device copy counting bytes read and written
+    peak: float | None  # dense bfloat16 TFLOP/s (an 8192^3 product on random data)
+    fp8_peak: float | None
+
+
+# Measured on the lent machines (the device tool's KINDS.md; the H200's copy also in docs/benchmarks.md).
+CARDS = {
+    "NVIDIA H200": Card(4.2, 790.0, 1580.0),
+    "NVIDIA H100 80GB HBM3": Card(3.0, 798.0, 1596.0),
+}
+BAR_CARD = "NVIDIA H200"  # the card issue 29's bars were set on
+
+
+def this_card_bandwidth() -> float:
+    """The copy bandwidth of the CUDA card this process runs on, TB/s, for the GPU scripts' limits
+    (the H200's where the card is not in CARDS)."""
+    import torch
+
+    bandwidth = CARDS.get(torch.cuda.get_device_name(), CARDS[BAR_CARD]).bandwidth
+    assert bandwidth is not None  # every card of CARDS has one
+    return bandwidth
 
 
 def host_gap_ms(result: dict) -> float:
@@ -50,16 +79,19 @@ def host_gap_ms(result: dict) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", help="`cde bench engine --json` files")
     p.add_argument("--model", help="checkpoint directory whose config.json gives the shape (default: each run's)")
-    p.add_argument(
-        "--bandwidth",
-        type=float,
-        default=BANDWIDTH_TB_S,
-        help="device copy bandwidth, TB/s (default: %(default)s, H200 measured)",
-    )
-    p.add_argument(
-        "--peak", type=float, default=790.0, help="bfloat16 dense peak, TFLOP/s (default: %(default)s, H200)"
-    )
-    p.add_argument("--fp8-peak", type=float, default=1580.0, help="FP8 dense peak, TFLOP/s (default: %(default)s)")
+    p.add_argument("--bandwidth", type=float, help="device copy bandwidth, TB/s (default: the run's card's)")
+    p.add_argument("--peak", type=float, help="bfloat16 dense peak, TFLOP/s (default: the run's card's)")
+    p.add_argument("--fp8-peak", type=float, help="FP8 dense peak, TFLOP/s (default: the card's, else twice --peak)")
+
+
+def card_of(report: dict, args: argparse.Namespace) -> tuple[str, Card]:
+    """The run's card and its limits, each overridden by its flag; a limit of a card not in CARDS
+    without its flag is unknown (None)."""
+    name = report.get("device", BAR_CARD)
+    known = CARDS.get(name, Card(None, None, None))
+    peak = args.peak or known.peak
+    fp8_peak = args.fp8_peak or (2 * args.peak if args.peak else known.fp8_peak)
+    return name, Card(args.bandwidth or known.bandwidth, peak, fp8_peak)
 
 
 @dataclass(frozen=True)
@@ -109,18 +141,24 @@ class Row:
     host_gap_ms: float | None = None  # per pass, the device idle waiting for the host's next launch
     compared: str = ""  # against what else the same run measured (SDPA flash, the engine)
     bar: str = ""
-    met: bool | None = None
+    met: bool | None = None  # None: no bar, or one set on another card
+    card: str = ""
 
     @property
     def roofline_ms(self) -> float | None:
         return None if self.read_ms is None or self.flop_ms is None else max(self.read_ms, self.flop_ms)
 
 
-def limits(s: Shape, quant: str, items: int, context: float, args: argparse.Namespace) -> tuple[float, float]:
-    """The weight-read and tensor-core limits of one pass, ms."""
-    peak = args.fp8_peak if quant == "fp8" else args.peak
-    read = weight_bytes(s, quant) / (args.bandwidth * 1e12) * 1e3
-    return read, pass_flops(s, items, context) / (peak * 1e12) * 1e3
+def limits(s: Shape, quant: str, items: int, context: float, card: Card) -> tuple[float | None, float | None]:
+    """The weight-read and tensor-core limits of one pass on `card`, ms (None: the card's figure unknown)."""
+    peak = card.fp8_peak if quant == "fp8" else card.peak
+    read = None if card.bandwidth is None else weight_bytes(s, quant) / (card.bandwidth * 1e12) * 1e3
+    return read, None if peak is None else pass_flops(s, items, context) / (peak * 1e12) * 1e3
+
+
+def judged(bar: str, met: bool, card: str) -> tuple[str, bool | None]:
+    """A bar and whether the row meets it, where the row ran on the card the bars were set on."""
+    return (bar, met) if card == BAR_CARD else (f"{bar} (on the {BAR_CARD.removeprefix('NVIDIA ')})", None)
 
 
 def _requests(n: int) -> str:
@@ -133,6 +171,7 @@ def _label(quant: str, n: int) -> str:
 
 def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     settings = report["args"]
+    name, card = card_of(report, args)
     prompt = float(str(settings.get("prompt_len", PAGE)).split(",")[0])
     context = prompt + float(settings.get("max_tokens", 0)) / 2
     out = []
@@ -140,7 +179,7 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     for r in report["results"]:
         quant, n = r.get("quantization", "none"), int(r["concurrency"])
         ms, tok_s = r["ms_per_forward"], r["output_tok_per_s"]
-        read_ms, flop_ms = limits(s, quant, n, context, args)
+        read_ms, flop_ms = limits(s, quant, n, context, card)
         gc_share = r.get("gc_ms", 0.0) / (r["wall_s"] * 1e3)
         recompiles = int(r.get("recompiles_after_warmup", 0))
         gap_ms = host_gap_ms(r) if "gpu_idle_fraction" in r else None
@@ -151,9 +190,8 @@ def engine_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
             max_ms, min_tok_s = BARS[quant, n]
             bar = " and ".join(([f"<= {max_ms:g} ms"] if max_ms is not None else []) + [f">= {min_tok_s:g} tok/s"])
             met = (max_ms is None or ms <= max_ms) and tok_s >= min_tok_s
-            met = met and gc_share <= GC_BAR and recompiles == 0
-        row = Row(label, ms, tok_s, read_ms, flop_ms, gc_share, recompiles, gap_ms, bar=bar, met=met)
-        out.append(row)
+            bar, met = judged(bar, met and gc_share <= GC_BAR and recompiles == 0, name)
+        out.append(Row(label, ms, tok_s, read_ms, flop_ms, gc_share, recompiles, gap_ms, bar=bar, met=met, card=name))
     return out
 
 
@@ -161,11 +199,12 @@ def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     """FlashBlock bench rows: decode passes (one token per request each), attention per pass. A
     FlashBlock row has no tensor-core limit: reused attention skips the FLOPs the limit counts."""
     out = []
+    name, card = card_of(report, args)
     max_tokens = float(report["args"].get("max_tokens", 0))
     for r in report["results"]:
         n, context = int(r["concurrency"]), int(r["context"])
         ms = 1e3 * n / r["decode_tok_per_s"]
-        read_ms, exact_flop_ms = limits(s, "none", n, context - max_tokens / 2, args)
+        read_ms, exact_flop_ms = limits(s, "none", n, context - max_tokens / 2, card)
         flop_ms = exact_flop_ms if r["flashblock"] == "off" else None
         flash = r.get("sdpa_flash_ms_per_step")
         ratio = r["attention_ms_per_step"] / flash if flash else None
@@ -174,8 +213,9 @@ def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
         if r["flashblock"] == "off" and n == 1 and context >= LONG_CONTEXT:
             bar = f"<= {LONG_MS_BAR:g} ms and attention <= {FLASH_RATIO_BAR:g}x SDPA flash"
             met = ms <= LONG_MS_BAR and ratio is not None and ratio <= FLASH_RATIO_BAR
+            bar, met = judged(bar, met, name)
         run = f"{s.n_layers} layers, {context // 1024}k, {_requests(n)}, FlashBlock {r['flashblock']}"
-        out.append(Row(run, ms, r["decode_tok_per_s"], read_ms, flop_ms, None, None, None, compared, bar, met))
+        out.append(Row(run, ms, r["decode_tok_per_s"], read_ms, flop_ms, None, None, None, compared, bar, met, name))
     return out
 
 
@@ -185,8 +225,9 @@ def http_rows(summary: dict) -> list[Row]:
         gap = c["http_tok_s"] / c["engine_tok_s"] - 1
         run = f"HTTP, {_requests(int(c['concurrency']))}, attribution {'on' if c['attribution'] else 'off'}"
         compared = f"{100 * gap:+.1f}% vs the engine ({c['engine_tok_s']:.1f} tok/s)"
-        bar = f"within {100 * HTTP_BAR:g}% of the engine"
-        out.append(Row(run, None, c["http_tok_s"], None, None, None, None, None, compared, bar, gap >= -HTTP_BAR))
+        bar = f"within {100 * HTTP_BAR:g}% of the engine"  # a ratio within one run: judged on any card
+        card = summary.get("device", BAR_CARD)
+        out.append(Row(run, None, c["http_tok_s"], None, None, None, None, None, compared, bar, gap >= -HTTP_BAR, card))
     return out
 
 
@@ -197,8 +238,8 @@ def _num(value: float | None, fmt: str) -> str:
 def table(all_rows: list[Row]) -> str:
     lines = [
         "run | ms/pass | tok/s | weight-read limit ms | tensor-core limit ms | of roofline | GC | recompiles"
-        " | host gap ms | compared with | issue 29 bar | met",
-        "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
+        " | host gap ms | compared with | issue 29 bar | met | card",
+        "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---",
     ]
     for r in all_rows:
         share = None if r.ms is None or r.roofline_ms is None else 100 * r.roofline_ms / r.ms
@@ -207,7 +248,8 @@ def table(all_rows: list[Row]) -> str:
             f"{r.run} | {_num(r.ms, '.2f')} | {r.tok_s:.1f} | {_num(r.read_ms, '.2f')} | {_num(r.flop_ms, '.2f')} | "
             f"{_num(share, '.0f')}{'%' if share is not None else ''} | {gc} | {_num(r.recompiles, 'd')} | "
             f"{_num(r.host_gap_ms, '.2f')} | "
-            f"{r.compared or '—'} | {r.bar or '—'} | {'—' if r.met is None else 'yes' if r.met else 'no'}"
+            f"{r.compared or '—'} | {r.bar or '—'} | {'—' if r.met is None else 'yes' if r.met else 'no'} | "
+            f"{r.card.removeprefix('NVIDIA ')}"
         )
     return "\n".join(lines)
 

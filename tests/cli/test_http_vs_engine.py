@@ -23,7 +23,7 @@ def test_the_http_stage_prints_the_table_and_writes_json(tiny_dir, tmp_path):
     assert len(rows) == 5  # the header and the 4 cells
     summary = json.loads((tmp_path / "http_vs_engine.json").read_text())
     cells = {(c["concurrency"], c["attribution"]): c for c in summary["cells"]}
-    assert set(cells) == {(1, False), (1, True), (2, False), (2, True)}
+    assert set(cells) == {(1, False), (1, True), (2, False), (2, True)} and summary["device"] == "cpu"
     for c in cells.values():
         assert c["engine_tok_s"] > 0 and c["http_tok_s"] > 0 and c["http_ttfb_s"] > 0 and c["engine_ttfb_s"] > 0
         # The worker's passes in the cell, from /metrics: 16 tokens at 8 a step are at least 2 per
