@@ -82,12 +82,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth", type=float, help="device copy bandwidth, TB/s (default: the run's card's)")
     p.add_argument("--peak", type=float, help="bfloat16 dense peak, TFLOP/s (default: the run's card's)")
     p.add_argument("--fp8-peak", type=float, help="FP8 dense peak, TFLOP/s (default: the card's, else twice --peak)")
+    p.add_argument(
+        "--card",
+        default=BAR_CARD,
+        help="the card of a report that names none, as torch names it (default: %(default)s, every such run's)",
+    )
 
 
 def card_of(report: dict, args: argparse.Namespace) -> tuple[str, Card]:
     """The run's card and its limits, each overridden by its flag; a limit of a card not in CARDS
     without its flag is unknown (None)."""
-    name = report.get("device", BAR_CARD)
+    name = report.get("device", args.card)
     known = CARDS.get(name, Card(None, None, None))
     peak = args.peak or known.peak
     fp8_peak = args.fp8_peak or (2 * args.peak if args.peak else known.fp8_peak)
@@ -219,14 +224,14 @@ def long_rows(report: dict, s: Shape, args: argparse.Namespace) -> list[Row]:
     return out
 
 
-def http_rows(summary: dict) -> list[Row]:
+def http_rows(summary: dict, args: argparse.Namespace) -> list[Row]:
     out = []
     for c in summary["cells"]:
         gap = c["http_tok_s"] / c["engine_tok_s"] - 1
         run = f"HTTP, {_requests(int(c['concurrency']))}, attribution {'on' if c['attribution'] else 'off'}"
         compared = f"{100 * gap:+.1f}% vs the engine ({c['engine_tok_s']:.1f} tok/s)"
         bar = f"within {100 * HTTP_BAR:g}% of the engine"  # a ratio within one run: judged on any card
-        card = summary.get("device", BAR_CARD)
+        card = summary.get("device", args.card)
         out.append(Row(run, None, c["http_tok_s"], None, None, None, None, None, compared, bar, gap >= -HTTP_BAR, card))
     return out
 
@@ -271,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     for path in args.results:
         report = json.loads(Path(path).read_text())
         if "cells" in report:  # scripts/http_vs_engine.py
-            all_rows += http_rows(report)
+            all_rows += http_rows(report, args)
             continue
         s = report_shape(report, path, args)
         is_long = any("flashblock" in r for r in report["results"])

@@ -76,7 +76,7 @@ def test_the_table_of_a_real_engine_run(tmp_path):
     ]
 
 
-def roofline(tmp_path, capsys: pytest.CaptureFixture[str], report: dict) -> list[list[str]]:
+def roofline(tmp_path, capsys: pytest.CaptureFixture[str], report: dict, *flags: str) -> list[list[str]]:
     """The table's rows for one report, through the command's own parser and run (in this process:
     the test above runs it as a command)."""
     path = tmp_path / "report.json"
@@ -84,7 +84,7 @@ def roofline(tmp_path, capsys: pytest.CaptureFixture[str], report: dict) -> list
     parser = argparse.ArgumentParser()
     bench_roofline.add_arguments(parser)
     capsys.readouterr()
-    assert bench_roofline.run(parser.parse_args([str(path)])) == 0
+    assert bench_roofline.run(parser.parse_args([str(path), *flags])) == 0
     return [[c.strip() for c in line.split("|")] for line in capsys.readouterr().out.splitlines()[2:]]
 
 
@@ -102,7 +102,8 @@ def engine_report(device: str | None, *ms: float) -> dict:
 def test_limits_are_the_cards_and_bars_are_judged_on_the_h200_only(tmp_path, capsys):
     """A run's limits come from the card it names (its measured copy bandwidth and bfloat16 rate,
     FP8's twice that); issue 29's bars, set on the H200, are judged there and shown unjudged for
-    another card; a card without known figures has no limits; a report without a card is the H200's."""
+    another card; a card without known figures has no limits; a report without a card is the H200's
+    unless --card names another."""
     s = shape(preset("8b"))
     h100 = "NVIDIA H100 80GB HBM3"
     rows = {
@@ -119,6 +120,9 @@ def test_limits_are_the_cards_and_bars_are_judged_on_the_h200_only(tmp_path, cap
     assert [r[10:] for r in rows[h100]] == [["<= 3.2 ms and >= 300 tok/s (on the H200)", "—", "H100 80GB HBM3"]] * 2
     a100 = rows["NVIDIA A100"][0]
     assert a100[3:6] == ["—", "—", "—"] and a100[11:] == ["—", "A100"]
+    # --card names the card of a report that names none; a report's own name wins over it
+    assert roofline(tmp_path, capsys, engine_report(None, 3.1), "--card", h100) == rows[h100][:1]
+    assert roofline(tmp_path, capsys, engine_report("NVIDIA H200", 3.1), "--card", h100) == rows["NVIDIA H200"][:1]
 
 
 def test_long_context_rows_carry_the_pass_and_flash_bars(tmp_path, capsys):
