@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 PAGE = 64  # diffusion block = attention tile = KV page
+log = logging.getLogger("cde.config")
 
 # How a forward item attends (FlashBlock): over all its pages at once; split into the cached
 # pages (recomputed, then kept) and its own block, merged by log-sum-exp; or the same split
@@ -65,7 +67,6 @@ class ModelConfig:
     rope_base: float = 500000.0
     clip_qkv: float | None = 10.0
     weight_sharing: bool = True
-    interpretable: bool = True
     instruct: bool = False
     # concept heads
     n_concepts: int = 33732
@@ -76,7 +77,6 @@ class ModelConfig:
     unknown_topk: int = 128
     concept_block_size: int = 4096
     pad_multiple: int = 16
-    use_epsilon_correction: bool = True
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -135,8 +135,9 @@ class ModelConfig:
                 )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"config.json: unknown keys {unknown}")
+        if unknown:  # e.g. a re-saved config's `use_cache`: the official loader keeps only its own fields too
+            log.warning("config.json: ignoring keys that neither CDE nor the official package reads: %s", unknown)
+            data = {k: v for k, v in data.items() if k in names}
         if "n_kv_heads" in data and data["n_kv_heads"] is None:  # reference: None = one KV head per head
             data["n_kv_heads"] = data.get("n_head", cls.n_head)
         if data.get("instruct") and "vocab_size" not in data:
@@ -159,9 +160,16 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     def validate(self) -> None:
-        for key in ("n_layers", "n_head", "n_kv_heads", "n_embd", "vocab_size"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
-                raise ConfigError(f"config.json: {key} must be a positive integer, got {getattr(self, key)!r}")
+        for key in ("n_layers", "n_head", "n_kv_heads", "n_embd", "vocab_size", *_CONCEPT_COUNTS):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                # null top-k (every concept, no sparsity) is the official package's too; not built here
+                unbuilt = " (null: no top-k, which CDE does not implement)" if value is None else ""
+                raise ConfigError(f"config.json: {key} must be a positive integer, got {value!r}{unbuilt}")
+        if self.topk_known_features is not None and self.topk_known_features <= 0:
+            raise ConfigError(
+                f"config.json: topk_known_features must be positive or null, got {self.topk_known_features}"
+            )
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_heads:
@@ -182,6 +190,8 @@ class ModelConfig:
         d = {PUBLISHED_CONTEXT_KEY if k == "context_len" else k: v for k, v in dataclasses.asdict(self).items()}
         d.update(
             model_type="causal_diffusion",
+            interpretable=True,
+            use_epsilon_correction=True,
             use_rms_norm=True,
             use_rope=True,
             rope_full_precision=True,
@@ -234,8 +244,10 @@ _IGNORED = {
     "store_unknown_weights",
     "inject_layer",
     "inject_alpha",
-    "rope_full_precision",
 }
+# The concept heads' sizes and top-k widths: positive integers (the official package also takes
+# null for the top-k widths and the unknown head's size; CDE serves the sparse heads only).
+_CONCEPT_COUNTS = ("n_concepts", "n_unknown_concepts", "factorize_rank", "topk_known", "unknown_topk")
 # Architecture switches whose other values CDE does not implement.
 _FIXED: dict[str, set] = {
     # "steerling": the published Hub config (its Hugging Face file builder); "causal_diffusion":
@@ -252,6 +264,11 @@ _FIXED: dict[str, set] = {
     "use_attention_known": {False},
     "use_attention_unknown": {False},
     "activation": {"gelu", "silu", "relu"},  # unused by SwiGLU
+    # The official default is False (a plain CausalDiffusionLM, no concept heads); a config
+    # without the key is served as interpretable, the one architecture CDE builds.
+    "interpretable": {True},
+    "use_epsilon_correction": {True},  # off, logits come from the bottleneck alone: not built
+    "rope_full_precision": {True},  # off, RoPE in the model's dtype: not built
 }
 _NESTED_ALIASES = {"block_size": "concept_block_size", "topk_known": "topk_known"}
 

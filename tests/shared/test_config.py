@@ -121,6 +121,10 @@ def test_instruct_flag_defaults_vocab():
         ("use_unknown", False),
         ("norm_order", "sandwich"),
         ("diff_block_size", 32),
+        # the official package builds each of these, with other math than CDE's
+        ("use_epsilon_correction", False),
+        ("rope_full_precision", False),
+        ("interpretable", False),
     ],
 )
 @pytest.mark.parametrize("layout", ["cde", "published"])
@@ -145,13 +149,42 @@ def test_unsupported_value_in_nested_block():
         ({"n_kv_heads": 0}, "n_kv_heads"),
         ({"vocab_size": 50000}, "too small"),
         ({"instruct": True, "vocab_size": 100281}, "instruct model needs vocab_size"),
-        ({"frobnicate": 1}, r"unknown keys \['frobnicate'\]"),
+        ({"unknown_topk": None}, r"unknown_topk must be a positive integer, got None \(null: no top-k"),
+        ({"topk_known": None}, r"topk_known must be a positive integer, got None \(null: no top-k"),
+        ({"n_unknown_concepts": None}, "n_unknown_concepts must be a positive integer"),
+        ({"factorize_rank": 0}, "factorize_rank must be a positive integer"),
+        ({"topk_known_features": 0}, "topk_known_features must be positive or null"),
     ],
 )
 def test_invalid_configs(change, msg):
     raw = {**preset("tiny").to_published_dict(), **change}
     with pytest.raises(ConfigError, match=msg):
         ModelConfig.from_dict(raw)
+
+
+def test_keys_nobody_reads_are_ignored_with_a_warning(caplog):
+    """A config re-saved by transformers carries keys of its own; the official loader keeps only
+    its fields, so these change nothing there either: CDE loads the same config and names them."""
+    raw = {**published(), "tie_word_embeddings": True, "_name_or_path": "x", "use_cache": True}
+    with caplog.at_level("WARNING", logger="cde.config"):
+        assert ModelConfig.from_dict(raw) == ModelConfig.from_dict(published())
+    assert "['_name_or_path', 'tie_word_embeddings', 'use_cache']" in caplog.text
+
+
+@pytest.mark.reference
+def test_every_field_of_the_official_configs_is_read_fixed_or_ignored_for_a_reason():
+    """Ignoring unknown keys is safe only if CDE knows every key the official package reads: each
+    field of its model and concept configs is a field of CDE's, a value CDE checks, or one of the
+    keys listed as not changing the math."""
+    from cde.shared import config
+    from steerling.configs.causal_diffusion import CausalDiffusionConfig
+    from steerling.configs.concept import ConceptConfig
+
+    official = set(CausalDiffusionConfig.model_fields) | {
+        config._NESTED_ALIASES.get(k, k) for k in ConceptConfig.model_fields
+    }
+    handled = {f.name for f in dataclasses.fields(ModelConfig)} | set(config._FIXED) | config._IGNORED
+    assert official - handled == {config.PUBLISHED_CONTEXT_KEY}  # read as context_len
 
 
 def test_null_kv_heads_means_multi_head():
