@@ -8,7 +8,7 @@ from cde.gateway.chat_render import ChatRenderer
 from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
 from cde.gateway.errors import invalid
-from cde.gateway.params import check_prompt, truncated
+from cde.gateway.params import check_prompt, truncated, until_the_context
 from cde.gateway.prompts import encode_chat
 from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import ChatCompletionRequest
@@ -43,7 +43,13 @@ async def create_chat_completion(request: Request) -> Response:
             )
         await check_grammar(*constraint, info)
     prompt = truncated(
-        await encode_chat(tok, render_messages(body), info, body.add_generation_prompt, body.continue_final_message),
+        await encode_chat(
+            tok,
+            render_messages(body.messages, body.tools),
+            info,
+            body.add_generation_prompt,
+            body.continue_final_message,
+        ),
         body,
     )
     if len(prompt) >= info.context_len:
@@ -52,8 +58,7 @@ async def create_chat_completion(request: Request) -> Response:
             "messages",
             "context_length_exceeded",
         )
-    # OpenAI's default is "until done": whatever the context leaves.
-    max_tokens = body.max_completion_tokens or body.max_tokens or info.context_len - len(prompt)
+    max_tokens = until_the_context(prompt, body.max_completion_tokens or body.max_tokens, info)
     check_prompt(
         prompt, max_tokens, info, "messages", "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     )

@@ -46,9 +46,13 @@ class ChatRenderer:
             chunks.append(self._chunk(role, self._prompt_ids() if i == 0 else None))
         return chunks
 
-    def chunk(self, d: Delta) -> ChatCompletionChunk:
+    def chunk(self, d: Delta) -> ChatCompletionChunk | None:
         self.usage.count(d)
         delta, finish_reason = self.answers[d.index].delta(d.text, d.finish_reason)
+        # Text held while it may open a tool call, and nothing else to tell: OpenAI sends no empty delta.
+        told = d.logprobs is not None or d.attribution is not None or (self.body.return_token_ids and d.token_ids)
+        if delta == ChatDelta() and finish_reason is None and not told:
+            return None
         choice = ChatStreamChoice(
             index=d.index,
             delta=delta,

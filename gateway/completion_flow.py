@@ -72,7 +72,7 @@ async def start_generation(
     state: ServerState,
     body: SamplingParams,
     prompts: list[list[int]],
-    max_tokens: int,
+    max_tokens: int | None,
     info: ModelInfo,
     tokenizer: Tokenizer,
     response_id: str,
@@ -119,7 +119,9 @@ class Renderer(Protocol):
         """The chunks a stream starts with, before any choice has text."""
         ...
 
-    def chunk(self, delta: Delta) -> ResponseModel: ...
+    def chunk(self, delta: Delta) -> ResponseModel | None:
+        """The delta's chunk; None where it has nothing to tell the client."""
+        ...
 
     def step(self, delta: StepDelta) -> SseEvent: ...
 
@@ -149,7 +151,9 @@ def _stream(gen: Generation, content: ContentLog, r: Renderer, n: int) -> Respon
         for c in r.opening():
             yield c
         async for d in gen.stream():
-            yield r.step(d) if isinstance(d, StepDelta) else r.chunk(d)
+            event = r.step(d) if isinstance(d, StepDelta) else r.chunk(d)
+            if event is not None:
+                yield event
         last = r.last_chunk(gen.completion_tokens, gen.cached_tokens(n))
         if last is not None:
             yield last

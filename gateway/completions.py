@@ -9,7 +9,7 @@ from cde.gateway.completion_flow import ResponseHead, answer, open_request, star
 from cde.gateway.completion_render import CompletionRenderer
 from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
-from cde.gateway.params import check_prompt, truncated
+from cde.gateway.params import check_prompt, truncated, until_the_context
 from cde.gateway.prompts import encode_prompts
 from cde.gateway.request_logs import ContentLog, response_id
 from cde.gateway.schemas import CompletionRequest
@@ -47,7 +47,7 @@ async def create_completion(request: Request) -> Response:
     if len(prompts) * body.n > MAX_CHOICES:
         raise invalid(f"{len(prompts)} prompts x n={body.n} choices is more than {MAX_CHOICES} in one request", "n")
     for ids in prompts:
-        check_prompt(ids, body.max_tokens, info, "prompt")
+        check_prompt(ids, until_the_context(ids, body.max_tokens, info), info, "prompt")
     cmpl_id = response_id(request, "cmpl")
     content = ContentLog(state.log_requests, cmpl_id)
     content.asked(prompt=body.prompt)

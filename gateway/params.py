@@ -35,6 +35,12 @@ def stop_list(body: SamplingParams) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
 
+def until_the_context(ids: list[int], max_tokens: int | None, info: ModelInfo) -> int:
+    """`max_tokens`, or where it is null (OpenAI's "until done") whatever the context leaves after
+    the prompt: at least 1, so that a prompt filling the context fails check_prompt, naming it."""
+    return max_tokens if max_tokens is not None else max(info.context_len - len(ids), 1)
+
+
 def check_prompt(
     ids: list[int], max_tokens: int, info: ModelInfo, param: str, max_tokens_param: str = "max_tokens"
 ) -> None:
@@ -59,7 +65,7 @@ def as_invalid() -> Iterator[None]:
 def generate_requests(
     body: SamplingParams,
     prompts: list[list[int]],
-    max_tokens: int,
+    max_tokens: int | None,
     info: ModelInfo,
     labels: ConceptLabels,
     prefix: str,
@@ -67,7 +73,7 @@ def generate_requests(
     grammar: str | None = None,
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), in OpenAI choice order (prompt-major), each
-    checked by the worker's rules."""
+    checked by the worker's rules; `max_tokens` None: until_the_context, per prompt."""
     if body.stream_denoise and not body.stream:
         raise invalid("stream_denoise streams the denoising steps: it needs stream: true", "stream_denoise")
     steering = _steering(body.steering, info, labels) if body.steering is not None else None
@@ -80,14 +86,14 @@ def generate_requests(
                 GenerateRequest(
                     request_id=f"{prefix}-{p}-{i}",
                     prompt_ids=ids,
-                    max_tokens=max_tokens,
+                    max_tokens=until_the_context(ids, max_tokens, info),
                     temperature=body.temperature,
                     top_p=body.top_p,
                     top_k=max(body.top_k, 0),
                     entropy_sampling=body.entropy_sampling,
                     repetition_penalty=body.repetition_penalty,
                     # n samples of one seeded request must differ from each other yet be reproducible.
-                    seed=None if body.seed is None else (body.seed + i) % (1 << 32),
+                    seed=None if body.seed is None else (body.seed + i) % (1 << 64),
                     tokens_per_step=body.tokens_per_step,
                     confidence_threshold=body.confidence_threshold,
                     stop=stop_list(body),

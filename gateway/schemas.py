@@ -291,13 +291,24 @@ class TextPart(_Body):
     text: str
 
 
+class RefusalPart(_Body):
+    """An assistant reply's refusal as a content part (OpenAI's assistant message): its text, as
+    vLLM renders it."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+_ContentPart = Annotated[TextPart | RefusalPart, Discriminator("type")]  # another type is an error naming it
+
+
 # What the openai SDK's `message.model_dump()` carries back into a history as null: nothing to render.
 _DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls"})
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None
+    content: str | list[_ContentPart] | None
     name: str | None = None  # accepted, not rendered: the template has no place for it
     # An assistant reply's refusal text and url citations, as a dumped reply carries them: they
     # change nothing about the prompt (vLLM ignores them too).
@@ -319,6 +330,8 @@ class ChatMessage(_Body):
             for name in ("refusal", "annotations"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to assistant messages only")
+        if self.role != "assistant" and any(isinstance(p, RefusalPart) for p in self.content or ()):
+            raise ValueError("a refusal content part belongs to assistant messages only")
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content may be null only in an assistant message with tool_calls")
         if self.tool_calls and self.role != "assistant":
@@ -330,7 +343,10 @@ class ChatMessage(_Body):
     def text(self) -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        # vLLM's joiner: two parts are two lines, not one run-on word
+        return "\n".join(p.text if isinstance(p, TextPart) else p.refusal for p in self.content)
 
 
 class ChatCompletionRequest(SamplingParams):

@@ -11,9 +11,10 @@ from cde.gateway.errors import invalid
 from cde.gateway.http_utils import read_body
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import as_invalid
-from cde.gateway.prompts import encode_chat, encode_prompts, template_messages
+from cde.gateway.prompts import encode_chat, encode_prompts
 from cde.gateway.state import ServerState
 from cde.gateway.tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
+from cde.gateway.tools import render_messages
 from cde.shared.config import BOS_ID, EOS_ID
 from cde.shared.limits import check_context, check_token_ids
 from cde.shared.tokenizer import Tokenizer, get_tokenizer
@@ -33,9 +34,8 @@ async def tokenize(request: Request) -> Response:
     if isinstance(body, TokenizeChatRequest):
         if not info.instruct:
             raise invalid("a base checkpoint has no chat template; send a prompt", "messages", "chat_not_supported")
-        ids = await encode_chat(
-            tok, template_messages(body.messages), info, body.add_generation_prompt, body.continue_final_message
-        )
+        turns = render_messages(body.messages, body.tools)
+        ids = await encode_chat(tok, turns, info, body.add_generation_prompt, body.continue_final_message)
     else:
         (ids,) = await encode_prompts(tok, [body.prompt], info)
     if body.add_special_tokens:

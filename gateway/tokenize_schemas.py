@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from cde.gateway.body import Body
 from cde.gateway.schemas import ChatMessage
+from cde.gateway.structured_schemas import ToolSpec
+from cde.shared.limits import MAX_TOOLS
 from pydantic import Discriminator, Field, RootModel, Tag
 
 
@@ -21,10 +23,12 @@ class TokenizeCompletionRequest(Body):
 
 
 class TokenizeChatRequest(Body):
-    """vLLM's POST /tokenize, messages form: the ids /v1/chat/completions would feed the model."""
+    """vLLM's POST /tokenize, messages form: the ids /v1/chat/completions would feed the model
+    (with `tools`, their system turn first, as a chat request with those tools)."""
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False

@@ -18,7 +18,7 @@ from typing import Any
 
 from cde.gateway.errors import invalid
 from cde.gateway.prompts import template_messages
-from cde.gateway.schemas import ChatCompletionRequest
+from cde.gateway.schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
@@ -55,20 +55,20 @@ def active_tools(body: ChatCompletionRequest) -> list[ToolSpec]:
 JSON_X = {"x-guidance": JSON_OPTIONS}  # compact JSON inside Lark, as in a response_format
 
 
-def render_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+def render_messages(messages: list[ChatMessage], tools: list[ToolSpec] | None) -> list[dict[str, str]]:
     """The chat template's turns: the tools' system turn (when tools are given), then each
-    message with its tool calls written out."""
+    message with its tool calls written out (a chat request's, or /tokenize's)."""
     turns = []
-    if body.tools:
+    if tools:
         lines = [
             json.dumps(
                 {"name": t.function.name, "description": t.function.description or "", "parameters": _params(t)},
                 separators=(",", ":"),
             )
-            for t in body.tools
+            for t in tools
         ]
         turns.append({"role": "system", "content": PREAMBLE.format(tools="\n".join(lines))})
-    return turns + template_messages(body.messages)
+    return turns + template_messages(messages)
 
 
 def _params(tool: ToolSpec) -> dict[str, Any]:

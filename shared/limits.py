@@ -21,7 +21,8 @@ MAX_LOGIT_BIAS_VALUE = 100.0  # OpenAI's range: -100 bans a token, 100 all but f
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty: OpenAI's range [-2, 2]
 # Integers go to the worker as msgpack (64-bit) and into int64 tensors: bound them well inside.
 INT_MAX = (1 << 31) - 1
-# A seed is any 64-bit integer, signed or not (the worker stages seed & 0xFFFFFFFF).
+# A seed is any 64-bit integer, signed or not (the worker folds it to its sampler's 32-bit key:
+# worker/sampler.sampling_key).
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 MAX_TEMPERATURE = 2.0
 # Alternatives per generated token (OpenAI's bounds): chat top_logprobs, completions logprobs.

@@ -160,6 +160,17 @@ def filtered_log_probs(
     return torch.log(kept / kept.sum(-1, keepdim=True))
 
 
+def sampling_key(seed: int) -> int:
+    """A request's 32-bit key for counter_uniform from its 64-bit seed (two's complement: -1 and
+    2**64 - 1 are one seed): the low 32 bits, xor the high 32 mixed by murmur3's finalizer (0 stays
+    0), so seeds that differ only above bit 31 draw differently and a seed below 2**32 keeps the
+    draws it always had."""
+    high = (seed >> 32) & _M32
+    for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        high = ((high ^ (high >> shift)) * mul) & _M32
+    return (seed ^ high ^ (high >> 16)) & _M32
+
+
 def counter_uniform(seed: torch.Tensor, stream: torch.Tensor, vocab: int) -> torch.Tensor:
     """Uniform(0,1) noise [R, V] from a 32-bit integer hash of (seed, stream, token id)."""
     ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None, :]

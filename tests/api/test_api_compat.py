@@ -323,6 +323,77 @@ def test_a_history_rebuilt_with_model_dump_changes_nothing(client):
         assert e.value.body["param"] == param, e.value.body
 
 
+def test_null_is_the_default_of_every_field_that_has_one(server):
+    """The OpenAI SDK types these nullable and wrappers pass None through for "not set": null is
+    the field's default, the same tokens as without it (seeded at the default temperature)."""
+    nulls = dict.fromkeys(["temperature", "top_p", "n", "stream", "top_k", "repetition_penalty", "min_tokens"])
+    nulls |= dict.fromkeys(["ignore_eos", "tokens_per_step", "include_stop_str_in_output", "return_token_ids"])
+    for endpoint, own in (
+        ("chat/completions", ["parallel_tool_calls", "add_generation_prompt"]),
+        ("completions", ["echo"]),
+    ):
+        plain = body_for(endpoint, {"seed": 3, "temperature": DROP})
+        r = post(server, "/v1/" + endpoint, plain | nulls | dict.fromkeys(own) | {"return_token_ids": True})
+        assert r.status_code == 200, r.text
+        assert (
+            r.json()["choices"][0]["token_ids"]
+            == post(server, "/v1/" + endpoint, plain).json()["choices"][0]["token_ids"]
+        )
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"model": None}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # a required field is no default
+
+
+def test_completions_max_tokens_null_is_until_the_context(server):
+    """vLLM's reading of a null max_tokens: whatever the context leaves after the prompt (OpenAI's
+    field is nullable; its default, 16, is for an absent one)."""
+    context = post(server, "/tokenize", {"prompt": "x"}).json()["max_model_len"]
+    word = post(server, "/tokenize", {"prompt": " ice", "add_special_tokens": False}).json()["tokens"]
+    body = {"model": MODEL, "prompt": word * (context - 3), "max_tokens": None, "temperature": 0, "ignore_eos": True}
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["finish_reason"] == "length"
+    r = post(server, "/v1/completions", {**body, "prompt": word * context})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_seeds_count_all_64_bits(server):
+    """Seeds that differ only above bit 31 sample differently; -1 and 2**64 - 1 are one 64-bit seed."""
+
+    def tokens(seed: int) -> list[int]:
+        body = body_for("chat/completions", {"temperature": 2.0, "seed": seed, "max_tokens": 8})
+        r = post(server, "/v1/chat/completions", body | {"messages": [{"role": "user", "content": "Write a story."}]})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    for low in (0, 1, 2):
+        assert tokens(low) != tokens(low + (1 << 32)) and tokens(low) == tokens(low)
+    assert tokens(-1) == tokens((1 << 64) - 1) != tokens((1 << 63) - 1)
+
+
+def test_content_parts_are_lines_and_a_refusal_part_is_its_text(server):
+    """Text parts join with a newline (vLLM's), so two parts are not one run-on word; an assistant
+    message's refusal part is its text (vLLM's), and belongs to assistant messages only."""
+
+    def tokens(messages):
+        r = post(server, "/tokenize", {"model": MODEL, "messages": messages})
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    parts = [{"type": "text", "text": "Reverse these words:"}, {"type": "text", "text": "ice key"}]
+    assert tokens([{"role": "user", "content": parts}]) == tokens(
+        [{"role": "user", "content": "Reverse these words:\nice key"}]
+    )
+    refused = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}
+    assert tokens([*ASK, refused]) == tokens([*ASK, {"role": "assistant", "content": "I can't."}])
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"messages": [{**refused, "role": "user"}]}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0", r.text
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"messages": [image]}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0", r.text
+    assert "image_url" in r.json()["error"]["message"]
+
+
 def test_unknown_fields_are_still_refused_by_name(server):
     for endpoint in ("chat/completions", "completions"):
         r = post(server, "/v1/" + endpoint, body_for(endpoint, {"frobnicate": 1}))

@@ -6,6 +6,7 @@ tool specs a 400 naming the field."""
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -82,10 +83,12 @@ def test_streamed_tool_calls_are_the_whole_answers(client):
     whole = chat(client, tool_choice="required").choices[0].message.tool_calls
     calls: dict[int, dict] = {}
     finishes, chunks_with_calls = [], 0
-    for chunk in chat(client, tool_choice="required", stream=True):
+    for k, chunk in enumerate(chat(client, tool_choice="required", stream=True)):
         for c in chunk.choices:
             finishes += [c.finish_reason] if c.finish_reason else []
             assert not c.delta.content
+            # no empty delta while the text that opens a call is held (OpenAI sends none)
+            assert k == 0 or c.delta.tool_calls or c.finish_reason, chunk
             chunks_with_calls += bool(c.delta.tool_calls)
             for d in c.delta.tool_calls or []:
                 first = d.index not in calls
@@ -114,6 +117,15 @@ HISTORY = [
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"},
 ]
+
+
+def test_tokenize_with_tools_counts_what_the_chat_request_feeds(server, client):
+    """vLLM's /tokenize takes the tools too: the ids a chat request with them feeds the model."""
+    r = chat(client, tool_choice="none", max_tokens=2, extra_body={**FAST, "return_token_ids": True})
+    tokenized = httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": ASK, "tools": TOOLS}, timeout=60)
+    assert tokenized.status_code == 200, tokenized.text
+    assert tokenized.json()["tokens"] == r.model_extra["prompt_token_ids"]
+    assert r.usage.prompt_tokens == tokenized.json()["count"] > len(get_tokenizer(True).chat_prompt(ASK))
 
 
 def test_history_with_tool_calls_is_rendered_by_the_documented_template(client):

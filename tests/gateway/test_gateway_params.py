@@ -57,6 +57,9 @@ def test_bad_steering(steering, param):
 def test_n_choices_get_distinct_reproducible_seeds_and_attribution():
     reqs = build(n=3, seed=10, attribution=True, stop="\n", top_k=-1)
     assert [r.seed for r in reqs] == [10, 11, 12]
+    # all 64 bits go to the worker (its sampler folds them into its key), wrapping past the top
+    assert [r.seed for r in build(n=2, seed=1 << 40)] == [1 << 40, (1 << 40) + 1]
+    assert [r.seed for r in build(n=2, seed=(1 << 64) - 1)] == [(1 << 64) - 1, 0]
     assert [r.request_id for r in reqs] == ["cmpl-t-0-0", "cmpl-t-0-1", "cmpl-t-0-2"]
     assert reqs[0].attribution == AttributionSpec() and reqs[0].stop == ["\n"] and reqs[0].top_k == 0
 

@@ -7,7 +7,7 @@ from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
-from cde.worker.sampler import entropy_temperature, filtered_log_probs, repetition_penalty
+from cde.worker.sampler import entropy_temperature, filtered_log_probs, repetition_penalty, sampling_key
 
 BANNED = (EOS_ID, MASK_ID, PAD_ID)
 
@@ -187,6 +187,18 @@ def test_seeded_sampling_reproducible_and_seed_dependent(engine):
     again = gen(engine, [mk("a2", 11), mk("b", 12), mk("c", 13)])
     assert len(first["a1"]) == 4 and again["a2"] == first["a1"]
     assert len({tuple(again[r]) for r in ("a2", "b", "c")}) == 3  # other seeds, other tokens
+
+
+def test_the_sampling_key_counts_all_64_bits_of_a_seed():
+    """A seed below 2**32 is its own key (its draws as they always were); seeds that differ only
+    above bit 31 have other keys (the high half mixed by a bijection, so no two collide for one
+    low half); a seed is its 64-bit two's complement pattern."""
+    assert [sampling_key(s) for s in (0, 1, 12345, (1 << 32) - 1)] == [0, 1, 12345, (1 << 32) - 1]
+    for low in (0, 7, (1 << 32) - 1):
+        keys = {sampling_key(low + (high << 32)) for high in range(4096)}
+        assert len(keys) == 4096 and all(0 <= k < 1 << 32 for k in keys)
+    assert sampling_key(-1) == sampling_key((1 << 64) - 1) != sampling_key((1 << 63) - 1)
+    assert sampling_key(-(1 << 63)) == sampling_key(1 << 63)
 
 
 def test_seeded_sampling_is_batch_invariant(engine):
