@@ -213,8 +213,8 @@ class InputAttributionRunner:
         committed = {p: t for p, t, _ in req.seq.commits}
         prompt = req.seq.req.prompt_ids
         scope = list(range(len(prompt)))
-        if req.spec.scope == "all":
-            scope += sorted(p for p in committed if p < end)
+        if req.spec.scope == "all":  # every generated position, as the official aggregate: diffusion
+            scope += sorted(committed)  # commits out of order, so the chunk's tokens saw some after it
         mean: torch.Tensor = c.total / c.count
         vals = torch.tensor([float(mean[p]) if p < len(mean) else 0.0 for p in scope])
         order = torch.argsort(vals, descending=True, stable=True)[: req.spec.top_k].tolist()

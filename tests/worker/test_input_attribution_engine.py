@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cde.shared.config import MASK_ID
+from cde.shared.config import ENDOFCHUNK_ID, MASK_ID
 from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, InputAttributionSpec
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.input_attribution import attribute, build_targets
@@ -86,6 +86,25 @@ def test_block_results_carry_input_attribution(engine, scope):
         assert ia.chunk_scores[0] == pytest.approx([d["score"] for d in ref[:top_k]], rel=1e-5)
         assert ia.chunk_token_ids[0] == [d["input_token_id"] for d in ref[:top_k]]
     assert not engine.outputs.input_attribution.requests  # released with the request
+
+
+def test_chunks_ending_mid_block_rank_every_generated_input_the_official_way(engine):
+    """<|endofchunk|> chunks (made frequent by a logit bias) end mid-block, and diffusion commits
+    out of order: a chunk's tokens saw positions after it already generated. The official
+    aggregate_chunk with scope "all" ranks every generated position, those too."""
+    top_k = 40
+    spec = AttributionSpec(chunking="endofchunk", inputs=InputAttributionSpec(top_k=top_k, steps=1, scope="all"))
+    engine.add_request(GenerateRequest("e", PROMPT, max_tokens=64, logit_bias={ENDOFCHUNK_ID: 3.0}, attribution=spec))
+    seq = engine.scheduler.waiting[-1]
+    (res,) = [r for r in drain(engine) if isinstance(r, BlockResult)]
+    ia = res.input_attribution
+    assert len(ia.chunk_spans) >= 3 and ia.chunk_spans[0][1] < 128  # the first chunk ends mid-block
+    targets = build_targets(PROMPT, seq.commits, [p for p, _, _ in seq.commits])
+    attrs = {t.position: a for t, a in zip(targets, attribute(engine.runner.model, targets, 1))}
+    for span, positions, scores in zip(ia.chunk_spans, ia.chunk_positions, ia.chunk_scores):
+        ref = official_aggregate(seq.commits, [attrs.get(p) for p in range(128)], 64, *span, scope="all")
+        assert positions == [d["input_position"] for d in ref[:top_k]], span
+        assert scores == pytest.approx([d["score"] for d in ref[:top_k]], rel=1e-5)
 
 
 def test_other_requests_decode_while_attribution_runs(engine):
