@@ -14,7 +14,7 @@ from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.schemas import SamplingParams, SteeringParams
 from cde.shared import suppress_preset
-from cde.shared.limits import LimitError, check_context, check_token_ids
+from cde.shared.limits import SEED_MAX, LimitError, check_context, check_token_ids
 from cde.shared.protocol import (
     AttributionSpec,
     FlashBlockSpec,
@@ -93,7 +93,7 @@ def generate_requests(
                     entropy_sampling=body.entropy_sampling,
                     repetition_penalty=body.repetition_penalty,
                     # n samples of one seeded request must differ from each other yet be reproducible.
-                    seed=None if body.seed is None else (body.seed + i) % (1 << 64),
+                    seed=None if body.seed is None else (body.seed + i) % (SEED_MAX + 1),
                     tokens_per_step=body.tokens_per_step,
                     confidence_threshold=body.confidence_threshold,
                     stop=stop_list(body),
@@ -187,6 +187,8 @@ def _steering(s: SteeringParams, info: ModelInfo, labels: ConceptLabels) -> Stee
     concepts = [labels.resolve(c, info.n_concepts, "steering.concepts") for c in s.concepts]
     if s.group:  # the official group injection: one summed direction over the group's members
         concepts = labels.expand_groups(concepts, info.n_concepts)
+    if s.preset == "suppress" and concepts:  # the official injection_relu: the focal concept once
+        concepts = [concepts[0], *(c for c in concepts[1:] if c != concepts[0])]
     mask = None
     if s.relu_logit_mask is not None:
         mask = {labels.resolve(k, info.n_concepts, "steering.relu_logit_mask"): v for k, v in s.relu_logit_mask.items()}

@@ -148,7 +148,7 @@ class SteeringParams(_Body):
     normalize: bool | None = None
     inject_layer: int | None = Field(None, ge=0, le=INT_MAX)
     schedule: Literal["fixed", "hard_cutoff"] | None = None
-    cutoff_tokens: int | None = Field(None, ge=0, le=INT_MAX)
+    cutoff_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # the official SteeringConfig's bound
     relu_logit_mask: dict[str, _Strength] | None = Field(
         None, max_length=MAX_CONCEPT_LIST, description="concept id (or label) -> strength"
     )

@@ -195,7 +195,7 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "normalize": _any,
         "inject_layer": _range(0, lambda m: m.n_layers),
         "schedule": _choice("fixed", "hard_cutoff"),
-        "cutoff_tokens": _range(0, INT_MAX),
+        "cutoff_tokens": _range(1, INT_MAX),
         "relu_logit_mask": _relu_mask,
     },
     AttributionSpec: {

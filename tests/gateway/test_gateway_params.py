@@ -8,6 +8,7 @@ from cde.gateway.params import generate_requests
 from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog
 from cde.shared.protocol import AttributionSpec
+from pydantic import ValidationError
 
 INFO = ModelInfo("m", context_len=4096, vocab_size=100281, instruct=False, n_layers=32, n_concepts=100)
 LABELS = ConceptLabels(
@@ -31,6 +32,22 @@ def test_explicit_fields_override_the_preset():
     s = req.steering
     assert (s.strength, s.normalize, s.inject_layer, s.schedule) == (-3.0, False, 4, "fixed")
     assert s.relu_logit_mask == {5: 20.0}
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("concepts", [[12, 30, 12], [12, "Known: #12", 30, 30], [30, 12, 30]])
+def test_suppress_sums_the_focal_concept_once_as_the_official_recipe(concepts):
+    from steerling.configs.steering import SteeringConfig
+
+    (req,) = build(steering={"concepts": concepts, "preset": "suppress"})
+    focal, *rest = (int(str(c).removeprefix("Known: #")) for c in concepts)
+    assert req.steering.concepts == SteeringConfig.injection_relu(focal, rest).concept_ids
+    assert req.steering.relu_logit_mask == {focal: 20.0}
+
+
+def test_cutoff_tokens_is_at_least_one_as_the_official_field():
+    with pytest.raises(ValidationError, match="cutoff_tokens"):
+        CompletionRequest(model="m", prompt="x", steering={"concepts": [1], "cutoff_tokens": 0})
 
 
 def test_explicit_relu_mask_by_label():
