@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+import numpy as np
 from cde.gateway.attribution_schemas import Attribution
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.model_info import ModelInfo
@@ -14,18 +15,23 @@ from cde.shared.packed_attribution import PackedAttribution
 from cde.shared.protocol import GenerateRequest
 from cde.shared.tokenizer import Tokenizer
 
-Render = Callable[[int, list[PackedAttribution]], Attribution | None]
+# (choice index, its blocks' attribution, the tokens of its completion) -> its `attribution`
+Render = Callable[[int, list[PackedAttribution], int], Attribution | None]
 
 
 def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptLabels, info: ModelInfo) -> Render:
-    def render(index: int, blocks: list[PackedAttribution]) -> Attribution | None:
+    def render(index: int, blocks: list[PackedAttribution], completion_tokens: int) -> Attribution | None:
         spec = reqs[index].attribution
         if spec is None:
             return None
+        prompt_len = len(reqs[index].prompt_ids)
+        records = PackedAttribution.join(blocks) if blocks else None
+        if records is not None:  # a stop string cut the completion short: the tokens after it are not in it
+            records = records.take(np.flatnonzero(records.arrays()["positions"] < prompt_len + completion_tokens))
         attribution = aggregate(
-            PackedAttribution.join(blocks) if blocks else [],
+            records if records is not None else [],
             tokenizer.decode,
-            prompt_len=len(reqs[index].prompt_ids),
+            prompt_len=prompt_len,
             chunking=spec.chunking,
             labels=labels.labels,
             n_known=info.n_concepts,

@@ -81,7 +81,7 @@ class Generation:
         tokenizer: Tokenizer,
         stops: list[str],
         include_stop: bool,
-        render_attribution: Callable[[int, list[PackedAttribution]], Attribution | None],
+        render_attribution: Callable[[int, list[PackedAttribution], int], Attribution | None],
         denoise_views: list[DenoiseView | None],
     ) -> None:
         self.metrics = metrics
@@ -167,7 +167,7 @@ class Generation:
                     reason = "stop" if text.stopped and stop_early else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
-                    attribution = self._render(index, blocks)
+                    attribution = self._render(index, blocks, given)
                     yield Delta(index, "", [], reason, attach(attribution, inputs) if inputs else attribution)
                     m.e2e.observe(time.monotonic() - self.started)
                     m.finished.labels(reason).inc()

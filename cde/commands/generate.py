@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         found = find_stop(text, args.stop)
         if found is not None:
             text = text[: found[0]]
-    attribution = render(blocks) if render else None
+    attribution = render(blocks, len(ids)) if render else None  # over the token_ids it prints
     if args.json:
         print(json.dumps({"token_ids": ids, "text": text, **({"attribution": attribution} if attribution else {})}))
     else:
@@ -154,4 +154,4 @@ def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int])
     except ApiError as exc:
         raise SystemExit(f"cde generate: {exc.message}" + (f" (param: {exc.param})" if exc.param else "")) from None
     render = renderer([api], engine.tokenizer, labels, info)
-    return api.steering, api.attribution, lambda records: render(0, records)
+    return api.steering, api.attribution, lambda records, n_tokens: render(0, records, n_tokens)

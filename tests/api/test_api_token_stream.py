@@ -109,6 +109,11 @@ def test_streamed_text_is_the_non_streamed_text_at_stop_strings(client, greedy, 
         assert whole.choices[0].message.content == expected, stops
         assert whole.choices[0].finish_reason == "stop"
         assert whole.usage.completion_tokens == _tokens_for(ids, expected), stops
+        if attribution:  # over the completion's tokens: the stop string's are not in it
+            chunks = whole.choices[0].model_extra["attribution"]["chunks"]
+            assert chunks[-1]["end"] == whole.usage.completion_tokens, stops
+            kept = TOK.decode(ids[: whole.usage.completion_tokens])  # a token the stop cut: whole
+            assert "".join(c["text"] for c in chunks) == kept and kept.startswith(expected), stops
         streamed, _, usage = _streamed(client, **CHAT, stop=stops, extra_body=extra)
         assert streamed == expected and usage == whole.usage.completion_tokens, stops
 
