@@ -43,8 +43,10 @@ class CompletionLogprobsRenderer:
             token = self.tokenizer.decode_bytes([token_id]).decode("utf-8", errors="replace")
             out.tokens.append(token)
             out.token_logprobs.append(logprob)
-            top: dict[str, float] = {}
-            for t, lp in zip(top_ids, top_logprobs):  # best first; two ids can share a text
+            # OpenAI's "always the logprob of the sampled token" (up to logprobs + 1 entries), first
+            # as in vLLM; then the alternatives, best first (two ids can share a text).
+            top: dict[str, float] = {token: logprob}
+            for t, lp in zip(top_ids, top_logprobs):
                 top.setdefault(self.tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), lp)
             out.top_logprobs.append(top)
             out.text_offset.append(self.offset)

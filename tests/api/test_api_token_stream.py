@@ -148,6 +148,21 @@ def test_chat_logprobs_streamed_and_not(client, greedy):
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == text
 
 
+@pytest.mark.parametrize("alternatives", [0, 2])
+def test_completions_top_logprobs_hold_the_sampled_token(client, alternatives):
+    """OpenAI's legacy logprobs always hold the sampled token's (up to logprobs + 1 entries), also
+    where sampling took a token outside the top alternatives; vLLM lists it first."""
+    r = client.completions.create(
+        model="cde-reference", prompt="The ocean is", max_tokens=24, temperature=2.0, seed=3, logprobs=alternatives
+    )
+    lp = r.choices[0].logprobs
+    outside = 0
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert next(iter(top.items())) == (token, logprob) and len(top) <= alternatives + 1
+        outside += len(top) == alternatives + 1
+    assert alternatives == 0 or outside > 0  # temperature 2 sampled some token outside the top 2
+
+
 def test_completions_logprobs_streamed_and_not_with_a_stop(client, greedy):
     text, ids, boundary = greedy
     stop = text[boundary - 2 : boundary + 2]
