@@ -133,6 +133,7 @@ class Generation:
                 if isinstance(res, PrefixResult):
                     new, skip, final = res.token_ids, 0, False
                     block_fed += len(new)
+                    self._cached[index] = res.cached_tokens
                 else:
                     now = time.monotonic()
                     (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))

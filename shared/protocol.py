@@ -20,7 +20,8 @@ from cde.shared.packed_attribution import PackedAttribution
 # 9: GenerateRequest.grammar
 # 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
 # 11: Heartbeat.device_idle_ms
-PROTOCOL_VERSION = 11
+# 12: PrefixResult.cached_tokens
+PROTOCOL_VERSION = 12
 
 
 @dataclass
@@ -138,6 +139,8 @@ class PrefixResult:
     request_id: str
     token_ids: list[int]
     logprobs: TokenLogprobs | None = None  # when asked
+    # The BlockResult's figure, here too: a stop string found in a prefix ends the choice before it.
+    cached_tokens: int = 0
 
 
 @dataclass

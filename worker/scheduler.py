@@ -243,7 +243,8 @@ class Scheduler:
             return None
         start = max(seq.prompt_len - seq.block * PAGE, 0)
         logprobs = seq.output_logprobs(seq.streamed, end) if seq.req.logprobs is not None else None
-        result = PrefixResult(seq.id, seq.tokens[start + seq.streamed : start + end], logprobs)
+        tokens = seq.tokens[start + seq.streamed : start + end]
+        result = PrefixResult(seq.id, tokens, logprobs, cached_tokens=seq.cached_pages * PAGE)
         seq.streamed = end
         return result
 

@@ -394,6 +394,21 @@ def test_content_parts_are_lines_and_a_refusal_part_is_its_text(server):
     assert "image_url" in r.json()["error"]["message"]
 
 
+def test_a_stream_a_stop_string_ends_early_reports_its_cached_prompt(client):
+    """A stop found in a streamed prefix ends the choice before its block's result: the usage's
+    cached_tokens still counts the prompt pages the prefix cache held."""
+    messages = [{"role": "system", "content": "You are a helpful assistant. " * 30}, *ASK]
+    kw = dict(model=MODEL, messages=messages, max_tokens=48, temperature=0)
+    client.chat.completions.create(**kw)  # writes the prompt's pages
+    again = client.chat.completions.create(**kw)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 64
+    stop = again.choices[0].message.content[2:6]
+    chunks = list(client.chat.completions.create(**kw, stop=stop, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
+
+
 def test_unknown_fields_are_still_refused_by_name(server):
     for endpoint in ("chat/completions", "completions"):
         r = post(server, "/v1/" + endpoint, body_for(endpoint, {"frobnicate": 1}))
