@@ -25,11 +25,12 @@ def renderer(reqs: list[GenerateRequest], tokenizer: Tokenizer, labels: ConceptL
         if spec is None:
             return None
         prompt_len = len(reqs[index].prompt_ids)
-        records = PackedAttribution.join(blocks) if blocks else None
-        if records is not None:  # a stop string cut the completion short: the tokens after it are not in it
-            records = records.take(np.flatnonzero(records.arrays()["positions"] < prompt_len + completion_tokens))
+        records: PackedAttribution | list = []
+        if blocks:  # the completion's tokens only: a stop string may have cut it short of the last block's
+            joined = PackedAttribution.join(blocks)
+            records = joined.take(np.flatnonzero(joined.arrays()["positions"] < prompt_len + completion_tokens))
         attribution = aggregate(
-            records if records is not None else [],
+            records,
             tokenizer.decode,
             prompt_len=prompt_len,
             chunking=spec.chunking,

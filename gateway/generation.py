@@ -130,15 +130,14 @@ class Generation:
                     yield view.step(res)
                     continue
                 block_inputs: Attribution | None = None
+                self._cached[index] = res.cached_tokens
                 if isinstance(res, PrefixResult):
                     new, skip, final = res.token_ids, 0, False
                     block_fed += len(new)
-                    self._cached[index] = res.cached_tokens
                 else:
                     now = time.monotonic()
                     (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
                     last = now
-                    self._cached[index] = res.cached_tokens
                     if res.finish_reason == "error":
                         raise GenerationError(res.error or "generation failed")
                     if res.attribution is not None:

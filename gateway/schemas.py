@@ -298,6 +298,10 @@ class RefusalPart(_Body):
     type: Literal["refusal"]
     refusal: str
 
+    @property
+    def text(self) -> str:
+        return self.refusal
+
 
 _ContentPart = Annotated[TextPart | RefusalPart, Discriminator("type")]  # another type is an error naming it
 
@@ -346,7 +350,7 @@ class ChatMessage(_Body):
         if isinstance(self.content, str):
             return self.content
         # vLLM's joiner: two parts are two lines, not one run-on word
-        return "\n".join(p.text if isinstance(p, TextPart) else p.refusal for p in self.content)
+        return "\n".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingParams):

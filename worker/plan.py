@@ -34,7 +34,7 @@ class RequestParams:
     top_k: int
     entropy_sampling: bool
     repetition_penalty: float
-    seed: int
+    sampling_key: int  # the seed's 32-bit key (worker/sampler.sampling_key), folded once at admission
     tokens_per_step: int
     confidence_threshold: float | None
     frequency_penalty: float

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import GenerateRequest, TokenLogprobs
 from cde.worker.plan import RequestParams
+from cde.worker.sampler import sampling_key
 
 if TYPE_CHECKING:
     from cde.worker.constraint import Constraint
@@ -155,7 +156,8 @@ def request_params(req: GenerateRequest, eot_id: int | None, constrained: bool) 
         top_k=req.top_k,
         entropy_sampling=req.entropy_sampling,
         repetition_penalty=req.repetition_penalty,
-        seed=0 if req.seed is None else req.seed,  # the engine draws one; a scheduler driven alone leaves it unset
+        # The engine draws a seed; a scheduler driven alone leaves it unset.
+        sampling_key=sampling_key(0 if req.seed is None else req.seed),
         tokens_per_step=req.tokens_per_step,
         confidence_threshold=req.confidence_threshold,
         frequency_penalty=req.frequency_penalty,

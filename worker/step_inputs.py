@@ -10,7 +10,7 @@ from cde.shared.config import PAGE
 from cde.worker.constraint import Constraint, GrammarInputs
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.plan import PlannedItem
-from cde.worker.sampler import SamplingBatch, sampling_key
+from cde.worker.sampler import SamplingBatch
 from cde.worker.staging import Staging
 
 
@@ -70,7 +70,7 @@ class StepInputBuilder:
                 [r.tokens_per_step for r in reqs],
                 [r.top_k for r in reqs],
                 [int(r.entropy_sampling) for r in reqs],
-                [sampling_key(r.seed) for r in reqs],
+                [r.sampling_key for r in reqs],
                 [it.step for it in items],
                 # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
                 [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
