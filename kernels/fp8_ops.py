@@ -5,17 +5,14 @@
   the weight's split-K tile counters, kernels/stream_ops.py's `tile_counters`);
 - `cde::fp8_weight_matmul(x, wq, w_scale, counters)`: (x @ wq.T) * w_scale[None, :] for activations
   [M, K] in their own dtype (bfloat16) and e4m3 weights: weight-only, the activations unquantized;
-- `cde::silu_mul_quantize(x, prefetch=None)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed
-  in float32, quantized per row to e4m3 -> (q [M, F], scales [M]);
-- `cde::add_norm_quantize(x, delta, weight, eps, inject=None, gate=None, prefetch=None)`: out = x + rms_norm(delta,
+- `cde::silu_mul_quantize(x)`: x [M, 2F] holds (up, gate); silu(gate) * up, computed in float32,
+  quantized per row to e4m3 -> (q [M, F], scales [M]);
+- `cde::add_norm_quantize(x, delta, weight, eps, inject=None, gate=None)`: out = x + rms_norm(delta,
   weight, eps) for x, delta [M, K] (a post-norm block's residual), plus the steering gate * inject
   where given (inject [M, K], gate [G]: one per M // G consecutive rows, an item's), and out
   quantized per row to e4m3 -> (out, q [M, K], scales [M]);
 - `cde::heads_quantize(y)`: attention's output y [N, H, T, Dh] (any strides) with its heads joined
   per token, [N * T, H * Dh], quantized per row to e4m3 -> (q, scales [N * T]).
-
-`prefetch`, a weight: on CUDA the kernel brings its first bytes to L2 for the GEMM after it
-(kernels/l2_prefetch.py); it changes no result.
 
 On CUDA they run the Triton kernels of kernels/stream_gemm.py and kernels/fp8_triton.py; elsewhere
 the same arithmetic in float32 (the CPU tests' emulation). Custom ops are opaque to torch.compile: the compiled blocks
@@ -82,13 +79,13 @@ def _(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, counters: torch.
 
 
 @torch.library.custom_op("cde::silu_mul_quantize", mutates_args=())
-def silu_mul_quantize(x: torch.Tensor, prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q, scale = quantize_rows(swiglu(x.float()))
     return q, scale[:, 0]
 
 
 @silu_mul_quantize.register_fake
-def _(x: torch.Tensor, prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, width = x.shape
     return x.new_empty(rows, width // 2, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)
 
@@ -101,7 +98,6 @@ def add_norm_quantize(
     eps: float,
     inject: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = x + rms_norm(delta, weight, eps)
     if inject is not None and gate is not None:  # the model's roundings: the product, then the sum
@@ -118,7 +114,6 @@ def _(
     eps: float,
     inject: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, width = x.shape
     return torch.empty_like(x), x.new_empty(rows, width, dtype=E4M3), x.new_empty(rows, dtype=torch.float32)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_args, prefetch_chunks
 from triton.language.extra.cuda import gdc_launch_dependents
 
 # Globals a @triton.jit function reads must be constexpr (the same values as worker/fp8.py's).
@@ -32,24 +31,10 @@ MIN_SCALE = tl.constexpr(1e-12)
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    pf_ptr,
-    pf_chunks,
-    F,
-    stride_x,
-    stride_q,
-    BLOCK: tl.constexpr,
-    TRIGGER: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
+def _silu_mul_quantize_kernel(x_ptr, q_ptr, s_ptr, F, stride_x, stride_q, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
     # One row per program, held in registers (BLOCK >= F): the up/gate row is read once.
     if TRIGGER:
         gdc_launch_dependents()
-    if PREFETCH:  # c_proj's first weight bytes to L2 (kernels/l2_prefetch.py)
-        prefetch_chunks(pf_ptr, pf_chunks, tl.program_id(0), tl.num_programs(0))
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < F
@@ -77,26 +62,14 @@ def _quantized_rows(rows: int, width: int, device: torch.device) -> tuple[torch.
     return q, scale, block, max(4, min(32, block // 512))
 
 
-def silu_mul_quantize(x: torch.Tensor, prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_mul_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, 2F] (up, gate halves) -> (silu(gate) * up quantized per row to e4m3 [M, F],
-    float32 scales [M]); `prefetch`: the weight to bring to L2 (the MLP's c_proj)."""
+    float32 scales [M])."""
     m, two_f = x.shape
     f = two_f // 2
     q, scale, block, warps = _quantized_rows(m, f, x.device)
-    pf, pf_chunks = prefetch_args(prefetch, m, warps * 32)
     _silu_mul_quantize_kernel[(m,)](
-        x,
-        q,
-        scale,
-        x if pf is None else pf,  # unread without PREFETCH
-        pf_chunks,
-        f,
-        x.stride(0),
-        q.stride(0),
-        BLOCK=block,
-        TRIGGER=x.is_cuda,
-        PREFETCH=pf is not None,
-        num_warps=warps,
+        x, q, scale, f, x.stride(0), q.stride(0), BLOCK=block, TRIGGER=x.is_cuda, num_warps=warps
     )
     return q, scale
 
@@ -111,22 +84,17 @@ def _add_norm_quantize_kernel(
     out_ptr,
     q_ptr,
     s_ptr,
-    pf_ptr,
-    pf_chunks,
     K,
     eps,
     rows_per_gate,
     STEER: tl.constexpr,
     BLOCK: tl.constexpr,
     TRIGGER: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     # One row per program, held in registers (BLOCK >= K); the roundings are the model's: the norm
     # to the activations' dtype, then the sum (then the steering product, then its sum).
     if TRIGGER:
         gdc_launch_dependents()
-    if PREFETCH:  # the next GEMM's first weight bytes to L2 (kernels/l2_prefetch.py)
-        prefetch_chunks(pf_ptr, pf_chunks, tl.program_id(0), tl.num_programs(0))
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
@@ -153,12 +121,10 @@ def add_norm_quantize(
     eps: float,
     inject: torch.Tensor | None = None,
     gate: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, delta [M, K], the norm's weight [K], optionally the steering inject [M, K] and gate [G]
     (one per M // G rows) -> (x + RMSNorm(delta) (+ gate * inject) [M, K] in x's dtype, its rows
-    quantized to e4m3 [M, K], float32 scales [M]); `prefetch`: the weight to bring to L2 (the
-    next linear's)."""
+    quantized to e4m3 [M, K], float32 scales [M])."""
     x, delta = x.contiguous(), delta.contiguous()  # the kernel indexes rows of width K
     m, k = x.shape
     out = torch.empty_like(x)
@@ -167,7 +133,6 @@ def add_norm_quantize(
         steer, inj, g, rows_per_gate = True, inject.contiguous(), gate, m // gate.numel()
     else:  # unread when STEER is off
         steer, inj, g, rows_per_gate = False, x, x, 1
-    pf, pf_chunks = prefetch_args(prefetch, m, warps * 32)
     _add_norm_quantize_kernel[(m,)](
         x,
         delta,
@@ -177,15 +142,12 @@ def add_norm_quantize(
         out,
         q,
         scale,
-        x if pf is None else pf,  # unread without PREFETCH
-        pf_chunks,
         k,
         eps,
         rows_per_gate,
         STEER=steer,
         BLOCK=block,
         TRIGGER=x.is_cuda,
-        PREFETCH=pf is not None,
         num_warps=warps,
     )
     return out, q, scale

@@ -15,10 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from cde.kernels.l2_prefetch import prefetch_args, prefetch_chunks
 
 ROWS = 16  # rows of one item per program: 64-row items split evenly, 4 KB of bfloat16 per head
-WARPS = 4
 
 
 @triton.jit
@@ -32,8 +30,6 @@ def _qkv_rope_kernel(
     k_ptr,
     v_ptr,
     pages_ptr,
-    pf_ptr,
-    pf_chunks,
     n_items,
     cache_pages,
     clip,
@@ -46,11 +42,7 @@ def _qkv_rope_kernel(
     ROWS: tl.constexpr,
     CLIP: tl.constexpr,
     NORM: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
-    if PREFETCH:  # c_proj's weight to L2 while attention runs (kernels/l2_prefetch.py)
-        grid = tl.num_programs(0)
-        prefetch_chunks(pf_ptr, pf_chunks, tl.program_id(0) + tl.program_id(1) * grid, grid * tl.num_programs(1))
     D: tl.constexpr = 2 * HALF
     row0 = tl.program_id(0).to(tl.int64) * ROWS  # first row of this program, over all items' rows
     head = tl.program_id(1)  # q heads, then k heads, then v heads (c_attn's output order)
@@ -106,18 +98,14 @@ def qkv_rope_write(
     eps: float,
     n_head: int,
     group: int,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """qkv [N, T, C]; q/k_weight [Dh] (None: no QK norm); cos/sin [N, T, Dh] float32; caches
-    [KV, P, T, Dh]; write_pages [N]; `prefetch`: the weight to bring to L2 (the attention's c_proj)
-    -> q [H / group, N, group, T, Dh]."""
+    [KV, P, T, Dh]; write_pages [N] -> q [H / group, N, group, T, Dh]."""
     n, t, _ = qkv.shape
     n_kv, cache_pages, _, d = k_cache.shape
     q = torch.empty(n_head // group, n, group, t, d, dtype=qkv.dtype, device=qkv.device)
     norm = q_weight is not None and k_weight is not None
-    grid = (n * t // ROWS, n_head + 2 * n_kv)
-    pf, pf_chunks = prefetch_args(prefetch, grid[0] * grid[1], WARPS * 32)
-    _qkv_rope_kernel[grid](
+    _qkv_rope_kernel[(n * t // ROWS, n_head + 2 * n_kv)](
         qkv.contiguous(),
         q_weight if norm else qkv,  # unread without the norm
         k_weight if norm else qkv,
@@ -127,8 +115,6 @@ def qkv_rope_write(
         k_cache,
         v_cache,
         write_pages,
-        qkv if pf is None else pf,  # unread without PREFETCH
-        pf_chunks,
         n,
         cache_pages,
         0.0 if clip is None else clip,
@@ -141,8 +127,7 @@ def qkv_rope_write(
         ROWS=ROWS,
         CLIP=clip is not None,
         NORM=norm,
-        PREFETCH=pf is not None,
-        num_warps=WARPS,
+        num_warps=4,
     )
     return q
 
@@ -161,7 +146,6 @@ def _(
     eps: float,
     n_head: int,
     group: int,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, t, _ = qkv.shape
     return qkv.new_empty(n_head // group, n, group, t, k_cache.shape[-1])

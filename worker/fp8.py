@@ -38,7 +38,7 @@ from cde.kernels.fp8_ops import (
     silu_mul_quantize,
 )
 from cde.kernels.stream_ops import swiglu, tile_counters
-from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS, weight_to_prefetch
+from cde.kernels.stream_tiles import K_MULTIPLE, MAX_ROWS
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS, PAGE
 from cde.worker.cuda_graphs import BUCKETS
 from cde.worker.model import BLOCK_LINEARS, Attention, Block, HandedOn
@@ -143,7 +143,7 @@ class Fp8MLP(nn.Module):
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """c_fc's output [M, 2F] -> c_proj of `silu(gate) * up`, quantized by the fused op."""
-        q, scale = silu_mul_quantize(h, weight_to_prefetch(h.shape[0], self.c_proj.weight))
+        q, scale = silu_mul_quantize(h)
         return self.c_proj.matmul(q, scale, h.dtype)
 
 
@@ -177,24 +177,13 @@ class Fp8Block(Block):
         return self.attn.c_attn.matmul(*handed, x.dtype).reshape(*x.shape[:-1], -1)
 
     def residual_out(
-        self,
-        x: torch.Tensor,
-        m: torch.Tensor,
-        inject: torch.Tensor,
-        gate: torch.Tensor,
-        next_c_attn: torch.Tensor | None,
+        self, x: torch.Tensor, m: torch.Tensor, inject: torch.Tensor, gate: torch.Tensor
     ) -> tuple[torch.Tensor, HandedOn]:
         rows = x.numel() // x.shape[-1]
         if rows <= self.attn.c_attn.weight_only_rows:  # bfloat16 rows into the next c_attn
-            return super().residual_out(x, m, inject, gate, next_c_attn)
+            return super().residual_out(x, m, inject, gate)
         out, q, scale = add_norm_quantize(
-            x.reshape(rows, -1),
-            m.reshape(rows, -1),
-            self.ln_2.weight,
-            self.ln_2.eps,
-            inject.reshape(rows, -1),
-            gate,
-            weight_to_prefetch(rows, next_c_attn),
+            x.reshape(rows, -1), m.reshape(rows, -1), self.ln_2.weight, self.ln_2.eps, inject.reshape(rows, -1), gate
         )
         return out.reshape(x.shape), (q, scale)
 
@@ -203,8 +192,7 @@ class Fp8Block(Block):
         if rows <= self.mlp.c_fc.weight_only_rows:  # bfloat16 rows into c_fc: nothing to quantize
             return super().attn_residual_and_mlp(x, a)
         x2, a2 = x.reshape(rows, x.shape[-1]), a.reshape(rows, x.shape[-1])
-        prefetch = weight_to_prefetch(rows, self.mlp.c_fc.weight)
-        out, q, scale = add_norm_quantize(x2, a2, self.ln_1.weight, self.ln_1.eps, None, None, prefetch)
+        out, q, scale = add_norm_quantize(x2, a2, self.ln_1.weight, self.ln_1.eps)
         return out.reshape(x.shape), self.mlp.quantized(q, scale, x.dtype).reshape(x.shape)
 
 

@@ -16,7 +16,6 @@ from cde.kernels.flex_paged_attention import flex_paged_attention
 from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
 from cde.kernels.stream_ops import rms_norm, swiglu
-from cde.kernels.stream_tiles import weight_to_prefetch
 from cde.shared.config import ModelConfig
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
@@ -126,7 +125,6 @@ class Attention(nn.Module):
                 cfg.norm_eps,
                 cfg.n_head,
                 mask.group,
-                weight_to_prefetch(qkv.numel() // qkv.shape[-1], self.c_proj.weight),
             )
             y = flex_paged_attention(q, cache[0], cache[1], mask)
         else:
@@ -180,16 +178,14 @@ class Block(nn.Module):
         inject: torch.Tensor,
         gate: torch.Tensor,
         handed: HandedOn = None,
-        next_c_attn: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, HandedOn]:
         """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
         here, it fuses into the block's last residual add. `handed`: what the block before handed
         on with x, and the second output what this one hands on (None; an FP8 block, worker/fp8.py,
-        hands on its output already quantized for the next block's c_attn, whose weight
-        `next_c_attn` its last kernel brings to L2)."""
+        hands on its output already quantized for the next block's c_attn)."""
         if self.post_norm:
             x, m = self.attn_residual_and_mlp(x, self.attn.attend(self.attn_input(x, handed), cos, sin, cache, meta))
-            return self.residual_out(x, m, inject, gate, next_c_attn)
+            return self.residual_out(x, m, inject, gate)
         x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
         x = x + self.mlp(self.ln_2(x))
         return x + gate[:, None, None] * inject, None
@@ -199,12 +195,7 @@ class Block(nn.Module):
         return self.attn.c_attn(x)
 
     def residual_out(
-        self,
-        x: torch.Tensor,
-        m: torch.Tensor,
-        inject: torch.Tensor,
-        gate: torch.Tensor,
-        next_c_attn: torch.Tensor | None,
+        self, x: torch.Tensor, m: torch.Tensor, inject: torch.Tensor, gate: torch.Tensor
     ) -> tuple[torch.Tensor, HandedOn]:
         """Post-norm, after the MLP's output m: the block's output x + ln_2(m) plus the steering, and
         what it hands on (None; the FP8 block fuses the add, the norm, the steering and the next
@@ -286,11 +277,8 @@ class SteerlingModel(nn.Module):
         layers = torch.arange(1, len(self.transformer.blocks) + 1, device=steer_from.device)
         gates = (steer_from[None, :] <= layers[:, None]).to(x.dtype)  # [L, N]
         handed: HandedOn = None
-        blocks = self.transformer.blocks
-        for i, block in enumerate(blocks):
-            # The last block is handed the first's c_attn too: one compiled graph serves every block.
-            next_c_attn = blocks[(i + 1) % len(blocks)].attn.c_attn.weight
-            x, handed = block(x, cos, sin, caches[i], meta, inject, gates[i], handed, next_c_attn)
+        for i, block in enumerate(self.transformer.blocks):
+            x, handed = block(x, cos, sin, caches[i], meta, inject, gates[i], handed)
         return self.transformer.ln_f(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
