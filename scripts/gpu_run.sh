@@ -92,7 +92,7 @@ for STAGE in $STAGES; do
       python3 -c "import httpx, sys; r = httpx.post(sys.argv[1] + '/completions', timeout=120, json={'model': 'm8b', 'prompt': 'Hello', 'max_tokens': 64}); print(r.status_code, r.json().get('usage'))" "$URL"
       kill -TERM $PID; wait $PID
       echo "$RUN: $(grep -o 'weights loaded in [^"]*' "$OUT/startup_$RUN.log") | $(grep -o 'CDE serving.*' "$OUT/startup_$RUN.log")"
-      echo "$RUN: GEMM configs timed for $(grep -c ' candidates)' "$OUT/startup_$RUN.log") shapes, kept from CDE_HOME for $(grep -c 'kept in' "$OUT/startup_$RUN.log")"
+      echo "$RUN: GEMM configs timed for $(grep -c ' candidates[;)]' "$OUT/startup_$RUN.log") shapes, kept from CDE_HOME for $(grep -c 'kept in' "$OUT/startup_$RUN.log")"
     done 2>&1 | tee "$OUT/startup.txt" ;;
   train)  # the reference model. Run it twice: the second call resumes (state.pt while this machine is
     # warm, else the weights.pt of call 1 carried back as .train/weights.pt). TRAIN_MINUTES of training
