@@ -84,8 +84,10 @@ def official_generator(model_dir: str | Path):
     return SteerlingGenerator(model, tok, model_cfg, is_interpretable=True, device="cpu")
 
 
-def write_with_official_classes(cde_preset, out: str | Path, seed: int) -> Path:
-    """A checkpoint whose tensors come from the official model classes' own state_dict."""
+def write_with_official_classes(cde_preset, out: str | Path, seed: int, ln_f_scale: float = 1.0) -> Path:
+    """A checkpoint whose tensors come from the official model classes' own state_dict.
+    `ln_f_scale` multiplies the final norm's weight: the token logits' spread with it (the LM head
+    is tied), until float32 softmax saturates at 1.0 and confidences tie."""
     from steerling.models.interpretable.interpretable_causal_diffusion import InterpretableCausalDiffusionLM
 
     raw = cde_preset.to_published_dict()
@@ -98,6 +100,8 @@ def write_with_official_classes(cde_preset, out: str | Path, seed: int) -> Path:
         for name, p in model.named_parameters():
             if name == "transformer.lm_head.weight" or "predictor" in name:
                 p.mul_(150.0 / p.shape[-1] ** 0.5)
+            if name == "transformer.ln_f.weight":
+                p.mul_(ln_f_scale)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(raw, indent=2))

@@ -93,6 +93,7 @@ class PlannedItem(NamedTuple):
     # complete this item's tokens (and, for a step, take its picked positions out of `eligible`)
     # on the device; -1: none, the item is complete as planned.
     carry: int = -1
+    carried_picks: int = 0  # a step that carries picks: how many of its `eligible` they take
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ def _next_items(seq: Sequence, n: int) -> list[PlannedItem] | None:
     picked = min(seq.params.tokens_per_step, seq.remaining)
     committed = seq.committed + picked
     if picked < seq.remaining:  # the block goes on; its picked positions come from the device
-        after = [step_item(seq)._replace(step=seq.step + 1, committed=committed, carry=n)]
+        after = [step_item(seq)._replace(step=seq.step + 1, committed=committed, carry=n, carried_picks=picked)]
     elif (seq.block + 1) * PAGE >= seq.end:  # its last block: the request ends with this step
         return []
     else:

@@ -28,6 +28,19 @@ NEG_INF = float("-inf")
 
 
 @dataclass
+class ReferenceSelection:
+    """The step items that unmask a fixed k per step (no confidence threshold, no grammar), which
+    select as the reference does: `topk(min(k, n))` over the confidences of their n still-masked
+    positions, packed in position order. torch's topk breaks ties by where the values lie in the
+    tensor it is given, so that tensor must be the reference's own: ties are common where float32
+    softmax saturates at 1.0, and a wider row (or one shared with other requests) picks others."""
+
+    spans: list[tuple[int, int, int]]  # host-side: (step item, still-masked positions n, picks m), m >= 1
+    slots: torch.Tensor  # [P] each pick's place in the [S, K] positions, item * K + j (j: its rank)
+    items: torch.Tensor  # [P] each pick's step item
+
+
+@dataclass
 class SamplingBatch:
     """Per-row parameters of the S step items (tensors on the logits' device)."""
 
@@ -55,6 +68,7 @@ class SamplingBatch:
     leftmost: torch.Tensor | None = None  # [S] bool: the item unmasks its leftmost positions
     grammar_rows: torch.Tensor | None = None  # [C] logits rows under a grammar's bitmask
     grammar_bitmask: torch.Tensor | None = None  # [C, words] int32: the tokens allowed there
+    reference: ReferenceSelection | None = None  # None: every item selects by the batched rule
 
 
 def adjust_logits(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
@@ -119,18 +133,36 @@ def _constrain(x: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 def select_positions(row_conf: torch.Tensor, sb: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """row_conf [R]: each logits row's confidence (the reference's max softmax probability) ->
-    (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first."""
+    (positions [S, K], valid [S, K]) with K = sb.max_select, most confident first. The items of
+    `sb.reference` select by the reference's rule; the others (a confidence threshold, a grammar's
+    leftmost positions: CDE's own rules) by one topk over the batch's [S, 64] grid."""
     eligible = sb.grid >= 0
-    conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
-    if sb.leftmost is not None:  # constrained items: leftmost first (confidence is never above 1)
-        order = 2.0 - torch.arange(conf.shape[1], device=conf.device, dtype=conf.dtype) / conf.shape[1]
-        conf = torch.where(sb.leftmost[:, None] & eligible, order[None, :], conf)
-    k = min(sb.max_select, conf.shape[1])
-    top_conf, positions = conf.topk(k, dim=-1)
-    above = (top_conf > sb.threshold[:, None]).sum(-1)
-    wanted = torch.where(sb.threshold <= 1.0, above.clamp(min=1), sb.n_select)
+    k = min(sb.max_select, PAGE)
+    ref = sb.reference
+    positions: torch.Tensor | None = None
+    wanted = sb.n_select
+    if ref is None or len(ref.spans) < eligible.shape[0]:
+        conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
+        if sb.leftmost is not None:  # constrained items: leftmost first (confidence is never above 1)
+            order = 2.0 - torch.arange(conf.shape[1], device=conf.device, dtype=conf.dtype) / conf.shape[1]
+            conf = torch.where(sb.leftmost[:, None] & eligible, order[None, :], conf)
+        top_conf, positions = conf.topk(k, dim=-1)
+        above = (top_conf > sb.threshold[:, None]).sum(-1)
+        wanted = torch.where(sb.threshold <= 1.0, above.clamp(min=1), sb.n_select)
+    if ref is not None:
+        # Each item's eligible positions first, in position order (a stable sort), and their
+        # confidences packed as the reference packs its still-masked positions.
+        order = torch.sort((~eligible).to(torch.int32), dim=1, stable=True).indices
+        packed = row_conf[sb.grid.gather(1, order).clamp(min=0)]
+        picks = torch.cat([packed[s, :n].topk(m).indices for s, n, m in ref.spans])
+        # The picks first, in their order, then the other positions: a row never names a position
+        # twice (the carried picks' scatters, worker/carried_picks.py, write every slot).
+        rank = torch.zeros_like(sb.grid)
+        rank[ref.items, order[ref.items, picks]] = k - ref.slots % k
+        ranked = rank.topk(k, dim=-1).indices
+        positions = ranked if positions is None else torch.where((rank > 0).any(-1, keepdim=True), ranked, positions)
     count = torch.minimum(wanted, eligible.sum(-1))
-    valid = torch.arange(k, device=conf.device)[None, :] < count[:, None]
+    valid = torch.arange(k, device=eligible.device)[None, :] < count[:, None]
     return positions, valid
 
 

@@ -10,7 +10,7 @@ from cde.shared.config import PAGE
 from cde.worker.constraint import Constraint, GrammarInputs
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.plan import PlannedItem
-from cde.worker.sampler import SamplingBatch
+from cde.worker.sampler import ReferenceSelection, SamplingBatch
 from cde.worker.staging import Staging
 
 
@@ -37,6 +37,19 @@ def eligible_rows(step_indices: list[int], items: list[PlannedItem]) -> tuple[li
     return rows, grid, row_item
 
 
+def reference_spans(items: list[PlannedItem]) -> list[tuple[int, int, int]]:
+    """(step item, still-masked positions n, picks m = min(k, n)) of the step items that unmask a
+    fixed k per step (sampler.ReferenceSelection); n leaves out the positions that the picks an
+    item carries (worker/carried_picks.py) take on the device."""
+    spans = []
+    for n, it in enumerate(items):
+        r = it.request
+        masked = sum(it.eligible) - it.carried_picks
+        if r.confidence_threshold is None and not r.constrained and masked > 0:
+            spans.append((n, masked, min(r.tokens_per_step, masked)))
+    return spans
+
+
 class StepInputBuilder:
     def __init__(
         self, device: torch.device, banned: torch.Tensor, seen: torch.Tensor, rules: RequestLogitRules, vocab_size: int
@@ -61,21 +74,39 @@ class StepInputBuilder:
         rep = [r.repetition_penalty for r in reqs]
         penalized = any(x != 1.0 for x in rep)
         any_relu = any(m is not None for m in relu_masks)
-        (rows_t, slots, grid_t, row_item_t, n_select, top_k, entropy, seed, step, rep_rows, relu_rows) = (
-            self.ints.stage(
-                rows,
-                [it.slot for it in items],
-                grid,
-                row_item,
-                [r.tokens_per_step for r in reqs],
-                [r.top_k for r in reqs],
-                [int(r.entropy_sampling) for r in reqs],
-                [r.sampling_key for r in reqs],
-                [it.step for it in items],
-                # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
-                [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
-                [r for r, n in enumerate(row_item) if relu_masks[n] is not None] if any_relu else [],
-            )
+        # A confidence threshold may unmask any number of positions.
+        thresholded = any(x is not None and not r.constrained for x, r in zip(thresholds, reqs))
+        max_select = PAGE if thresholded else max(r.tokens_per_step for r in reqs)
+        spans = reference_spans(items)
+        (
+            rows_t,
+            slots,
+            grid_t,
+            row_item_t,
+            n_select,
+            top_k,
+            entropy,
+            seed,
+            step,
+            rep_rows,
+            relu_rows,
+            ref_slots,
+            ref_items,
+        ) = self.ints.stage(
+            rows,
+            [it.slot for it in items],
+            grid,
+            row_item,
+            [r.tokens_per_step for r in reqs],
+            [r.top_k for r in reqs],
+            [int(r.entropy_sampling) for r in reqs],
+            [r.sampling_key for r in reqs],
+            [it.step for it in items],
+            # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
+            [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
+            [r for r, n in enumerate(row_item) if relu_masks[n] is not None] if any_relu else [],
+            [n * max_select + j for n, _, m in spans for j in range(m)],
+            [n for n, _, m in spans for _ in range(m)],
         )
         threshold, temperature, top_p, rep_t = self.floats.stage(
             [2.0 if x is None or r.constrained else x for x, r in zip(thresholds, reqs)],
@@ -95,9 +126,7 @@ class StepInputBuilder:
             seed=seed,
             step=step,
             banned=self.banned,
-            max_select=PAGE
-            if any(x is not None and not r.constrained for x, r in zip(thresholds, reqs))
-            else max(r.tokens_per_step for r in reqs),
+            max_select=max_select,
             any_sampling=any(r.entropy_sampling or (r.temperature > 0 and r.top_p > 0) for r in reqs),
             any_entropy=any(r.entropy_sampling for r in reqs),
             rep_penalty=rep_t if penalized else None,
@@ -112,6 +141,7 @@ class StepInputBuilder:
             ),
             relu_rows=relu_rows if any_relu else None,
             rules=self.rules.build(items, slots, grid),
+            reference=ReferenceSelection(spans, ref_slots, ref_items) if spans else None,
         )
         if any(c is not None for c in constraints):
             self.grammar.add_to(sampling, constraints, grid)

@@ -196,7 +196,9 @@ def _completed(ahead, current, picks) -> list:
                 if eligible:
                     eligible[p] = False
             assert current.step_items[it.carry].slot == it.slot
-            it = it._replace(tokens=tuple(tokens), eligible=tuple(eligible), carry=-1)
+            # a step counts the picks it carries (its selection packs the positions left)
+            assert it.carried_picks == (len(picks[it.carry].positions) if it.is_step else 0)
+            it = it._replace(tokens=tuple(tokens), eligible=tuple(eligible), carry=-1, carried_picks=0)
         assert MASK_ID in it.tokens or not it.is_step
         out.append(it)
     return out
