@@ -139,9 +139,9 @@ def select_positions(row_conf: torch.Tensor, sb: SamplingBatch) -> tuple[torch.T
     eligible = sb.grid >= 0
     k = min(sb.max_select, PAGE)
     ref = sb.reference
-    positions: torch.Tensor | None = None
-    wanted = sb.n_select
-    if ref is None or len(ref.spans) < eligible.shape[0]:
+    if ref is not None and len(ref.spans) == eligible.shape[0]:
+        positions, wanted = _reference_positions(row_conf, sb.grid, eligible, ref, k), sb.n_select
+    else:
         conf = torch.where(eligible, row_conf[sb.grid.clamp(min=0)], -1.0)
         if sb.leftmost is not None:  # constrained items: leftmost first (confidence is never above 1)
             order = 2.0 - torch.arange(conf.shape[1], device=conf.device, dtype=conf.dtype) / conf.shape[1]
@@ -149,21 +149,29 @@ def select_positions(row_conf: torch.Tensor, sb: SamplingBatch) -> tuple[torch.T
         top_conf, positions = conf.topk(k, dim=-1)
         above = (top_conf > sb.threshold[:, None]).sum(-1)
         wanted = torch.where(sb.threshold <= 1.0, above.clamp(min=1), sb.n_select)
-    if ref is not None:
-        # Each item's eligible positions first, in position order (a stable sort), and their
-        # confidences packed as the reference packs its still-masked positions.
-        order = torch.sort((~eligible).to(torch.int32), dim=1, stable=True).indices
-        packed = row_conf[sb.grid.gather(1, order).clamp(min=0)]
-        picks = torch.cat([packed[s, :n].topk(m).indices for s, n, m in ref.spans])
-        # The picks first, in their order, then the other positions: a row never names a position
-        # twice (the carried picks' scatters, worker/carried_picks.py, write every slot).
-        rank = torch.zeros_like(sb.grid)
-        rank[ref.items, order[ref.items, picks]] = k - ref.slots % k
-        ranked = rank.topk(k, dim=-1).indices
-        positions = ranked if positions is None else torch.where((rank > 0).any(-1, keepdim=True), ranked, positions)
+        if ref is not None:
+            referenced = torch.zeros(eligible.shape[0], 1, dtype=torch.bool, device=eligible.device)
+            referenced[ref.items] = True
+            positions = torch.where(referenced, _reference_positions(row_conf, sb.grid, eligible, ref, k), positions)
     count = torch.minimum(wanted, eligible.sum(-1))
     valid = torch.arange(k, device=eligible.device)[None, :] < count[:, None]
     return positions, valid
+
+
+def _reference_positions(
+    row_conf: torch.Tensor, grid: torch.Tensor, eligible: torch.Tensor, ref: ReferenceSelection, k: int
+) -> torch.Tensor:
+    """[S, k] positions: each of `ref`'s items' picks first, in their order, then other positions
+    (a row never names a position twice: the carried picks' scatters, worker/carried_picks.py,
+    write every slot); the other items' rows are any k positions."""
+    # Each item's eligible positions first, in position order (a stable sort), and their
+    # confidences packed as the reference packs its still-masked positions.
+    order = torch.sort((~eligible).to(torch.int32), dim=1, stable=True).indices
+    packed = row_conf[grid.gather(1, order).clamp(min=0)]
+    picks = torch.cat([packed[s, :n].topk(m).indices for s, n, m in ref.spans])
+    rank = torch.zeros_like(grid)
+    rank[ref.items, order[ref.items, picks]] = k - ref.slots % k
+    return rank.topk(k, dim=-1).indices
 
 
 def entropy_temperature(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
