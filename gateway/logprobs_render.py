@@ -2,7 +2,8 @@
 and the legacy completions object (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
 
 The numbers come from the worker (worker/logprobs.py): per generated token, its log-probability
-at the step that committed it, and the top alternatives at that position in that step."""
+at the step that committed it, and the top alternatives at that position in that step. Every one
+goes out through `_number`."""
 
 from __future__ import annotations
 
@@ -16,9 +17,19 @@ if TYPE_CHECKING:
     from cde.shared.tokenizer import Tokenizer
 
 
+# vLLM's floor. A grammar (tools, response_format, structured_outputs) bans tokens with -inf, and
+# fewer tokens than the alternatives asked for may be allowed: JSON has no -inf (it would be written
+# null), and OpenAI's types want a number.
+_FLOOR = -9999.0
+
+
+def _number(logprob: float) -> float:
+    return logprob if logprob >= _FLOOR else _FLOOR  # NaN too: never null
+
+
 def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
     raw = tokenizer.decode_bytes([token_id])
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": _number(logprob), "bytes": list(raw)}
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> ChatLogprobs:
@@ -42,12 +53,12 @@ class CompletionLogprobsRenderer:
         for token_id, (logprob, top_ids, top_logprobs) in zip(token_ids, rows):
             token = self.tokenizer.decode_bytes([token_id]).decode("utf-8", errors="replace")
             out.tokens.append(token)
-            out.token_logprobs.append(logprob)
+            out.token_logprobs.append(_number(logprob))
             # OpenAI's "always the logprob of the sampled token" (up to logprobs + 1 entries), first
             # as in vLLM; then the alternatives, best first (two ids can share a text).
-            top: dict[str, float] = {token: logprob}
+            top: dict[str, float] = {token: _number(logprob)}
             for t, lp in zip(top_ids, top_logprobs):
-                top.setdefault(self.tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), lp)
+                top.setdefault(self.tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), _number(lp))
             out.top_logprobs.append(top)
             out.text_offset.append(self.offset)
             self.offset += len(token)

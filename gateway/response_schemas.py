@@ -140,7 +140,7 @@ class ChatLogprobs(ResponseModel):
 
 class FunctionCall(ResponseModel):
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as text (cut short when finish_reason is "length")
 
 
 class MessageToolCall(ResponseModel):

@@ -312,12 +312,16 @@ _DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls"})
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_ContentPart] | None
+    # Absent is null: OpenAI's assistant message with tool_calls needs none (litellm leaves it out);
+    # any other message needs it (_reply_fields).
+    content: str | list[_ContentPart] | None = None
     name: str | None = None  # accepted, not rendered: the template has no place for it
-    # An assistant reply's refusal text and url citations, as a dumped reply carries them: they
-    # change nothing about the prompt (vLLM ignores them too).
+    # An assistant reply's refusal text, url citations and the SDK's parse() result, as a reply
+    # appended to the history carries them: they change nothing about the prompt (vLLM ignores
+    # them too).
     refusal: str | None = None
     annotations: list[dict[str, Any]] | None = None
+    parsed: Any = None
     tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_CHOICES)  # assistant turns
     tool_call_id: str | None = Field(None, max_length=MAX_TOOL_CALL_ID_CHARS)  # tool turns
 
@@ -331,13 +335,13 @@ class ChatMessage(_Body):
     @model_validator(mode="after")
     def _reply_fields(self) -> ChatMessage:
         if self.role != "assistant":
-            for name in ("refusal", "annotations"):
+            for name in ("refusal", "annotations", "parsed"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to assistant messages only")
         if self.role != "assistant" and any(isinstance(p, RefusalPart) for p in self.content or ()):
             raise ValueError("a refusal content part belongs to assistant messages only")
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content may be null only in an assistant message with tool_calls")
+            raise ValueError("content may be null or absent only in an assistant message with tool_calls")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages have tool_calls")
         if (self.role == "tool") != (self.tool_call_id is not None):

@@ -75,6 +75,9 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 class CalledFunction(Body):
     name: str = Field(pattern=_NAME)
     arguments: str  # a JSON object, as text
+    # The openai SDK's parse() result of `arguments`, in a reply appended to the history: the call
+    # is rendered from `arguments` (vLLM ignores it too).
+    parsed_arguments: Any = None
 
 
 class ToolCall(Body):

@@ -9,21 +9,27 @@ from cde.gateway.response_schemas import (
     DeltaFunction,
     DeltaToolCall,
     FinishReason,
+    FunctionCall,
     MessageToolCall,
 )
 from cde.gateway.tool_format import CALL_OPEN
-from cde.gateway.tool_stream import CallPart, CallReader, whole_calls
+from cde.gateway.tool_stream import CallPart, CallReader
 
 
 def answer_message(
     text: str, finish_reason: FinishReason | None, tools: bool
 ) -> tuple[AssistantMessage, FinishReason | None]:
-    """(message, finish_reason) of a whole answer: calls become tool_calls, finishing "tool_calls"."""
-    calls = whole_calls(text) if tools else None
-    if calls is None:
+    """(message, finish_reason) of a whole answer: what its stream joins to, read by the same
+    StreamedAnswer in one piece, so that the two agree on calls cut short by max_tokens too."""
+    answer = StreamedAnswer(tools)
+    delta, finish_reason = answer.delta(text, finish_reason)
+    if not delta.tool_calls:
         return AssistantMessage(role="assistant", content=text), finish_reason
-    tool_calls = [MessageToolCall.model_validate(call) for call in calls]
-    return AssistantMessage(role="assistant", content=None, tool_calls=tool_calls), "tool_calls"
+    tool_calls = [
+        MessageToolCall(id=c.id, type="function", function=FunctionCall(name=c.name, arguments=c.arguments))
+        for c in answer.reader.calls
+    ]
+    return AssistantMessage(role="assistant", content=None, tool_calls=tool_calls), finish_reason
 
 
 class StreamedAnswer:

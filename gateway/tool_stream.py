@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
 
@@ -148,20 +147,3 @@ def _string_end(text: str, start: int) -> int | None:
             return pos + 1
         pos += 1
     return None
-
-
-def whole_calls(text: str) -> list[dict[str, Any]] | None:
-    """OpenAI's tool_calls of an answer made of calls, each call's arguments as written; None for
-    a text answer, or for calls cut short by max_tokens, which then stay text."""
-    reader = CallReader()
-    reader.feed(text)
-    if not reader.complete:
-        return None
-    for call in reader.calls:
-        try:
-            json.loads(call.arguments)
-        except ValueError:
-            return None
-    return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in reader.calls
-    ]

@@ -1,14 +1,19 @@
 """Structured outputs through a real `cde serve` of the demo model (cde-reference), with the real
 `openai` client: every constrained answer parses and validates (jsonschema) against its schema,
-plain, streamed, steered, at tokens_per_step 1 and 4; completions' `structured_outputs`; bad
-schemas are a 400 naming the field. Tools: tests/api/test_api_tools.py."""
+plain, streamed, steered, at tokens_per_step 1 and 4; completions' `structured_outputs`; logprobs
+of the tokens a grammar bans; bad schemas are a 400 naming the field. Tools: tests/api/test_api_tools.py."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.completion_choice import Logprobs
 from pydantic import BaseModel, Field
 
 from tests.api.json_schema_cases import SCHEMAS
@@ -85,6 +90,34 @@ def test_openai_parse_with_a_pydantic_model(client):
     assert msg.parsed == Person.model_validate_json(msg.content)
 
 
+# The SDK's own dump of the parsed reply warns that `parsed` is typed None there; it sends it right.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+def test_parse_replies_fed_back_change_nothing(client):
+    """The SDK's documented loop appends parse()'s message itself: its `parsed` and its calls'
+    `function.parsed_arguments` are accepted and ignored, as vLLM does (docs/api.md)."""
+    ask = [{"role": "user", "content": "Describe a person."}]
+    kw = dict(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, extra_body={"tokens_per_step": 4})
+    said = client.chat.completions.parse(messages=ask, response_format=Person, **kw).choices[0].message
+    tool = openai.pydantic_function_tool(Person)
+    called = client.chat.completions.parse(messages=ask, tools=[tool], tool_choice="required", **kw).choices[0].message
+    assert isinstance(said.parsed, Person) and isinstance(called.tool_calls[0].function.parsed_arguments, Person)
+    calls = [
+        {"id": t.id, "type": "function", "function": t.function.model_dump(include={"name", "arguments"})}
+        for t in called.tool_calls
+    ]
+    results = [{"role": "tool", "tool_call_id": t.id, "content": "ok"} for t in called.tool_calls]
+    after = [{"role": "user", "content": "Another."}]
+
+    def ids(*history):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[*ask, *history], tools=[tool], max_tokens=4, extra_body={"return_token_ids": True}
+        )
+        return r.prompt_token_ids
+
+    assert ids(said, *after) == ids({"role": "assistant", "content": said.content}, *after)
+    assert ids(called, *results) == ids({"role": "assistant", "content": None, "tool_calls": calls}, *results)
+
+
 def test_json_object_answers_an_object(client):
     r = client.chat.completions.create(
         model=MODEL,
@@ -125,6 +158,60 @@ def test_completions_structured_outputs(client, outputs, check):
 def test_max_tokens_cuts_a_constrained_answer_with_length(client):
     text, finish = ask(client, SCHEMAS["flat"], False, max_tokens=3)
     assert finish == "length" and text.startswith("{")
+
+
+BANNED = -9999.0  # vLLM's logprob for -inf; OpenAI's type is a number, never null
+FLAG = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+LOGPROB_CASES = {
+    "response_format": (
+        "chat",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": FLAG}}},
+    ),
+    "tools": (
+        "chat",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": FLAG}}], "tool_choice": "required"},
+    ),
+    "structured_outputs": ("completions", {"structured_outputs": {"choice": ["yes", "no"]}}),
+}
+
+
+def answers(server, endpoint: str, body: dict) -> list[dict]:
+    """The JSON body, or each chunk of a stream."""
+    url = f"{server.base_url}/{endpoint}"
+    if not body["stream"]:
+        return [httpx.post(url, json=body, timeout=300).json()]
+    with httpx.stream("POST", url, json=body, timeout=300) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def logprob_numbers(lp: dict) -> list:
+    if "content" in lp:  # chat
+        return [x["logprob"] for t in lp["content"] for x in [t, *t["top_logprobs"]]]
+    return lp["token_logprobs"] + [x for top in lp["top_logprobs"] for x in top.values()]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("case", list(LOGPROB_CASES))
+def test_logprobs_of_tokens_a_grammar_bans_are_numbers(server, case, stream):
+    """A grammar leaves fewer tokens than the alternatives asked for: the others' logprob is -inf,
+    written as vLLM writes it, so that the SDK's types take the answer (a stream's chunks: their
+    logprobs; the SDK's completion chunk type wants a finish_reason on every chunk)."""
+    endpoint, constraint = LOGPROB_CASES[case]
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "stream": stream, **constraint}
+    if endpoint == "chat":
+        body |= {"messages": [{"role": "user", "content": "Is it good?"}], "logprobs": True, "top_logprobs": 5}
+        whole, logprobs_type = ChatCompletion, ChoiceLogprobs
+    else:
+        body |= {"prompt": "Answer:", "logprobs": 5}
+        whole, logprobs_type = Completion, Logprobs
+    got = answers(server, "chat/completions" if endpoint == "chat" else "completions", body)
+    if not stream:
+        whole.model_validate(got[0])
+    numbers = []
+    for c in (c for a in got for c in a["choices"] if c.get("logprobs")):
+        logprobs_type.model_validate(c["logprobs"])
+        numbers += logprob_numbers(c["logprobs"])
+    assert BANNED in numbers and all(x == BANNED or BANNED < x <= 0 for x in numbers), numbers
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """Tools through a real `cde serve` of the demo model, with the real `openai` client, LangChain
-(`with_structured_output`, `bind_tools` with the tool's result fed back) and litellm (`tools=`):
-calls whose arguments validate against the function's schema, `finish_reason: "tool_calls"`,
-streamed `delta.tool_calls`, history with tool calls rendered by the documented template, bad
-tool specs a 400 naming the field."""
+(`with_structured_output`, `bind_tools` with the tool's result fed back) and litellm (`tools=`, its
+reply fed back): calls whose arguments validate against the function's schema, `finish_reason:
+"tool_calls"`, streamed `delta.tool_calls`, calls cut by max_tokens the same streamed or not,
+history with tool calls rendered by the documented template, bad tool specs a 400 naming the
+field."""
 
 import json
 
@@ -102,6 +103,35 @@ def test_streamed_tool_calls_are_the_whole_answers(client):
     ]
 
 
+def streamed(client, **kw) -> tuple[str, list[dict], str | None]:
+    """(content, calls, finish_reason) that a streamed answer's chunks join to."""
+    content, calls, finish = "", {}, None
+    for chunk in chat(client, stream=True, **kw):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("max_tokens", [16, 20])  # greedy: cut in the arguments; in the closing tag
+def test_calls_cut_by_max_tokens_are_calls_streamed_or_not(client, max_tokens):
+    """Unstreamed as streamed: what was written of the calls, as calls, finishing "length"; the
+    call markup never reaches `content`."""
+    kw = dict(tool_choice="required", max_tokens=max_tokens, extra_body={**FAST, "return_token_ids": True})
+    c = chat(client, **kw).choices[0]
+    assert c.finish_reason == "length" and c.message.content is None and c.message.tool_calls, c.message
+    calls = [{"name": t.function.name, "arguments": t.function.arguments} for t in c.message.tool_calls]
+    written = "".join(f'<tool_call>{{"name":"{t["name"]}","arguments":{t["arguments"]}}}</tool_call>' for t in calls)
+    assert get_tokenizer(True).decode(c.token_ids).startswith(written[: -len("}</tool_call>")])
+    for call in c.message.tool_calls[:-1]:  # the last call is the one cut
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF[call.function.name])
+    assert streamed(client, **kw) == ("", calls, "length")
+
+
 HISTORY = [
     {"role": "user", "content": "Weather in Oslo?"},
     {
@@ -163,6 +193,20 @@ def test_history_with_tool_calls_is_rendered_by_the_documented_template(client):
     assert r.model_extra["prompt_token_ids"] == expected
 
 
+def test_an_assistant_turn_of_calls_may_leave_content_out(client):
+    """OpenAI's assistant message needs content only without tool_calls; litellm sends it so."""
+    without = [{k: v for k, v in m.items() if k != "content" or v is not None} for m in HISTORY]
+    assert "content" not in without[1]
+
+    def ids(history):
+        r = chat(
+            client, messages=history, tool_choice="none", max_tokens=4, extra_body={**FAST, "return_token_ids": True}
+        )
+        return r.model_extra["prompt_token_ids"], r.choices[0].token_ids
+
+    assert ids(without) == ids(HISTORY)
+
+
 @pytest.mark.parametrize(
     "kw,param",
     [
@@ -175,6 +219,8 @@ def test_history_with_tool_calls_is_rendered_by_the_documented_template(client):
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
         ({"messages": [{"role": "assistant", "content": None}]}, "messages"),
+        ({"messages": [{"role": "assistant"}]}, "messages.0"),
+        ({"messages": [{"role": "user"}]}, "messages.0"),
         (
             {
                 "messages": [
@@ -238,21 +284,17 @@ def test_langchain_bind_tools_round_trip(server):
     assert final.tool_calls or final.content  # auto: text, or another call
 
 
-def test_litellm_tools(server):
+def test_litellm_tools_round_trip(server):
+    """litellm's documented loop: its Message appended as it is (it leaves a null content out),
+    then the tool's result."""
     import litellm
 
-    r = litellm.completion(
-        model=f"openai/{MODEL}",
-        api_base=server.base_url,
-        api_key="none",
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        max_tokens=96,
-        temperature=0,
-        extra_body=FAST,
-    )
+    kw = dict(model=f"openai/{MODEL}", api_base=server.base_url, api_key="none", temperature=0, extra_body=FAST)
+    r = litellm.completion(messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=96, **kw)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
     for call in c.message.tool_calls:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF[call.function.name])
+    results = [{"role": "tool", "tool_call_id": t.id, "content": "21 C"} for t in c.message.tool_calls]
+    final = litellm.completion(messages=[*ASK, c.message, *results], tools=TOOLS, max_tokens=8, **kw)
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")

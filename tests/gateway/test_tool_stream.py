@@ -1,15 +1,15 @@
 """Tool calls read as the answer grows (gateway/tool_stream.py) and streamed as deltas
 (gateway/tool_output.py): whatever the pieces the text arrives in, a call's name goes out once it
 is complete, its arguments' pieces join to the text written, and the whole answer reads the same
-as when it is parsed at once. The layout is the tools grammar's (tests/api/test_api_tools.py runs
-it through a real server)."""
+as when it is parsed at once (calls cut by max_tokens included). The layout is the tools
+grammar's (tests/api/test_api_tools.py runs it through a real server)."""
 
 import json
 import random
 
 import pytest
 from cde.gateway.tool_output import StreamedAnswer, answer_message
-from cde.gateway.tool_stream import CallReader, whole_calls
+from cde.gateway.tool_stream import CallReader
 
 ARGS = [
     '{"city":"Paris","unit":"C"}',
@@ -40,9 +40,9 @@ def test_calls_read_in_any_pieces_are_the_calls_read_at_once(seed):
             args[part.index] = args.get(part.index, "") + part.arguments
     assert reader.complete and not reader.broken
     assert [names[i] for i in range(3)] == NAMES and [args[i] for i in range(3)] == ARGS
-    whole = whole_calls(ANSWER)
-    assert [c["function"] for c in whole] == [{"name": n, "arguments": a} for n, a in zip(NAMES, ARGS)]
-    assert len({c["id"] for c in whole} | set(ids.values())) == 6 and all(i.startswith("call_") for i in ids.values())
+    whole = answer_message(ANSWER, "stop", tools=True)[0].tool_calls
+    assert [(c.function.name, c.function.arguments) for c in whole] == list(zip(NAMES, ARGS))
+    assert len({c.id for c in whole} | set(ids.values())) == 6 and all(i.startswith("call_") for i in ids.values())
 
 
 def test_arguments_go_out_before_the_call_is_closed():
@@ -57,27 +57,44 @@ def test_arguments_go_out_before_the_call_is_closed():
     assert last.arguments == 'ris"}' and reader.complete
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        '<tool_call>{"name":"a","arguments":{"x":1}}',  # not closed
-        '<tool_call>{"name":"a","arguments":{"x":1',  # cut inside the arguments
-        '<tool_call>{"name":"a","arguments":{"x":1}}</tool_call>tail',  # text after the calls
-        '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_c',  # a second call cut at its start
-        '<tool_call>{"arguments":{},"name":"a"}</tool_call>',  # not the grammar's layout
-        '<tool_call>{"name":"a","arguments":"x"}</tool_call>',  # arguments not an object
-        "Hello",
-    ],
-)
-def test_anything_but_whole_calls_is_no_calls(text):
-    assert whole_calls(text) is None
-
-
 def stream(text_pieces, finish):
     answer, deltas = StreamedAnswer(tools=True), []
     for i, piece in enumerate(text_pieces):
         deltas.append(answer.delta(piece, finish if i == len(text_pieces) - 1 else None))
     return deltas
+
+
+def joined(deltas) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    """(content, [(name, arguments)], finish_reason) that a stream's deltas join to."""
+    texts, calls = [d.content for d, _ in deltas if d.content is not None], {}
+    for d, _ in deltas:
+        for t in d.tool_calls or []:
+            name, arguments = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), arguments + t.function.arguments)
+    return "".join(texts) if texts else None, [calls[i] for i in sorted(calls)], deltas[-1][1]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ANSWER,
+        '<tool_call>{"name":"a","arguments":{"x":1}}',  # not closed
+        '<tool_call>{"name":"a","arguments":{"x":1',  # cut inside the arguments
+        '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_call>{"name":"b","',  # the second cut before its name
+        '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_c',  # a second call cut at its start
+        '<tool_call>{"na',  # cut before a name is complete: text
+        '<tool_call>{"arguments":{},"name":"a"}</tool_call>',  # not the grammar's layout: text
+        "<tool_c",
+        "Hello",
+    ],
+)
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_whole_answer_is_what_its_stream_joins_to(text, finish):
+    """Streamed or not, an answer reads the same: calls cut by max_tokens are calls in both."""
+    message, whole_finish = answer_message(text, finish, tools=True)
+    calls = [(t.function.name, t.function.arguments) for t in message.tool_calls or []]
+    for seed in range(4):
+        assert joined(stream(pieces(text, seed), finish)) == (message.content, calls, whole_finish)
 
 
 def test_a_streamed_answer_of_calls_joins_to_the_whole_answer():
@@ -106,7 +123,9 @@ def test_calls_cut_short_end_as_the_engine_ended_them():
     # cut before the name is complete: nothing went out as a call, so the text goes out as text
     deltas = stream(['<tool_call>{"na', 'me":"get_w'], "length")
     assert deltas[-1] == (deltas[-1][0], "length") and deltas[-1][0].content == '<tool_call>{"name":"get_w'
-    assert answer_message(cut, "length", tools=True)[0].content == cut
+    message, finish = answer_message(cut, "length", tools=True)
+    assert finish == "length" and message.content is None
+    assert [(t.function.name, t.function.arguments) for t in message.tool_calls] == [("get_weather", '{"city":"Pa')]
 
 
 def test_text_answers_go_out_as_text():
