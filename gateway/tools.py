@@ -22,7 +22,7 @@ from cde.gateway.schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
-from cde.shared.grammar import JSON_OPTIONS, lark_grammar
+from cde.shared.grammar import JSON_OPTIONS, closed_objects, lark_grammar
 
 PREAMBLE = (
     "You can call these functions. Each line is one function: its name, description and the "
@@ -72,7 +72,7 @@ def render_messages(messages: list[ChatMessage], tools: list[ToolSpec] | None) -
 
 
 def _params(tool: ToolSpec) -> dict[str, Any]:
-    return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT
+    return closed_objects(tool.function.parameters) if tool.function.parameters is not None else ANY_OBJECT
 
 
 def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[str, str] | None:
@@ -115,5 +115,5 @@ def tools_grammar(body: ChatCompletionRequest, tools: list[ToolSpec], answer: di
         if answer is None:
             lark.append(r"TEXT: /[^<](.|\n)*/")
         else:
-            lark.append(f"answer: %json {schema_text({**answer, **JSON_X}, 'response_format')}")
+            lark.append(f"answer: %json {schema_text({**closed_objects(answer), **JSON_X}, 'response_format')}")
     return lark_grammar("\n".join(lark))

@@ -50,7 +50,39 @@ def ll_tokenizer(instruct: bool, vocab_size: int) -> LLTokenizer:
 
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:
-    return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS)
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas. allOf, not and
+# if are left out: closing their members would change what the whole accepts.
+_SCHEMA, _SCHEMAS = (
+    frozenset({"items", "additionalProperties", "then", "else", "contains"}),
+    frozenset({"anyOf", "oneOf", "prefixItems"}),
+)
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_OPENING = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with every object schema that lists its properties and says nothing of others
+    closed to them (`additionalProperties: false`), as xgrammar's strict mode reads it (the
+    default of vLLM and SGLang): otherwise a model may write keys nobody declared until its
+    tokens run out. Values that are data (const, enum, default, examples) are left alone."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA:
+            out[key] = closed_objects(value)
+        elif key in _SCHEMAS and isinstance(value, list):
+            out[key] = [closed_objects(v) for v in value]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_objects(v) for name, v in value.items()}
+        else:
+            out[key] = value
+    if "properties" in out and not any(key in out for key in _OPENING):
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_grammar(lark: str) -> str:
