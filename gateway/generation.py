@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -25,6 +25,7 @@ from cde.shared.protocol import BlockResult, GenerateRequest, PrefixResult, Step
 from cde.shared.wire import WireError, encode_all
 
 if TYPE_CHECKING:
+    from cde.gateway.attribution_render import Render
     from cde.shared.tokenizer import Tokenizer
 
 
@@ -81,7 +82,7 @@ class Generation:
         tokenizer: Tokenizer,
         stops: list[str],
         include_stop: bool,
-        render_attribution: Callable[[int, list[PackedAttribution], int], Attribution | None],
+        render_attribution: Render,
         denoise_views: list[DenoiseView | None],
     ) -> None:
         self.metrics = metrics
@@ -122,6 +123,7 @@ class Generation:
         last = None
         block_fed = 0  # tokens of the active block already fed from PrefixResults
         given = 0  # tokens of `text.ids` handed out in deltas
+        eot_at: int | None = None  # where <|eot_id|> ended the generation (BlockResult.end_position)
         blocks: list[PackedAttribution] = []  # the attribution of each block, when asked
         inputs: list[InputAttribution] = []  # the input attribution of each block, when asked
         try:
@@ -142,6 +144,7 @@ class Generation:
                         raise GenerationError(res.error or "generation failed")
                     if res.attribution is not None:
                         blocks.append(res.attribution)
+                    eot_at = res.end_position
                     if res.input_attribution is not None:  # in the block's own event
                         inputs.append(render_block(res.input_attribution, res.prompt_tokens, self._decode))
                         block_inputs = {"inputs": inputs[-1]}
@@ -167,7 +170,8 @@ class Generation:
                     reason = "stop" if text.stopped and stop_early else None
                 if reason is not None:
                     # Its own event, like OpenAI's final chunk: empty text, the finish_reason.
-                    attribution = self._render(index, blocks, given)
+                    # A stop string that cut the text ends it there instead.
+                    attribution = self._render(index, blocks, given, None if text.stopped else eot_at)
                     yield Delta(index, "", [], reason, attach(attribution, inputs) if inputs else attribution)
                     m.e2e.observe(time.monotonic() - self.started)
                     m.finished.labels(reason).inc()

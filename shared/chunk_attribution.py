@@ -58,13 +58,13 @@ def packed(records: Records) -> PackedAttribution:
     return records if isinstance(records, PackedAttribution) else PackedAttribution.from_records(records)
 
 
-def chunk_spans(records: Records, prompt_len: int, chunking: str) -> list[tuple[int, int]]:
-    """[start, end) position spans over the generation (records in position order), which ends
-    after the last record."""
+def chunk_spans(records: Records, prompt_len: int, chunking: str, end: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) position spans over the generation (records in position order), which ends at
+    `end` (where <|eot_id|> ended it, as the reference's last chunk), else after the last record."""
     a = packed(records).arrays()
     if not len(a["positions"]):
         return []
-    end = int(a["positions"][-1]) + 1
+    end = int(a["positions"][-1]) + 1 if end is None else end
     if chunking == "block":
         cuts = range((prompt_len // PAGE + 1) * PAGE, end, PAGE)
         bounds = [prompt_len, *cuts, end]
@@ -152,9 +152,11 @@ def aggregate(
     n_known: int = 0,
     top_k: int | None = None,
     per_token: bool = False,
+    end: int | None = None,
 ) -> dict:
     """The attribution of one completion (packed, or per-token record dicts) -> `{"chunks": [...],
-    "tokens": [...]}`; start/end are offsets into the completion's tokens (end exclusive)."""
+    "tokens": [...]}`; start/end are offsets into the generation (end exclusive; `end`, absolute:
+    where <|eot_id|> ended it, see chunk_spans)."""
     labels = labels or ConceptLabels()
     block = packed(records)
     pos = block.arrays()["positions"]
@@ -162,13 +164,13 @@ def aggregate(
         block = block.take(np.argsort(pos, kind="stable"))
     a = block.arrays()
     chunks = []
-    for start, end in chunk_spans(block, prompt_len, chunking):
-        concepts, eps_pct = chunk_concepts(block, start, end, labels, n_known, top_k)
-        ids = a["token_ids"][(a["positions"] >= start) & (a["positions"] < end)].tolist()
+    for start, stop in chunk_spans(block, prompt_len, chunking, end):
+        concepts, eps_pct = chunk_concepts(block, start, stop, labels, n_known, top_k)
+        ids = a["token_ids"][(a["positions"] >= start) & (a["positions"] < stop)].tolist()
         chunks.append(
             {
                 "start": start - prompt_len,
-                "end": end - prompt_len,
+                "end": stop - prompt_len,
                 "text": decode(ids),
                 "concepts": concepts,
                 "epsilon_pct": eps_pct,

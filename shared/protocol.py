@@ -21,7 +21,7 @@ from cde.shared.packed_attribution import PackedAttribution
 # 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
 # 11: Heartbeat.device_idle_ms
 # 12: PrefixResult.cached_tokens
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 
 @dataclass
@@ -158,6 +158,9 @@ class BlockResult:
     attribution: PackedAttribution | None = None  # of the committed tokens, when asked
     input_attribution: InputAttribution | None = None  # of this block's tokens, when asked
     logprobs: TokenLogprobs | None = None  # of token_ids, when asked
+    # Where <|eot_id|> ended the generation (absolute): the reference's last chunk ends there, its
+    # never-unmasked positions before it counted (None: after the last token).
+    end_position: int | None = None
 
 
 # What the engine emits for a request.

@@ -251,24 +251,28 @@ class Scheduler:
     def _complete_block(self, seq: Sequence, ended_by_eot: bool, out: Placed) -> None:
         """The block's result (into `out`), then the request moves on or finishes."""
         new = seq.block_output()
-        reason = None
+        base = seq.block * PAGE
+        positions = [base + i for i in range(max(seq.prompt_len - base, 0), PAGE) if seq.tokens[i] != MASK_ID]
+        reason, end = None, None
         if ended_by_eot:  # by EOT, or by a constrained request's complete grammar
-            new = new[: new.index(self.eot_id)] if self.eot_id in new else new
+            if self.eot_id in new:
+                end = positions[new.index(self.eot_id)]
+                new = new[: new.index(self.eot_id)]
             reason = "stop"
         stop_ids = set(seq.req.stop_token_ids)
         cut = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if cut is not None:
-            new, reason = new[:cut], "stop"
+            new, reason, end = new[:cut], "stop", None
         out.generated_before = len(seq.generated)
         seq.generated.extend(new)
         if reason is None and (seq.block + 1) * PAGE >= seq.end:
             reason = "length"
-        result = BlockResult(seq.id, new, prompt_tokens=seq.prompt_len, cached_tokens=seq.cached_pages * PAGE)
+        result = BlockResult(
+            seq.id, new, prompt_tokens=seq.prompt_len, cached_tokens=seq.cached_pages * PAGE, end_position=end
+        )
         if seq.req.logprobs is not None:
             result.logprobs = seq.output_logprobs(0, len(new))
-        base = seq.block * PAGE
-        first = max(seq.prompt_len - base, 0)
-        out.block_positions = [base + i for i in range(first, PAGE) if seq.tokens[i] != MASK_ID][: len(new)]
+        out.block_positions = positions[: len(new)]
         out.block_result = result
         if reason is None:
             seq.advance()

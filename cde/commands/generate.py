@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -100,10 +101,12 @@ def run(args: argparse.Namespace) -> int:
     engine.add_request(req)
     ids: list[int] = []
     blocks: list[PackedAttribution] = []  # one per block, joined by the renderer
+    eot_at: int | None = None  # where <|eot_id|> ended the generation
     while engine.has_work():
         for res in engine.step():
             if isinstance(res, BlockResult):
                 ids += res.token_ids
+                eot_at = res.end_position
                 if res.attribution is not None:
                     blocks.append(res.attribution)
     text = tok.decode(ids)
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         found = find_stop(text, args.stop)
         if found is not None:
             text = text[: found[0]]
-    attribution = render(blocks, len(ids)) if render else None  # over the token_ids it prints
+    attribution = render(blocks, len(ids), eot_at) if render else None  # over the token_ids it prints
     if args.json:
         print(json.dumps({"token_ids": ids, "text": text, **({"attribution": attribution} if attribution else {})}))
     else:
@@ -154,4 +157,4 @@ def _api_fields(args: argparse.Namespace, engine: Engine, prompt_ids: list[int])
     except ApiError as exc:
         raise SystemExit(f"cde generate: {exc.message}" + (f" (param: {exc.param})" if exc.param else "")) from None
     render = renderer([api], engine.tokenizer, labels, info)
-    return api.steering, api.attribution, lambda records, n_tokens: render(0, records, n_tokens)
+    return api.steering, api.attribution, functools.partial(render, 0)

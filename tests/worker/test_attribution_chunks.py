@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from cde.shared.chunk_attribution import aggregate, load_concept_labels
-from cde.shared.config import ENDOFCHUNK_ID, preset
+from cde.shared.config import ENDOFCHUNK_ID, EOT_ID, MASK_ID, preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
 from cde.shared.tokenizer import Tokenizer
 from cde.worker.engine import Engine, EngineArgs
@@ -124,3 +124,35 @@ def test_endofchunk_chunks_match_reference(records):
     assert [t["offset"] for t in out["tokens"]] == list(range(N_NEW))
     first = out["tokens"][0]["concepts"]
     assert [abs(c["contribution"]) for c in first] == sorted((abs(c["contribution"]) for c in first), reverse=True)
+
+
+@pytest.mark.parametrize("chunking", ["endofchunk", "block"])
+def test_a_generation_that_eot_ends_with_holes_divides_as_the_reference(tiny_instruct_dir, chunking):
+    """<|eot_id|> committed while positions before it are still masked ends the generation there
+    (the reference's generate_full); those positions are never unmasked, yet the reference's last
+    chunk, [start, EOT), counts them in its length (find_chunk_boundaries stops at EOT)."""
+    from steerling.attribution.concept_attribution import ConceptLabels
+    from steerling.attribution.utils import find_chunk_boundaries
+
+    prompt = torch.randint(0, 100000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3)).tolist()
+    engine = Engine(EngineArgs(str(tiny_instruct_dir)))
+    # EOT banned for six tokens, then the most confident: committed with masks left before it.
+    req = GenerateRequest(
+        "a", prompt, max_tokens=64, attribution=AttributionSpec(), logit_bias={EOT_ID: 13.0}, min_tokens=6
+    )
+    engine.add_request(req)
+    results = []
+    while engine.has_work():
+        results += engine.step()
+    records = [r for res in results for r in res.attribution]
+    end = results[-1].end_position
+    tokens = prompt + [MASK_ID] * 64
+    for r in records:
+        tokens[r["position"]] = r["token_id"]
+    tokens[end] = EOT_ID
+    assert len(records) == 6 and MASK_ID in tokens[PROMPT_LEN:end], "no holes before EOT: the test would be vacuous"
+    spans = find_chunk_boundaries(
+        tokens, eoc_id=ENDOFCHUNK_ID, start_index=PROMPT_LEN, stop_ids=[EOT_ID], include_final_chunk=True
+    )
+    out = aggregate(records, Tokenizer().decode, prompt_len=PROMPT_LEN, chunking=chunking, n_known=N_KNOWN, end=end)
+    assert_same(out["chunks"], spans, as_reference(records), ConceptLabels("/nonexistent"))
