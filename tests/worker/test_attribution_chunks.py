@@ -146,6 +146,7 @@ def test_a_generation_that_eot_ends_with_holes_divides_as_the_reference(tiny_ins
         results += engine.step()
     records = [r for res in results for r in res.attribution]
     end = results[-1].end_position
+    assert results[-1].finish_reason == "stop" and end is not None  # EOT ended it, and its position is told
     tokens = prompt + [MASK_ID] * 64
     for r in records:
         tokens[r["position"]] = r["token_id"]
