@@ -165,7 +165,7 @@ class InputAttributionRunner:
         ia = InputAttribution()
         if entry.job is None:
             if res.finished:
-                self._close(req, ia)
+                self._close(req, ia, res.end_position)
             return ia
         k = spec.top_k
         for target, attr in zip(entry.job.targets, entry.job.attributions):
@@ -200,7 +200,9 @@ class InputAttributionRunner:
             c.count += 1
             c.end = target.position + 1
         if req.chunking == "block" or res.finished:
-            self._close(req, ia)
+            # Where EOT ended the generation, the reference's last chunk ends at it (the positions
+            # left masked before it count nowhere: the aggregate averages the committed tokens).
+            self._close(req, ia, res.end_position if res.finished else None)
         return ia
 
     def _close(self, req: _Request, ia: InputAttribution, end: int | None = None) -> None:

@@ -157,3 +157,37 @@ def test_a_generation_that_eot_ends_with_holes_divides_as_the_reference(tiny_ins
     )
     out = aggregate(records, Tokenizer().decode, prompt_len=PROMPT_LEN, chunking=chunking, n_known=N_KNOWN, end=end)
     assert_same(out["chunks"], spans, as_reference(records), ConceptLabels("/nonexistent"))
+
+
+@pytest.mark.parametrize("chunking", ["endofchunk", "block"])
+def test_input_chunks_end_where_eot_ended_the_generation(tiny_instruct_dir, chunking):
+    """The input attribution's last chunk is the reference's too ([start, EOT), its average over
+    the committed tokens), so the response joins it to the concept chunk of the same span."""
+    from cde.gateway.input_attribution_render import attach, render_block
+    from cde.shared.protocol import InputAttributionSpec
+    from steerling.attribution.utils import find_chunk_boundaries
+
+    prompt = torch.randint(0, 100000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3)).tolist()
+    engine = Engine(EngineArgs(str(tiny_instruct_dir)))
+    spec = AttributionSpec(chunking=chunking, inputs=InputAttributionSpec(top_k=5, steps=1))
+    engine.add_request(
+        GenerateRequest("a", prompt, max_tokens=64, attribution=spec, logit_bias={EOT_ID: 13.0}, min_tokens=6)
+    )
+    results = []
+    while engine.has_work():
+        results += engine.step()
+    end = results[-1].end_position
+    assert end is not None
+    records = [r for res in results for r in res.attribution]
+    tokens = prompt + [MASK_ID] * 64
+    for r in records:
+        tokens[r["position"]] = r["token_id"]
+    tokens[end] = EOT_ID
+    spans = find_chunk_boundaries(
+        tokens, eoc_id=ENDOFCHUNK_ID, start_index=PROMPT_LEN, stop_ids=[EOT_ID], include_final_chunk=True
+    )
+    inputs = [res.input_attribution for res in results]
+    assert [tuple(s) for ia in inputs for s in ia.chunk_spans] == spans
+    concept = aggregate(records, Tokenizer().decode, prompt_len=PROMPT_LEN, chunking=chunking, end=end)
+    joined = attach(concept, [render_block(ia, PROMPT_LEN, Tokenizer().decode) for ia in inputs])
+    assert all("inputs" in chunk for chunk in joined["chunks"])
