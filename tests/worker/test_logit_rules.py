@@ -43,8 +43,11 @@ def test_penalties_and_logit_bias_follow_the_formula(tiny_dir):
 
     def check(req, logits, eligible, pick, context):
         x = reference_choice(req, logits, context)
-        conf = torch.softmax(x, -1).amax(-1).masked_fill(~eligible, -1.0)
-        assert pick.positions == [int(conf.argmax())], req.request_id
+        # The reference's selection: topk over the still-masked positions' confidences, packed
+        # (its tie order: this model's confidences tie at 1.0).
+        masked = eligible.nonzero().squeeze(-1)
+        conf = torch.softmax(x[masked], -1).amax(-1)
+        assert pick.positions == [int(masked[conf.topk(1).indices[0]])], req.request_id
         assert pick.tokens == [int(x[pick.positions[0]].argmax())], req.request_id
         checked[req.request_id] += 1
 
@@ -99,8 +102,11 @@ def test_min_tokens_and_ignore_eos(tmp_path):
             before = sum(not eligible[g] for g in range(start, p))  # tokens unmasked before p
             if eligible[p] and before < req.min_tokens:
                 x[p, [EOT_ID, *req.stop_token_ids]] = float("-inf")
-        conf = torch.softmax(x, -1).amax(-1).masked_fill(~eligible, -1.0)
-        assert pick.positions == [int(conf.argmax())], req.request_id
+        # The reference's selection: topk over the still-masked positions' confidences, packed
+        # (its tie order: this model's confidences tie at 1.0).
+        masked = eligible.nonzero().squeeze(-1)
+        conf = torch.softmax(x[masked], -1).amax(-1)
+        assert pick.positions == [int(masked[conf.topk(1).indices[0]])], req.request_id
         assert pick.tokens == [int(x[pick.positions[0]].argmax())], req.request_id
         ended[req.request_id] = ended.get(req.request_id, False) or EOT_ID in pick.tokens
 

@@ -403,8 +403,9 @@ def test_repetition_penalty_formula(tiny_dir, tmp_path, sign):
             vals = x[:, seen]
             x[:, seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
         x[:, list(BANNED)] = float("-inf")
-        conf = torch.softmax(x, -1).amax(-1).masked_fill(~eligible, -1.0)
-        assert positions == [int(conf.argmax())]
+        masked = eligible.nonzero().squeeze(-1)  # the reference's packed still-masked positions
+        conf = torch.softmax(x[masked], -1).amax(-1)
+        assert positions == [int(masked[conf.topk(1).indices[0]])]
         assert tokens == [int(x[positions[0]].argmax())]
 
     prompt = PROMPT_B * 5
