@@ -55,7 +55,11 @@ class EngineBackend:
         r = engine_replies.run(self.engine, [req for req, _ in reqs])
         out = []
         for i, (req, render) in enumerate(reqs):
-            attribution = render(0, r.attribution[i], len(r.token_ids[i])) if req.attribution is not None else None
+            attribution = (
+                render(0, r.attribution[i], len(r.token_ids[i]), r.end_position[i])
+                if req.attribution is not None
+                else None
+            )
             out.append(
                 Completion(
                     self.engine.tokenizer.decode(r.token_ids[i]),

@@ -36,20 +36,21 @@ class Batch:
 @dataclass
 class Replies:
     """Per request, in the order given: its committed token ids, tokens and denoising steps
-    counted from its StepResults, its blocks' concept attribution (when asked); and the batch's
-    wall time."""
+    counted from its StepResults, its blocks' concept attribution (when asked), where EOT ended it
+    (BlockResult.end_position); and the batch's wall time."""
 
     token_ids: list[list[int]]
     tokens: list[int]
     steps: list[int]
     attribution: list[list[PackedAttribution]]
+    end_position: list[int | None]
     seconds: float
 
 
 def run(engine: Engine, reqs: list[GenerateRequest]) -> Replies:
     """Every request to its end on `engine`; each must stream its denoising (stream_denoise)."""
     index = {r.request_id: i for i, r in enumerate(reqs)}
-    out = Replies([[] for _ in reqs], [0] * len(reqs), [0] * len(reqs), [[] for _ in reqs], 0.0)
+    out = Replies([[] for _ in reqs], [0] * len(reqs), [0] * len(reqs), [[] for _ in reqs], [None] * len(reqs), 0.0)
     start = time.perf_counter()
     for r in reqs:
         engine.add_request(r)
@@ -61,6 +62,7 @@ def run(engine: Engine, reqs: list[GenerateRequest]) -> Replies:
                 out.tokens[i] += len(res.token_ids)
             elif isinstance(res, BlockResult):
                 out.token_ids[i] += res.token_ids
+                out.end_position[i] = res.end_position
                 if res.attribution is not None:
                     out.attribution[i].append(res.attribution)
     out.seconds = time.perf_counter() - start
