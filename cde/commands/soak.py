@@ -107,11 +107,15 @@ async def soak(args: argparse.Namespace) -> dict:
         ]
         invalid = invalid_spec(model)
 
-        # Warm-up: the pool once at full concurrency, so the resident-memory baseline is taken
-        # after the workers have run batches as large as the soak's (first-time allocations of
-        # bigger batches are not growth), and after a fresh heartbeat has reported it.
-        for at in range(0, len(pool), args.concurrency):
-            await asyncio.gather(*(send(client, base + s.path, s.body) for s in pool[at : at + args.concurrency]))
+        # Warm-up: the pool at full concurrency on every worker (the router spreads a round over
+        # them), so the resident-memory baseline is taken after each has run batches as large as
+        # the soak's (first-time allocations of bigger batches are not growth: one batch's
+        # logits alone can pass the slack), and after a fresh heartbeat has reported it.
+        m = await read_metrics(client, root)
+        width = args.concurrency * max(1, sum(1 for k in m if k.startswith("cde_worker_up{")))
+        warm = [pool[i % len(pool)] for i in range(max(len(pool), width))]
+        for at in range(0, len(warm), width):
+            await asyncio.gather(*(send(client, base + s.path, s.body) for s in warm[at : at + width]))
         await asyncio.sleep(1.0)
         start = await read_metrics(client, root)
         peak = resident_mb(start)
