@@ -42,11 +42,11 @@ def reference_spans(items: list[PlannedItem]) -> list[tuple[int, int, int]]:
     fixed k per step (sampler.ReferenceSelection); n leaves out the positions that the picks an
     item carries (worker/carried_picks.py) take on the device."""
     spans = []
-    for n, it in enumerate(items):
+    for s, it in enumerate(items):
         r = it.request
         masked = sum(it.eligible) - it.carried_picks
         if r.confidence_threshold is None and not r.constrained and masked > 0:
-            spans.append((n, masked, min(r.tokens_per_step, masked)))
+            spans.append((s, masked, min(r.tokens_per_step, masked)))
     return spans
 
 
@@ -105,8 +105,8 @@ class StepInputBuilder:
             # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
             [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
             [r for r, n in enumerate(row_item) if relu_masks[n] is not None] if any_relu else [],
-            [n * max_select + j for n, _, m in spans for j in range(m)],
-            [n for n, _, m in spans for _ in range(m)],
+            [s * max_select + j for s, _, m in spans for j in range(m)],
+            [s for s, _, m in spans for _ in range(m)],
         )
         threshold, temperature, top_p, rep_t = self.floats.stage(
             [2.0 if x is None or r.constrained else x for x, r in zip(thresholds, reqs)],
