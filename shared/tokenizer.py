@@ -72,8 +72,10 @@ class Tokenizer:
             raise ValueError("chat needs an instruct checkpoint")
         ids: list[int] = []
         for m in messages:
-            ids += [START_HEADER_ID, *self.encode(m["role"]), END_HEADER_ID, *self.encode("\n\n")]
-            ids += [*self.encode(m["content"]), EOT_ID]
+            # The header's blank line and the content are one text between two specials, as the
+            # template string renders them: content opening with newlines merges with it ("\n\n\n").
+            ids += [START_HEADER_ID, *self.encode(m["role"]), END_HEADER_ID]
+            ids += [*self.encode("\n\n" + m["content"]), EOT_ID]
         if add_generation_prompt:
             ids += [START_HEADER_ID, *self.encode("assistant"), END_HEADER_ID, *self.encode("\n\n")]
         return ids
