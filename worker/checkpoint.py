@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+_STORED = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 log = logging.getLogger("cde.checkpoint")
 
@@ -43,7 +43,10 @@ def load_config(path: str | Path) -> ModelConfig:
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{index.name} names shard(s) that are not on disk: {missing}")
@@ -71,10 +74,15 @@ def load_checkpoint(
     names = set(plan)
     if cfg.weight_sharing and names & {TIED, EMBEDDING}:
         names |= {TIED, EMBEDDING}  # one tensor fills both
+        if TIED in plan:  # both on disk: the LM head's, as the official loader ties the embedding to it
+            plan.pop(EMBEDDING, None)
     missing = sorted(set(expected) - names)
     if missing:
         raise CheckpointError(f"checkpoint is missing tensor(s): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    # The stored dtype by default; float64 on disk loads as float32 (the official loader casts too).
     dtype = dtype or next(iter(plan.values()))[1]
+    if dtype == torch.float64:
+        dtype = torch.float32
     # Allocate in the target dtype directly: a bf16 8b model never exists in float32.
     model = model.to(dtype).to_empty(device=device)
     if cfg.weight_sharing:

@@ -175,6 +175,50 @@ def test_untied_lm_head_only_loads(tiny, tmp_path):
     assert torch.equal(model.transformer.tok_emb.weight, state[TIED])
 
 
+def test_tied_pair_on_disk_takes_the_lm_head_as_the_official_loader(tiny, tmp_path):
+    """Both names of the tied tensor on disk and different: the official loader ties the embedding
+    to the LM head, so the LM head's values fill both, in one file and across shards."""
+    from tests.oracle import official_model
+
+    state = tensors_of(tiny)
+    state[TIED] = state[EMB] + 1.0
+    one = rewrite(tiny, tmp_path / "pair", state)
+    ref, _ = official_model(one)
+    cfg, model = load_checkpoint(one)
+    assert torch.equal(model.transformer.lm_head.weight, ref.transformer.lm_head.weight)
+    assert model.transformer.tok_emb.weight is model.transformer.lm_head.weight
+    save_checkpoint(model, cfg, tmp_path / "sharded", max_shard_bytes=1 << 16)  # writes tok_emb only
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    extra = tmp_path / "sharded" / "model-00000-lm-head.safetensors"
+    save_file({TIED: state[TIED] + 1.0}, str(extra))
+    index["weight_map"][TIED] = extra.name  # the pair in two shards, the LM head's loaded first
+    assert extra.name < index["weight_map"][EMB]
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text(json.dumps(index))
+    _, sharded = load_checkpoint(tmp_path / "sharded")
+    assert torch.equal(sharded.transformer.tok_emb.weight, state[TIED] + 1.0)
+
+
+def test_float64_weights_load_as_float32_like_the_official_loader(tiny, tmp_path):
+    from tests.oracle import official_model
+
+    state = {k: v.double() for k, v in tensors_of(tiny).items()}
+    path = rewrite(tiny, tmp_path / "f64", state)
+    ref, _ = official_model(path)
+    _, model = load_checkpoint(path)
+    got = model.state_dict()
+    assert all(t.dtype == torch.float32 for t in got.values())
+    for name, t in ref.state_dict().items():
+        assert torch.equal(got[name], t), name
+
+
+def test_malformed_index_names_the_file(tiny, tmp_path):
+    for n, text in enumerate(["{}", "{not json", '{"weight_map": ["a"]}']):
+        dst = rewrite(tiny, tmp_path / f"ix{n}")
+        (dst / "model.safetensors.index.json").write_text(text)
+        with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not a safetensors index"):
+            load_checkpoint(dst)
+
+
 # ---- errors -------------------------------------------------------------------------------------
 def test_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
