@@ -142,7 +142,10 @@ def test_chat_template_layout():
 def test_chat_template_content_opening_with_whitespace(official, content):
     """The header's blank line and the content are one text between specials, as the official
     tokenizer reads the rendered template: a content that opens with newlines merges with it."""
-    text = f"<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    text = (
+        f"<|start_header_id|>user<|end_header_id|>\n\n{content}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     want = official[True]._tokenizer.encode(text, allowed_special="all")
     assert get_tokenizer(True).chat_prompt([{"role": "user", "content": content}]) == want
 
