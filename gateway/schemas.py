@@ -286,9 +286,20 @@ class CompletionRequest(SamplingParams):
         return self.logprobs
 
 
+class PromptCacheOptions(_Body):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
+class PromptCacheBreakpoint(_Body):
+    mode: Literal["explicit"]
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class TextPart(_Body):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # OpenAI's cache hint: accepted, ignored
 
 
 class RefusalPart(_Body):
@@ -362,6 +373,9 @@ class ChatCompletionRequest(SamplingParams):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)
     modalities: list[Literal["text"]] | None = Field(None, description='only ["text"]: the model writes text')
     prediction: dict[str, Any] | None = Field(None, description="accepted, ignored: it never changes the output")
+    # OpenAI's prompt-cache hints (accepted, ignored like prompt_cache_key: caching never changes the output)
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # Refused: each would change the output and CDE cannot honour it.
     functions: list[Any] | None = Field(None, **only(None))
     function_call: Any = Field(None, **only(None))

@@ -52,7 +52,8 @@ def format_grammar(fmt: ResponseFormat | None, outputs: StructuredOutputs | None
             return json_schema_grammar(ANY_OBJECT), "response_format"
         assert fmt.json_schema is not None  # the model's validator
         schema_text(fmt.json_schema.schema_, "response_format")
-        return _schema_grammar(fmt.json_schema.schema_, "response_format"), "response_format"
+        strict = fmt.json_schema.strict is True
+        return _schema_grammar(fmt.json_schema.schema_, "response_format", strict), "response_format"
     if outputs is None:
         return None
     param = "structured_outputs"
@@ -72,9 +73,9 @@ def format_grammar(fmt: ResponseFormat | None, outputs: StructuredOutputs | None
     return lark_grammar(outputs.grammar), param
 
 
-def _schema_grammar(schema: dict[str, Any], param: str) -> str:
+def _schema_grammar(schema: dict[str, Any], param: str, strict: bool = True) -> str:
     try:
-        return json_schema_grammar(schema)
+        return json_schema_grammar(schema, strict)
     except ValueError as exc:
         raise invalid(f"{param}: {exc}", param) from None
 

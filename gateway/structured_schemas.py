@@ -84,3 +84,6 @@ class ToolCall(Body):
     id: str = Field(max_length=MAX_TOOL_CALL_ID_CHARS)
     type: Literal["function"]
     function: CalledFunction
+    # The openai SDK's stream accumulator (`chat.completions.stream()`) keeps each call's delta
+    # index on the message it builds: accepted with the call, as vLLM does; it renders nothing.
+    index: int | None = None

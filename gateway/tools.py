@@ -22,7 +22,7 @@ from cde.gateway.schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
-from cde.shared.grammar import JSON_OPTIONS, closed_objects, lark_grammar
+from cde.shared.grammar import JSON_OPTIONS, LENIENT_JSON_OPTIONS, closed_objects, lark_grammar
 
 PREAMBLE = (
     "You can call these functions. Each line is one function: its name, description and the "
@@ -42,6 +42,13 @@ def active_tools(body: ChatCompletionRequest) -> list[ToolSpec]:
     names = [t.function.name for t in body.tools]
     if len(set(names)) != len(names):
         raise invalid("two tools have the same name", "tools")
+    for i, t in enumerate(body.tools):  # arguments are an object: a call's JSON is read as one
+        kind = (t.function.parameters or {}).get("type", "object")
+        if kind != "object":
+            raise invalid(
+                f"tool {t.function.name!r}: parameters must be a JSON Schema of type object, got type {kind!r}",
+                f"tools.{i}.function.parameters",
+            )
     if choice == "none":
         return []
     if isinstance(choice, NamedToolChoice):
@@ -52,7 +59,9 @@ def active_tools(body: ChatCompletionRequest) -> list[ToolSpec]:
     return list(body.tools)
 
 
-JSON_X = {"x-guidance": JSON_OPTIONS}  # compact JSON inside Lark, as in a response_format
+def json_x(strict: bool) -> dict[str, Any]:
+    """Compact JSON inside Lark, as in a response_format (shared/grammar.py: strict or lenient)."""
+    return {"x-guidance": JSON_OPTIONS if strict else LENIENT_JSON_OPTIONS}
 
 
 def render_messages(messages: list[ChatMessage], tools: list[ToolSpec] | None) -> list[dict[str, str]]:
@@ -85,13 +94,16 @@ def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[st
     answer = None
     if body.response_format is not None and body.response_format.type != "text":
         spec = body.response_format.json_schema
-        answer = spec.schema_ if spec is not None else ANY_OBJECT
+        answer = (spec.schema_, spec.strict is True) if spec is not None else (ANY_OBJECT, True)
     return tools_grammar(body, tools, answer), "tools"
 
 
-def tools_grammar(body: ChatCompletionRequest, tools: list[ToolSpec], answer: dict[str, Any] | None) -> str:
+def tools_grammar(
+    body: ChatCompletionRequest, tools: list[ToolSpec], answer: tuple[dict[str, Any], bool] | None
+) -> str:
     """The grammar of an answer that may (auto) or must (required, named) call `tools`. `answer`:
-    the JSON schema of a non-call answer under auto (a response_format), None for free text."""
+    the JSON schema of a non-call answer under auto (a response_format) and whether it is strict,
+    None for free text. The calls' schemas are strict when a tool asks for it."""
     call = {
         "anyOf": [
             {
@@ -104,9 +116,11 @@ def tools_grammar(body: ChatCompletionRequest, tools: list[ToolSpec], answer: di
         ]
     }
     single = isinstance(body.tool_choice, NamedToolChoice) or not body.parallel_tool_calls
+    strict = any(t.function.strict for t in tools)
     lark = [
         f"calls: call{'' if single else '+'}",
-        f"call: {lark_string(CALL_OPEN)} %json {schema_text({**call, **JSON_X}, 'tools')} {lark_string(CALL_CLOSE)}",
+        f"call: {lark_string(CALL_OPEN)} %json {schema_text({**call, **json_x(strict)}, 'tools')} "
+        f"{lark_string(CALL_CLOSE)}",
     ]
     if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
         lark.insert(0, "start: calls")
@@ -115,5 +129,8 @@ def tools_grammar(body: ChatCompletionRequest, tools: list[ToolSpec], answer: di
         if answer is None:
             lark.append(r"TEXT: /[^<](.|\n)*/")
         else:
-            lark.append(f"answer: %json {schema_text({**closed_objects(answer), **JSON_X}, 'response_format')}")
+            schema, answer_strict = answer
+            lark.append(
+                f"answer: %json {schema_text({**closed_objects(schema), **json_x(answer_strict)}, 'response_format')}"
+            )
     return lark_grammar("\n".join(lark))

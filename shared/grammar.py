@@ -29,6 +29,11 @@ MAX_LEXER_STATES, MAX_GRAMMAR_SIZE = 50_000, 100_000
 # Compact JSON ("," and ":" without spaces, no free whitespace): a model cannot spend its tokens on
 # blank space, and the end of the value ends the grammar.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+# A schema that asks for no exactness (a tool without `strict`, a response_format without
+# `strict: true`): keywords and formats llguidance does not implement (uniqueItems, format "path",
+# not, if/then) are left unenforced, as OpenAI leaves non-strict schemas and the JSON Schema spec
+# unknown formats, instead of refusing the request; every keyword it implements still holds.
+LENIENT_JSON_OPTIONS: JsonCompileOptions = {**JSON_OPTIONS, "lenient": True}
 
 
 def limits() -> LLParserLimits:
@@ -49,8 +54,10 @@ def ll_tokenizer(instruct: bool, vocab_size: int) -> LLTokenizer:
     return lltokenizer_from_encoding(tok.enc, n_vocab=vocab_size, eos_token=EOT_ID if instruct else EOS_ID)
 
 
-def json_schema_grammar(schema: dict[str, Any]) -> str:
-    return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS)
+def json_schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
+    """`strict`: refuse a keyword llguidance does not implement (ValueError), else leave it unenforced."""
+    options = JSON_OPTIONS if strict else LENIENT_JSON_OPTIONS
+    return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
 
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas. allOf, not and

@@ -230,6 +230,8 @@ SAMPLES = {
     "service_tier": {"service_tier": "flex"},
     "prompt_cache_key": {"prompt_cache_key": "k1"},
     "safety_identifier": {"safety_identifier": "hashed-user"},
+    "prompt_cache_options": {"prompt_cache_options": {"mode": "explicit", "ttl": "30m"}},
+    "prompt_cache_retention": {"prompt_cache_retention": "24h"},
     "prediction": {"prediction": {"type": "content", "content": "cloud map key ice"}},
     "modalities": {"modalities": ["text"]},
     "suffix": {"suffix": "the end"},
@@ -380,7 +382,8 @@ def test_content_parts_are_lines_and_a_refusal_part_is_its_text(server):
         assert r.status_code == 200, r.text
         return r.json()["tokens"]
 
-    parts = [{"type": "text", "text": "Reverse these words:"}, {"type": "text", "text": "ice key"}]
+    breakpoint = {"prompt_cache_breakpoint": {"mode": "explicit", "ttl": "12h"}}  # OpenAI's hint: ignored
+    parts = [{"type": "text", "text": "Reverse these words:", **breakpoint}, {"type": "text", "text": "ice key"}]
     assert tokens([{"role": "user", "content": parts}]) == tokens(
         [{"role": "user", "content": "Reverse these words:\nice key"}]
     )

@@ -213,6 +213,10 @@ def test_an_assistant_turn_of_calls_may_leave_content_out(client):
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
         ({"tools": [{"type": "retrieval"}]}, "tools"),
+        (  # OpenAI's rule: arguments are an object
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            "tools.0.function.parameters",
+        ),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
         ({"tools": TOOLS + TOOLS[:1]}, "tools"),
         ({"tools": None, "tool_choice": "required"}, "tool_choice"),
@@ -239,6 +243,67 @@ def test_a_bad_tool_spec_is_a_400_naming_it(client, kw, param):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, **{"max_tokens": 4, **kw})
     assert e.value.body["param"].startswith(param), e.value.body
+
+
+def test_a_reply_the_sdk_stream_built_goes_back_into_the_history(client):
+    """OpenAI's documented loop with the SDK's stream helper: its final message (whose calls keep
+    their stream `index`) appended as it is, then the tool's result."""
+    kw = dict(model=MODEL, temperature=0, extra_body=FAST)
+    tool = openai.pydantic_function_tool(Weather)
+    with client.chat.completions.stream(
+        messages=ASK, tools=[tool], tool_choice="required", max_tokens=96, **kw
+    ) as stream:
+        message = stream.get_final_completion().choices[0].message
+    (call,) = message.tool_calls
+    assert call.model_dump()["index"] == 0
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
+    for history in ([*ASK, message, *results], [*ASK, message.model_dump(), *results]):
+        r = client.chat.completions.create(messages=history, tools=[tool], max_tokens=4, **kw)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+# What pydantic writes for set[str] and Path: keywords and formats llguidance does not implement.
+LAX = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "uniqueItems": True, "maxItems": 2},
+        "where": {"type": "string", "format": "path", "maxLength": 8},
+    },
+    "required": ["tags", "where"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_tool_schema_with_keywords_llguidance_lacks_is_lenient_unless_strict(client, choice):
+    """Non-strict tools (LangChain's bind_tools, litellm) leave what llguidance cannot enforce
+    unenforced, as OpenAI does; every other keyword still holds. A strict tool is refused."""
+    tools = [{"type": "function", "function": {"name": "tag", "parameters": LAX}}]
+    c = chat(client, tools=tools, tool_choice=choice).choices[0]
+    for call in c.message.tool_calls or []:
+        args = json.loads(call.function.arguments)
+        assert set(args) == {"tags", "where"} and len(args["tags"]) <= 2 and len(args["where"]) <= 8
+        assert all(isinstance(t, str) and len(t) <= 6 for t in args["tags"])
+    assert choice == "auto" or c.message.tool_calls
+    strict = [{"type": "function", "function": {"name": "tag", "parameters": LAX, "strict": True}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, tools=strict, tool_choice=choice, max_tokens=4)
+    assert e.value.body["param"] == "tools" and "uniqueItems" in e.value.body["message"]
+
+
+def test_a_response_format_with_keywords_llguidance_lacks_is_lenient_unless_strict(client):
+    def answer(strict):
+        fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": LAX, "strict": strict}}
+        return client.chat.completions.create(
+            model=MODEL, messages=ASK, response_format=fmt, max_tokens=64, temperature=0, extra_body=FAST
+        )
+
+    c = answer(None).choices[0]
+    if c.finish_reason == "stop":
+        assert set(json.loads(c.message.content)) == {"tags", "where"}
+    with pytest.raises(openai.BadRequestError) as e:
+        answer(True)
+    assert e.value.body["param"] == "response_format" and "uniqueItems" in e.value.body["message"]
 
 
 # ---- other clients -------------------------------------------------------------------------------
