@@ -193,7 +193,7 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "concepts": _concept_ids,
         "strength": _STRENGTH,
         "normalize": _any,
-        "inject_layer": _range(0, lambda m: m.n_layers),
+        "inject_layer": _range(0, INT_MAX),  # past the last layer: no injection, as the official model
         "schedule": _choice("fixed", "hard_cutoff"),
         "cutoff_tokens": _range(1, INT_MAX),
         "relu_logit_mask": _relu_mask,

@@ -409,5 +409,5 @@ class ModelRunner:
                     if vec is None:
                         vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=self.device)
                     vec[i] = alpha * state.direction
-                    start[i] = state.inject_layer
+                    start[i] = min(state.inject_layer, self.cfg.n_layers + 1)
         return vec, start

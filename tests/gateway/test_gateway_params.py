@@ -61,7 +61,6 @@ def test_explicit_relu_mask_by_label():
         ({"concepts": []}, "steering.concepts"),
         ({"concepts": ["cats"]}, "steering.concepts"),
         ({"concepts": [100]}, "steering.concepts"),
-        ({"concepts": [1], "inject_layer": 33}, "steering.inject_layer"),
         ({"relu_logit_mask": {"1": 1.0}, "preset": "suppress"}, "steering.concepts"),
     ],
 )

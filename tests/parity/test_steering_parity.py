@@ -43,6 +43,7 @@ CASES = {
     "amplify-l2": lambda: amplify([5], 2),
     "suppress-l1": lambda: suppress(7, [11, 30], 1),
     "suppress-l2": lambda: suppress(12, [], 2),
+    "suppress-past-depth": lambda: suppress(12, [], 9),  # injects at no layer: the ReLU mask alone
 }
 
 
@@ -56,7 +57,8 @@ def reference_steered(gen, prompt: list[int], steering, per_step: int = 1) -> li
 
 # Each recipe at both inject layers, split over the two presets (a reference run costs ~15 s).
 @pytest.mark.parametrize(
-    "which,cases", [("tiny_dir", ["amplify-l1", "suppress-l2"]), ("small_dir", ["amplify-l2", "suppress-l1"])]
+    "which,cases",
+    [("tiny_dir", ["amplify-l1", "suppress-l2", "suppress-past-depth"]), ("small_dir", ["amplify-l2", "suppress-l1"])],
 )
 def test_steered_greedy_matches_official(which, cases, request):
     from tests.oracle import official_generator
