@@ -77,10 +77,9 @@ class ConceptLabels:
         out: list[int] = []
         for cid in concepts:
             focal = self.catalog.get(cid)
-            if focal is None or focal.group_id is None:
-                what = "is not in the concept catalog" if focal is None else f"({focal.name!r}) belongs to no group"
-                raise invalid(f'concept {cid} {what}: steer it without "group": true', param)
-            for member in self.catalog.group(cid):
+            if focal is None:
+                raise invalid(f'concept {cid} is not in the concept catalog: steer it without "group": true', param)
+            for member in self.catalog.group(cid):  # a concept of no group is its own group, as officially
                 if self.catalog.get(member).head == "unknown" or not 0 <= member < n_concepts:
                     raise invalid(
                         f"group {focal.group_id} ({focal.group_name!r}) of concept {cid} includes concept "

@@ -77,6 +77,10 @@ def _optional_int(value: Any) -> int | None:
     return int(float(value))
 
 
+def _null(value: Any) -> bool:
+    return value is None or value != value  # NaN: pandas' null in a column it read as float
+
+
 def _concept(row: Mapping) -> Concept:
     cid = row.get("concept_id", row.get("concept_idx"))  # legacy CSVs say concept_idx
     if cid is None or row.get("concept_name") is None:
@@ -131,7 +135,11 @@ class Catalog:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping]) -> Catalog:
-        return cls(_concept(r) for r in rows)
+        rows = list(rows)
+        named = [r for r in rows if not ("concept_name" in r and _null(r["concept_name"]))]
+        if len(named) < len(rows):  # the official reader keeps them, labelled "nan": here the #id label
+            log.warning("concept catalog: %d row(s) without a concept_name left out", len(rows) - len(named))
+        return cls(_concept(r) for r in named)
 
     @classmethod
     def read(cls, path: str | Path) -> Catalog:

@@ -88,10 +88,17 @@ def test_group_amplify_injects_the_group(client, generator, official_catalog):
     assert got != complete(client, {"concepts": ["volcanic ash"], "preset": "amplify", "inject_layer": 1})
 
 
+def test_a_concept_of_no_group_is_its_own_group(client, official_catalog):
+    """`ConceptCatalog.group` of a concept in no group is the concept alone."""
+    lonely = next(c for c in official_catalog.to_df()["concept_id"] if official_catalog.get(int(c)).group_id is None)
+    assert official_catalog.group(int(lonely)) == [int(lonely)]
+    steering = {"concepts": [int(lonely)], "preset": "amplify", "inject_layer": 1}
+    assert complete(client, {**steering, "group": True}) == complete(client, steering)
+
+
 @pytest.mark.parametrize(
     ("steering", "param", "says"),
     [
-        ({"concepts": ["lonely moon"], "group": True}, "steering.group", "belongs to no group"),
         ({"concepts": ["mixed tide"], "group": True}, "steering.group", f"includes concept {N_KNOWN}"),
         ({"relu_logit_mask": {"9": 5}, "group": True}, "steering.group", "none are given"),
         ({"concepts": [SHARED_NAME]}, "steering.concepts", "names several known concepts (60, 61)"),

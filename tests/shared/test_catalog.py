@@ -106,6 +106,13 @@ def test_bad_catalogs_are_named(tmp_path, rows, message):
         Catalog.from_rows(rows)
 
 
+def test_a_row_with_a_null_name_is_left_out(tmp_path):
+    """The official reader keeps such a row (labelled "nan"); the catalog still loads."""
+    rows = [{"concept_id": 1, "concept_name": "a"}, {"concept_id": 2, "concept_name": None}]
+    rows.append({"concept_id": 3, "concept_name": float("nan")})
+    assert [c.concept_id for c in Catalog.from_rows(rows)] == [1]
+
+
 def _lookup(env: dict, *args: str) -> str:
     """`find_catalog(*args)` in a fresh process (huggingface_hub reads HF_HOME at import)."""
     code = (
