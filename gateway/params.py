@@ -14,7 +14,7 @@ from cde.gateway.errors import invalid
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.schemas import SamplingParams, SteeringParams
 from cde.shared import suppress_preset
-from cde.shared.limits import SEED_MAX, LimitError, check_context, check_token_ids
+from cde.shared.limits import SEED_MAX, LimitError, check_context, check_prompt_ids
 from cde.shared.protocol import (
     AttributionSpec,
     FlashBlockSpec,
@@ -50,7 +50,7 @@ def check_prompt(
         raise invalid("the prompt must not be empty", param)
     with as_invalid():
         check_context(len(ids), max_tokens, info.context_len, param, max_tokens_param)
-        check_token_ids(ids, info.vocab_size, param)
+        check_prompt_ids(ids, info.vocab_size, param)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ again elsewhere."""
 
 from __future__ import annotations
 
-from cde.shared.config import PAGE
+from cde.shared.config import MASK_ID, PAGE
 from cde.shared.protocol import FlashBlockSpec
 
 MAX_STOPS = 16
@@ -113,6 +113,19 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise LimitError(f"token id {bad} is outside the vocabulary [0, {vocab_size})", param)
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """A prompt's ids: in the vocabulary, and no <|mask|>. The official generator never unmasks a
+    prompt position and re-reads the whole sequence every step, so a mask there is re-steered and
+    re-attended each step; with cached prompt pages no engine can honour that, so it is refused."""
+    check_token_ids(ids, vocab_size, param)
+    if MASK_ID in ids:
+        raise LimitError(
+            f"token id {MASK_ID} (<|mask|>) at prompt position {ids.index(MASK_ID)}: the model writes masked "
+            "positions itself and a prompt may not hold one",
+            param,
+        )
 
 
 def check_flashblock(spec: FlashBlockSpec) -> None:

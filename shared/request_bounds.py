@@ -39,6 +39,7 @@ from cde.shared.limits import (
     LimitError,
     check_context,
     check_input_attribution_work,
+    check_prompt_ids,
     check_token_ids,
 )
 from cde.shared.protocol import (
@@ -244,4 +245,4 @@ def check_generate_request(req: GenerateRequest, model: ModelBounds, input_attri
                 "attribution.inputs",
             )
         check_input_attribution_work(inputs.steps, len(req.prompt_ids), req.max_tokens, "attribution.inputs.steps")
-    check_token_ids(req.prompt_ids, model.vocab_size, "prompt")
+    check_prompt_ids(req.prompt_ids, model.vocab_size, "prompt")

@@ -4,9 +4,10 @@ import pytest
 from cde.gateway.concepts import ConceptLabels
 from cde.gateway.errors import ApiError
 from cde.gateway.model_info import ModelInfo
-from cde.gateway.params import generate_requests
+from cde.gateway.params import check_prompt, generate_requests
 from cde.gateway.schemas import CompletionRequest
 from cde.shared.catalog import Catalog
+from cde.shared.config import MASK_ID
 from cde.shared.protocol import AttributionSpec
 from pydantic import ValidationError
 
@@ -24,6 +25,12 @@ LABELS = ConceptLabels(
 def build(**fields):
     body = CompletionRequest(model="m", prompt="x", **fields)
     return generate_requests(body, [[1, 2]], body.max_tokens, INFO, LABELS, "cmpl-t")
+
+
+def test_a_prompt_of_ids_with_a_mask_is_a_400_on_the_prompt():
+    with pytest.raises(ApiError) as e:
+        check_prompt([1, MASK_ID], 4, INFO, "prompt")
+    assert e.value.param == "prompt" and "<|mask|>" in e.value.message
 
 
 # The presets' own values are compared with the official recipes in test_api_steering.py.

@@ -7,6 +7,7 @@ import math
 import typing
 
 import pytest
+from cde.shared.config import MASK_ID
 from cde.shared.limits import (
     INT_MAX,
     MAX_INPUT_ATTRIBUTION_WORK,
@@ -109,6 +110,16 @@ def test_a_value_past_its_bound_is_refused_naming_the_field(req, param):
     with pytest.raises(LimitError) as caught:
         check_generate_request(req, MODEL)
     assert caught.value.param == param, caught.value
+
+
+def test_a_prompt_may_not_hold_a_mask():
+    """The official generator never unmasks a prompt position; cached prompt pages cannot keep a
+    mask there as it does (re-steered and re-read every step), so it is refused, naming the prompt."""
+    full_vocab = Model(vocab_size=MASK_ID + 1)
+    check_generate_request(GenerateRequest("r", [1, MASK_ID - 1]), full_vocab)
+    with pytest.raises(LimitError, match=r"<\|mask\|>\) at prompt position 1") as caught:
+        check_generate_request(GenerateRequest("r", [1, MASK_ID, 2]), full_vocab)
+    assert caught.value.param == "prompt"
 
 
 def test_values_at_the_bounds_pass():
