@@ -31,6 +31,7 @@ LOGIT_CLAMP = 15.0
 
 GROUP_LOGITS = 1 << 15  # concept logits alive per position at once (the reference's own [k, r] second pass)
 MAX_ROWS = 2048  # positions per pass: at most 256 MB of float32 logits alive
+EMBEDDED = 1 << 22  # discovered-concept embedding values alive at once ([positions, k, D]: 8 positions on the 8B)
 
 
 def streaming_topk(
@@ -107,11 +108,22 @@ def unknown_topk(model: SteerlingModel, cfg: ModelConfig, hidden: torch.Tensor) 
 
 
 def unknown_alignment(model: SteerlingModel, idx: torch.Tensor, w_y: torch.Tensor) -> torch.Tensor:
-    """E_i . W_y for discovered concepts, with E_i = basis(coef_i): W_y is projected onto the
-    basis once, so no [P, k, D] embedding tensor is built."""
+    """E_i . W_y for discovered concepts, with E_i = basis(coef_i) built as the reference builds
+    it, in the model's dtype: in bfloat16 its rounding moves a contribution by ~1e-3 of the
+    largest, so the rank-r shortcut (W_y projected onto the basis) would not be the official
+    value. A few positions at a time, so at most EMBEDDED values are alive."""
     head = model.unknown_head
-    w_r = w_y @ head.embedding_basis.weight.float()  # [P, r]
-    return torch.einsum("pkr,pr->pk", F.embedding(idx, head.embedding_coef.weight).float(), w_r)
+    k, d = idx.shape[1], w_y.shape[1]
+    rows = max(1, EMBEDDED // (k * d))
+    parts = [
+        torch.einsum(
+            "pkd,pd->pk",
+            F.linear(F.embedding(idx[r : r + rows], head.embedding_coef.weight), head.embedding_basis.weight).float(),
+            w_y[r : r + rows],
+        )
+        for r in range(0, idx.shape[0], rows)
+    ]
+    return torch.cat(parts) if parts else w_y.new_zeros(0, k)
 
 
 def attribute(

@@ -4,10 +4,13 @@ contributions, the target logit and epsilon; and the rendered chunks equal its c
 
 import numpy as np
 import pytest
+import torch
 from cde.shared.chunk_attribution import aggregate
 from cde.shared.config import preset
 from cde.shared.protocol import AttributionSpec, GenerateRequest
 from cde.shared.tokenizer import Tokenizer
+from cde.worker.checkpoint import load_checkpoint
+from cde.worker.concept_contributions import attribute, head_widths
 from cde.worker.engine import Engine, EngineArgs
 
 pytestmark = pytest.mark.reference
@@ -84,3 +87,47 @@ def test_records_and_chunks_match_faithful_attributor(tiny_dir, n_new, per_step)
         assert got.keys() == want.keys()
         np.testing.assert_allclose([got[k] for k in want], list(want.values()), **TOL)
         np.testing.assert_allclose(chunk["epsilon_pct"], eps_pct, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_contributions_of_given_states_are_the_official_accumulators_in_each_dtype(small_dir, dtype):
+    """The same final states and committed tokens through the official accumulator and CDE's
+    attribution, the model in `dtype`: in bfloat16 the discovered embeddings round as the
+    reference builds them (basis(coef) in the model's dtype)."""
+    from steerling.attribution.concept_attribution import AttributionAccumulator, _compute_unknown_topk
+    from steerling.attribution.trace import CommitRecord
+
+    from tests.oracle import official_model
+
+    ref, _ = official_model(small_dir, dtype=dtype)
+    cfg, model = load_checkpoint(small_dir, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    n = 24
+    hidden = torch.randn(1, n, cfg.n_embd, generator=gen).to(dtype)
+    tokens = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
+    with torch.inference_mode():
+        target = ref.transformer.lm_head(hidden)[0, torch.arange(n), tokens]
+        known = ref.known_head(hidden)
+        u_idx, u_logits = _compute_unknown_topk(ref.unknown_head, hidden, k=ref.unknown_head.topk)
+        acc = AttributionAccumulator(
+            n, ref.known_head.topk, ref.unknown_head.topk, torch.device("cpu"),
+            ref.transformer.lm_head.weight, ref.known_head, ref.unknown_head,
+        )  # fmt: skip
+        acc.commit(
+            CommitRecord(
+                commit_order=0, denoising_step=0, positions=torch.arange(n), token_ids=tokens, target_logits=target,
+                known_indices=known.topk_indices[0], known_logits=known.topk_logits[0],
+                unk_indices=u_idx[0], unk_logits=u_logits[0],
+            )
+        )  # fmt: skip
+        rows = attribute(model, cfg, hidden[0], tokens, target)
+    kk, ku = head_widths(cfg)
+    u0 = 2 + 3 * kk
+    assert torch.equal(rows[:, 2 : 2 + kk].long(), acc.known_indices[0])
+    assert torch.equal(rows[:, u0 : u0 + ku].long(), acc.unk_indices[0])
+    for got, want in (
+        (rows[:, 2 + 2 * kk : 2 + 3 * kk], acc.known_contributions[0]),
+        (rows[:, u0 + 2 * ku : u0 + 3 * ku], acc.unk_contributions[0]),
+        (rows[:, 1], acc.residual_contribution[0]),
+    ):
+        np.testing.assert_allclose(got.numpy(), want.double().numpy(), rtol=1e-5, atol=1e-5)
