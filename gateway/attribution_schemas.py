@@ -59,7 +59,8 @@ class ConceptChunk(TypedDict):
     end: int
     text: str
     concepts: list[ConceptContribution]
-    epsilon_pct: float  # the residual's share of the chunk's mass, in percent
+    # the residual's share of the chunk's mass, in percent; null for a chunk without a committed token
+    epsilon_pct: float | None
     inputs: NotRequired[list[InputScore]]  # with input attribution
 
 
@@ -115,7 +116,7 @@ class RunningChunk(TypedDict):
     start: int
     end: int
     concepts: list[ConceptContribution]
-    epsilon_pct: float
+    epsilon_pct: float | None
 
 
 @with_config(_CLOSED)

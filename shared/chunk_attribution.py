@@ -62,21 +62,25 @@ def chunk_spans(records: Records, prompt_len: int, chunking: str, end: int | Non
     """[start, end) position spans over the generation (records in position order), which ends at
     `end` (where <|eot_id|> ended it, as the reference's last chunk), else after the last record."""
     a = packed(records).arrays()
-    if not len(a["positions"]):
-        return []
-    end = int(a["positions"][-1]) + 1 if end is None else end
+    if end is None:
+        if not len(a["positions"]):
+            return []
+        end = int(a["positions"][-1]) + 1
     if chunking == "block":
         cuts = range((prompt_len // PAGE + 1) * PAGE, end, PAGE)
         bounds = [prompt_len, *cuts, end]
         return list(pairwise(bounds))
     if chunking != "endofchunk":
         raise ValueError(f"unknown chunking {chunking!r} (block or endofchunk)")
+    # The reference's find_chunk_boundaries: a span before every <|endofchunk|>, even an empty one
+    # (two in a row, or one first), then the rest unless it is empty.
     spans, start = [], prompt_len
     for p in a["positions"][a["token_ids"] == ENDOFCHUNK_ID].tolist():
+        if p >= end:
+            break
         spans.append((start, p))
         start = p + 1
-    spans.append((start, end))
-    return [(s, e) for s, e in spans if e > s]
+    return spans + [(start, end)] if end > start else spans
 
 
 def _mass(a: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
@@ -114,9 +118,10 @@ def _ranked(entries: list[dict], top_k: int | None) -> list[dict]:
 
 def chunk_concepts(
     records: Records, start: int, end: int, labels: ConceptLabels, n_known: int, top_k: int | None = None
-) -> tuple[list[dict], float]:
+) -> tuple[list[dict], float | None]:
     """Concepts of the chunk [start, end) ranked by |contribution|, and epsilon as a percentage
-    of the total mass (mean over the chunk's committed positions).
+    of the total mass (mean over the chunk's committed positions; None without any: the
+    reference's mean over none is NaN, which JSON cannot carry).
 
     Vectorized, with the reference loop's arithmetic: each concept's normalised contributions
     are added in token order (`np.bincount` adds one after another), the ranking is a stable
@@ -139,7 +144,7 @@ def chunk_concepts(
     picked = zip(np.concatenate(ids)[order].tolist(), np.concatenate(kinds)[order].tolist(), all_totals[order].tolist())
     concepts = [_entry(cid, HEADS[kind], value, labels, n_known) for cid, kind, value in picked]
     eps_share = (a["epsilon"][inside] / mass).tolist()
-    return concepts, 100.0 * sum(eps_share) / max(len(eps_share), 1)
+    return concepts, (100.0 * sum(eps_share) / len(eps_share) if eps_share else None)
 
 
 def aggregate(
