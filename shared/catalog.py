@@ -77,6 +77,16 @@ def _optional_int(value: Any) -> int | None:
     return int(float(value))
 
 
+def _lowered(texts: list[str]) -> list[str]:
+    """Texts lowered as the official search lowers them: pandas' `str.lower` on its Arrow-backed
+    strings, one code point to one ("İstanbul" -> "istanbul", a final "Σ" -> "σ"), where Python's
+    `str.lower` maps some to two or by context."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.utf8_lower(pa.array(texts, type=pa.string())).to_pylist()
+
+
 def _null(value: Any) -> bool:
     return value is None or value != value  # NaN: pandas' null in a column it read as float
 
@@ -128,7 +138,8 @@ class Catalog:
             self.by_id[c.concept_id] = c
             if c.group_id is not None:
                 self._groups.setdefault(c.group_id, []).append(c.concept_id)
-        self._index = SearchIndex([(c.name.lower(), (c.description or "").lower()) for c in self.concepts])
+        names = _lowered([c.name for c in self.concepts])
+        self._index = SearchIndex(list(zip(names, _lowered([c.description or "" for c in self.concepts]))))
         self._heads = np.array([c.head for c in self.concepts], dtype=object)
         self._headless = np.array([c.head is None for c in self.concepts], dtype=bool)
         self._steerable = np.array([c.is_steerable for c in self.concepts], dtype=bool)
