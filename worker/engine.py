@@ -177,6 +177,7 @@ class Engine:
         gc.disable()
         try:
             placed = self.scheduler.place(current.plan, picks)
+            self.runner.count_kept(self.scheduler.kept_by_grammars(current.plan, picks))
             if ahead is not None:
                 self.scheduler.launched_ahead(ahead.plan)
             self.forward_passes += 1

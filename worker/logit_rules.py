@@ -155,5 +155,9 @@ class RequestLogitRules:
         """Count the tokens a pass unmasked ([S, K] with their validity) for the requests with a penalty."""
         if rules is None or not rules.penalized or self.counts is None:
             return
-        rows = torch.where(valid, slots[:, None], self.max_running)  # the spare row takes the rest
-        self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        self.count(torch.where(valid, slots[:, None], self.max_running), tokens)  # the spare row takes the rest
+
+    def count(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Add one to counts[row, token] per pair (a pair given twice adds two)."""
+        if self.counts is not None:
+            self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)

@@ -191,10 +191,17 @@ class ModelRunner:
         logits = self._logits(hidden, inp.rows)
         adjusted = adjust_logits(logits, sb)
         positions, chosen, valid = select_and_sample_adjusted(adjusted, sb)
+        # The penalties count what a request unmasks. A grammar keeps a prefix of its request's
+        # picks, which only the host learns (worker/constraint.py): those are counted once placed.
+        counted = valid
+        constrained = [n for n, it in enumerate(step_items) if it.request.constrained]
+        if constrained and (sb.rep_penalty is not None or sb.rules is not None):
+            counted = valid.clone()
+            counted[constrained] = False
         if sb.rep_penalty is not None:
-            slots = torch.where(valid, inp.slots[:, None], self.max_running)
+            slots = torch.where(counted, inp.slots[:, None], self.max_running)
             self.seen[slots, chosen] = True
-        self.rules.record(sb.rules, inp.slots, chosen, valid)
+        self.rules.record(sb.rules, inp.slots, chosen, counted)
         p = Pass(
             plan,
             steps,
@@ -275,6 +282,18 @@ class ModelRunner:
                 block_rows, picks[1, n][ok], item.block * PAGE + picks[0, n][ok], item.step, kk, ku
             )
         return out
+
+    @torch.inference_mode()
+    def count_kept(self, kept: list[tuple[int, list[int]]]) -> None:
+        """Mark the tokens constrained requests kept ((slot, tokens) each, after their grammar's
+        check) as seen and counted, for their penalties in the passes after (see `launch`)."""
+        kept = [(slot, tokens) for slot, tokens in kept if tokens]
+        if not kept:
+            return
+        slots = torch.tensor([s for s, tokens in kept for _ in tokens], device=self.device)
+        tokens = torch.tensor([t for _, tokens in kept for t in tokens], device=self.device)
+        self.seen[slots, tokens] = True
+        self.rules.count(slots, tokens)
 
     @torch.inference_mode()
     def attribute_blocks(self, blocks: list[tuple[int, list[int]]]) -> HostCopy:

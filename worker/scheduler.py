@@ -230,6 +230,17 @@ class Scheduler:
                 out.results.append(out.block_result)
         return placed
 
+    def kept_by_grammars(self, plan: StepPlan, picks: list[Picks]) -> list[tuple[int, list[int]]]:
+        """(slot, tokens) that the placed pass's constrained requests with a penalty kept: their
+        grammar's accepted prefix of the picks (the runner counts them, ModelRunner.count_kept)."""
+        kept = []
+        for item, pick in zip(plan.step_items, picks):
+            p = item.request
+            seq = self._by_slot.get(item.slot)
+            if p.constrained and (p.repetition_penalty != 1.0 or p.penalized) and seq is not None:
+                kept.append((item.slot, pick.tokens[: seq.last_unmasked]))
+        return kept
+
     def _step_result(self, seq: Sequence, positions: list[int], tokens: list[int]) -> StepResult:
         # Picks after an EOT (or refused by a grammar) were discarded by place(); so are their records.
         n = seq.last_unmasked

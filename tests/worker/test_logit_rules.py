@@ -138,3 +138,32 @@ def test_item_rows_added_as_runs_and_as_a_gather_give_the_same_bits(alpha):
         got = x.clone()
         add_item_rows(got, rows, row_item, table, alpha=alpha, runs=runs)
         assert torch.equal(got, want), runs
+
+
+@pytest.mark.slow
+def test_only_the_picks_a_grammar_keeps_count_for_the_penalties(tiny_dir):
+    """A constrained request drafts tokens_per_step picks and its grammar keeps a prefix of them
+    (worker/constraint.py): the repetition penalty's seen tokens are its prompt and what it kept,
+    and the frequency counts are what it kept, never a refused draft."""
+    from collections import Counter
+
+    from cde.shared.grammar import lark_grammar
+
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=1))
+    req = GenerateRequest(
+        "c",
+        PROMPT,
+        max_tokens=48,
+        tokens_per_step=4,
+        repetition_penalty=1.5,
+        frequency_penalty=0.5,
+        grammar=lark_grammar("start: /[0-9]{1,30}/"),
+    )
+    out = gen(engine, [req])["c"]
+    passes = engine.forward_passes
+    assert out and passes > -(-len(out) // 4) + 1  # some pass kept fewer than it drafted
+    # (the last pass's picks end the request: nothing after it reads them)
+    seen = set(engine.runner.seen[0].nonzero().flatten().tolist())
+    assert set(PROMPT) | set(out[:-4]) <= seen <= set(PROMPT) | set(out)
+    counts = Counter({t: int(engine.runner.rules.counts[0, t]) for t in set(out) | seen})
+    assert Counter(out[:-4]) <= +counts <= Counter(out)
