@@ -108,6 +108,7 @@ def generate_requests(
                     logit_bias=logit_bias,
                     min_tokens=body.min_tokens,
                     ignore_eos=body.ignore_eos,
+                    include_stop_str_in_output=body.include_stop_str_in_output,
                     stream_tokens=body.stream and _granularity(body) == "token",
                     logprobs=body.logprob_alternatives(),
                     grammar=grammar,

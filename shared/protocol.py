@@ -21,7 +21,7 @@ from cde.shared.packed_attribution import PackedAttribution
 # 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
 # 11: Heartbeat.device_idle_ms
 # 12: PrefixResult.cached_tokens
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 
 
 @dataclass
@@ -77,6 +77,8 @@ class GenerateRequest:
     confidence_threshold: float | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # vLLM's: the completion keeps the stop string (its tokens count: input attribution covers them)
+    include_stop_str_in_output: bool = False
     steering: SteeringSpec | None = None
     attribution: AttributionSpec | None = None
     stream_denoise: bool = False  # also send a StepResult for every denoising step

@@ -186,6 +186,7 @@ BOUNDS: dict[type, dict[str, Rule]] = {
         "logit_bias": check_logit_bias,
         "min_tokens": _range(0, INT_MAX),  # and at most max_tokens, below
         "ignore_eos": _any,
+        "include_stop_str_in_output": _any,
         "stream_tokens": _any,
         "logprobs": _optional(_range(0, MAX_TOP_LOGPROBS)),  # alternatives per token: one top-k over the vocabulary
         "grammar": _optional(_text(MAX_GRAMMAR_CHARS)),  # and compiled under llguidance's limits (shared/grammar.py)

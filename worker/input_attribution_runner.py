@@ -34,6 +34,8 @@ class _Entry:
     result: EngineResult
     job: InputAttributionJob | None = None
     positions: list[int] = field(default_factory=list)
+    block_start: int = 0  # the block's first generated position
+    commits: int = 0  # the request's commits when its block completed (scope "all")
 
 
 @dataclass
@@ -147,12 +149,14 @@ class InputAttributionRunner:
         EOT or a stop cut the rest), each from the snapshot it was committed from."""
         block, req.block = req.block, req.block + 1
         lo, hi = block * PAGE, (block + 1) * PAGE
-        positions = sorted(p for p, _, _ in req.seq.commits if lo <= p < hi)[: len(res.token_ids)]
+        kept = len(res.token_ids) if req.seq.text_tokens is None else req.seq.text_tokens
+        positions = sorted(p for p, _, _ in req.seq.commits if lo <= p < hi)[:kept]
+        start, commits = max(lo, req.seq.prompt_len), len(req.seq.commits)
         if not positions:
-            return _Entry(res)
+            return _Entry(res, block_start=start, commits=commits)
         targets = build_targets(req.seq.req.prompt_ids, req.seq.commits, positions, req.steering)
         job = InputAttributionJob(self.model, targets, req.spec.steps, req.steering, self.token_budget)
-        return _Entry(res, job, positions)
+        return _Entry(res, job, positions, start, commits)
 
     # ---- results ----------------------------------------------------------------------------
     def _render(self, req: _Request, entry: _Entry) -> InputAttribution:
@@ -163,9 +167,11 @@ class InputAttributionRunner:
         assert isinstance(res, BlockResult)
         prompt_len = seq.prompt_len
         ia = InputAttribution()
+        if req.chunk is None:
+            req.chunk = _Chunk(entry.block_start)
         if entry.job is None:
             if res.finished:
-                self._close(req, ia, res.end_position)
+                self._close(req, ia, entry.commits, res.end_position)
             return ia
         k = spec.top_k
         for target, attr in zip(entry.job.targets, entry.job.attributions):
@@ -184,11 +190,9 @@ class InputAttributionRunner:
             ia.top_scores.append([float(a[p]) for p in order])
             # the chunk aggregate
             if req.chunking == "endofchunk" and target.token_id == ENDOFCHUNK_ID:
-                self._close(req, ia, target.position)
+                self._close(req, ia, entry.commits, target.position, marker=True)
                 req.chunk = _Chunk(target.position + 1)
                 continue
-            if req.chunk is None:
-                req.chunk = _Chunk(max(prompt_len, target.position // PAGE * PAGE))
             scope_vals = scored  # zero outside the scope
             norm = scope_vals / scope_vals.abs().sum().clamp(min=1e-8)
             c = req.chunk
@@ -202,17 +206,30 @@ class InputAttributionRunner:
         if req.chunking == "block" or res.finished:
             # Where EOT ended the generation, the reference's last chunk ends at it (the positions
             # left masked before it count nowhere: the aggregate averages the committed tokens).
-            self._close(req, ia, res.end_position if res.finished else None)
+            self._close(req, ia, entry.commits, res.end_position if res.finished else None)
         return ia
 
-    def _close(self, req: _Request, ia: InputAttribution, end: int | None = None) -> None:
+    def _close(
+        self, req: _Request, ia: InputAttribution, commits: int, end: int | None = None, marker: bool = False
+    ) -> None:
+        """Close the open chunk at `end` (a `marker`'s position, where EOT ended the generation, or
+        after its last token), as the concept chunks are cut (shared/chunk_attribution.py's
+        chunk_spans): a chunk before a marker even when empty; another only when it holds
+        positions. A chunk without tokens aggregates nothing, as the reference's aggregate_chunk
+        over none. `commits`: the request's commits when the closing block completed."""
         c, req.chunk = req.chunk, None
-        if c is None or c.count == 0 or c.total is None:
+        if c is None:
             return
-        end = c.end if end is None else end
-        if end <= c.start:
+        end = (c.end if c.count else c.start) if end is None else end
+        if end < c.start or (end == c.start and not marker):
             return
-        committed = {p: t for p, t, _ in req.seq.commits}
+        ia.chunk_spans.append([c.start, end])
+        if c.total is None:
+            ia.chunk_positions.append([])
+            ia.chunk_token_ids.append([])
+            ia.chunk_scores.append([])
+            return
+        committed = {p: t for p, t, _ in req.seq.commits[:commits]}
         prompt = req.seq.req.prompt_ids
         scope = list(range(len(prompt)))
         if req.spec.scope == "all":  # every generated position, as the official aggregate: diffusion
@@ -220,7 +237,6 @@ class InputAttributionRunner:
         mean: torch.Tensor = c.total / c.count
         vals = torch.tensor([float(mean[p]) if p < len(mean) else 0.0 for p in scope])
         order = torch.argsort(vals, descending=True, stable=True)[: req.spec.top_k].tolist()
-        ia.chunk_spans.append([c.start, end])
         ia.chunk_positions.append([scope[i] for i in order])
         ia.chunk_token_ids.append([prompt[scope[i]] if scope[i] < len(prompt) else committed[scope[i]] for i in order])
         ia.chunk_scores.append([float(vals[i]) for i in order])

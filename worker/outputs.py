@@ -114,6 +114,8 @@ class OutputStage:
         if found is None:
             return
         new = _shortest_prefix_with_stop(self.decode, generated, new, found)
+        if not seq.req.include_stop_str_in_output:
+            seq.text_tokens = _tokens_before(self.decode, generated, new, found[0])
         del seq.generated[p.generated_before + len(new) :]
         result.token_ids = new
         if result.logprobs is not None:
@@ -165,6 +167,14 @@ def _commits(p: Placed) -> tuple[list[int], list[int], list[int]]:
     picked = [by_pos[q] for q in p.block_positions]
     # A commit counts the steps taken with its own; a record, those before it (PlannedItem.step).
     return [t for t, _ in picked], list(p.block_positions), [s - 1 for _, s in picked]
+
+
+def _tokens_before(decode: Callable[[list[int]], str], generated: list[int], new: list[int], chars: int) -> int:
+    """The fewest of `new`'s leading tokens whose text, after `generated`'s, covers the first
+    `chars` characters: the gateway's count of the completion where a stop string starts
+    (gateway/detokenizer.py's _tokens_of: a token holding both the text's end and the stop's
+    start counts)."""
+    return next((n for n in range(len(new) + 1) if len(decode(generated + new[:n])) >= chars), len(new))
 
 
 def _shortest_prefix_with_stop(

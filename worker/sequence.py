@@ -55,6 +55,9 @@ class Sequence:
         self.block_logprobs: dict[int, tuple[float, list[int], list[float]]] = {}
         self.finish_reason: str | None = None
         self.last_unmasked = 0  # picks the last step kept
+        # Of the block a stop string ended, the tokens its text covers before the stop (the
+        # completion's, as the gateway counts them; the block keeps the one completing the stop)
+        self.text_tokens: int | None = None
         self.params = request_params(req, eot_id, constrained=constraint is not None)
 
     @property

@@ -77,6 +77,39 @@ def test_completion_carries_input_attribution(client, expected):
         assert all(0 <= i["position"] < len(PROMPT) for i in chunk["inputs"])
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"stop": "STOP"},  # the text of a generated token, set per run below
+        {"logit_bias": {"100279": 4.0}, "chunking": "endofchunk"},  # <|endofchunk|> in a row: empty chunks
+    ],
+    ids=["stop", "empty_chunks"],
+)
+def test_every_concept_chunk_gets_its_inputs_and_tokens_end_with_the_completion(client, case):
+    """The input attribution covers what the concept attribution covers: the completion's tokens
+    (where a stop string cut it: those before the stop) and every concept chunk's span, empty
+    ones too (the official aggregate_chunk over none is [])."""
+    case, empty_chunks = dict(case), "logit_bias" in case
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=64, temperature=0)
+    if "stop" in case:
+        plain = client.completions.create(**kw, extra_body={"return_token_ids": True}).choices[0]
+        case["stop"] = plain.text[len(plain.text) // 2 :][:6]
+    extra = body()
+    extra["attribution"]["chunking"] = case.pop("chunking", "block")
+    r = client.completions.create(**kw, stop=case.pop("stop", None), extra_body={**extra, **case})
+    attribution = r.choices[0].model_extra["attribution"]
+    inputs = attribution["inputs"]
+    assert [t["offset"] for t in inputs["tokens"]] == list(range(r.usage.completion_tokens))
+    spans = [(c["start"], c["end"]) for c in attribution["chunks"]]
+    assert spans == [(c["start"], c["end"]) for c in inputs["chunks"]]
+    assert all("inputs" in c for c in attribution["chunks"])
+    if empty_chunks:
+        empty = [c for c in attribution["chunks"] if c["start"] == c["end"]]
+        assert empty and all(c["inputs"] == [] and c["epsilon_pct"] is None for c in empty)
+    else:
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 64
+
+
 def test_streamed_block_events_carry_their_input_attribution(client, expected):
     stream = client.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=N_NEW, temperature=0, stream=True, extra_body=body()

@@ -176,3 +176,21 @@ def test_attribution_yields_to_waiting_requests(tiny_dir, monkeypatch):
     while_waiting = [budget for waiting, budget in chunks if waiting]
     assert while_waiting, "the attribution never ran while a request waited"
     assert all(budget is not None for budget in while_waiting)
+
+
+def test_scope_all_ranks_the_positions_generated_when_the_block_completed(engine):
+    """A chunk's ranking with scope "all" spans the positions generated when its block completed
+    (docs/api.md), however long its IG then waits behind other requests' decoding: the same
+    request alone and beside another gives the same chunks."""
+
+    def chunks(companion: bool) -> list:
+        engine.add_request(asking("s", 192, top_k=256, scope="all"))
+        if companion:
+            engine.add_request(GenerateRequest("o", PROMPT[::-1], max_tokens=192))
+        mine = [r for r in drain(engine) if isinstance(r, BlockResult) and r.request_id == "s"]
+        ia = [r.input_attribution for r in mine]
+        return [(i.chunk_spans, i.chunk_positions, i.chunk_scores) for i in ia]
+
+    alone = chunks(False)
+    assert [spans for spans, _, _ in alone] == [[[64, 128]], [[128, 192]], [[192, 256]]]
+    assert chunks(True) == alone
