@@ -1,6 +1,6 @@
 """Input attribution (integrated gradients over the snapshot each token was committed from)
 equals the official `FaithfulOutputToInputAttributor` on the same greedy generation (float32
-CPU, block-aligned prompt, steps 1 and 8) at about 16 of its commit groups spread over it, and a
+CPU, block-aligned prompt, steps 1 and 4) at about 16 of its commit groups spread over it, and a
 steered request equals an independent replay: the official model classes and the official IG
 primitive, with forward hooks adding the injection the official generator applied in that step."""
 
