@@ -89,9 +89,11 @@ def check_context(
     """The prompt and the tokens to generate must fit the model's context. The error names the
     field to change: the prompt when it alone fills the context, else `max_tokens_param`."""
     if prompt_len + max_tokens > context_len:
+        asked = f" + {max_tokens_param} ({max_tokens})" if max_tokens else ""  # /tokenize generates nothing
+        lower = f" or lower {max_tokens_param}" if max_tokens else ""
         raise LimitError(
-            f"This model's maximum context length is {context_len} tokens; the prompt ({prompt_len} tokens) + "
-            f"{max_tokens_param} ({max_tokens}) exceeds the context. Shorten the prompt or lower {max_tokens_param}.",
+            f"This model's maximum context length is {context_len} tokens; the prompt ({prompt_len} tokens)"
+            f"{asked} exceeds the context. Shorten the prompt{lower}.",
             prompt_param if prompt_len >= context_len else max_tokens_param,
             "context_length_exceeded",
         )

@@ -176,3 +176,16 @@ def test_input_attribution_needs_a_server_that_can_run_it():
         check_generate_request(GenerateRequest("r", [1] * 8, max_tokens=8, attribution=ia), MODEL, False)
     assert caught.value.param == "attribution.inputs"
     check_generate_request(GenerateRequest("r", [1] * 8, max_tokens=8, attribution=AttributionSpec()), MODEL, False)
+
+
+def test_the_context_error_names_what_to_change():
+    from cde.shared.limits import check_context
+
+    with pytest.raises(
+        LimitError, match=r"prompt \(10 tokens\) \+ max_tokens \(5\) exceeds .* or lower max_tokens"
+    ) as e:
+        check_context(10, 5, 12)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(LimitError) as e:  # /tokenize: nothing to generate, only the prompt to shorten
+        check_context(13, 0, 12)
+    assert e.value.param == "prompt" and "max_tokens" not in str(e.value)
