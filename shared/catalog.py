@@ -79,12 +79,16 @@ def _optional_int(value: Any) -> int | None:
 
 def _lowered(texts: list[str]) -> list[str]:
     """Texts lowered as the official search lowers them: pandas' `str.lower` on its Arrow-backed
-    strings, one code point to one ("İstanbul" -> "istanbul", a final "Σ" -> "σ"), where Python's
-    `str.lower` maps some to two or by context."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    strings, one code point to one (Unicode's simple mapping: "İ" -> "i", a final "Σ" -> "σ"),
+    where Python's `str.lower` maps "İ" to two and "Σ" by its context, the only two such."""
+    return [_simple_lower(t) if _CONTEXTUAL.intersection(t) else t.lower() for t in texts]
 
-    return pc.utf8_lower(pa.array(texts, type=pa.string())).to_pylist()
+
+_CONTEXTUAL = frozenset("\u0130\u03a3")  # İ, Σ
+
+
+def _simple_lower(text: str) -> str:
+    return "".join(c.lower()[0] for c in text)
 
 
 def _null(value: Any) -> bool:

@@ -312,7 +312,7 @@ def test_every_sse_event_is_utf8_json(server):
         ({"prompt": "hi", "steering": {"concepts": [100000]}}, "steering.concepts"),
         ({"prompt": "hi", "steering": {"concepts": ["no such label"]}}, "steering.concepts"),
         ({"prompt": "hi", "steering": {"concepts": [1], "schedule": "sometimes"}}, "steering.schedule"),
-        ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": 99}}, "steering.inject_layer"),
+        ({"prompt": "hi", "steering": {"concepts": [1], "inject_layer": -1}}, "steering.inject_layer"),
         ({"prompt": "hi", "attribution": {"chunking": "page"}}, "attribution.chunking"),
         ({"prompt": None}, "prompt"),
     ],
@@ -344,7 +344,7 @@ def test_chat_errors(client):
             messages=[{"role": "user", "content": "x"}],
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
         )
-    assert e.value.body["param"] == "tools"
+    assert e.value.body["param"] == "tools.0.function.parameters"
 
 
 def test_unknown_model_is_404(client):

@@ -191,7 +191,7 @@ def test_generate_attribution_matches_official_chunks(made):
             '{"concepts": [1], "strength": "high"}',
             ["cde generate: Invalid value for 'steering.strength'", "(param: steering.strength)"],
         ),
-        ("--steering", '{"concepts": [1], "inject_layer": 3}', ["(param: steering.inject_layer)"]),
+        ("--steering", '{"concepts": [1], "inject_layer": -1}', ["(param: steering.inject_layer)"]),
         ("--attribution", '{"top_k": 0}', ["cde generate: Invalid value for 'attribution.top_k'"]),
         ("--attribution", "{top_k: 5}", ["cde generate: --attribution is not JSON"]),
     ],
