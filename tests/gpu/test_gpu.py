@@ -706,26 +706,8 @@ def test_async_scheduling_equals_planning_after_the_picks_through_cuda_graphs(sm
 
 
 def test_only_the_picks_a_grammar_keeps_count_for_the_penalties_through_cuda_graphs(small_dir):
-    """tests/worker/test_logit_rules.py's check of the constrained drafts on CUDA: the penalties'
-    seen tokens and counts hold the prompt and what the grammar kept, never a refused draft."""
-    from collections import Counter
-
-    from cde.shared.grammar import lark_grammar
+    """tests/worker/test_logit_rules.py's check of the constrained drafts, on CUDA."""
+    from tests.worker.test_logit_rules import check_only_kept_picks_counted
 
     engine = Engine(EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=1))
-    prompt = [7, 8, 9] * 21
-    req = GenerateRequest(
-        "c",
-        prompt,
-        max_tokens=48,
-        tokens_per_step=4,
-        repetition_penalty=1.5,
-        frequency_penalty=0.5,
-        grammar=lark_grammar("start: /[0-9]{1,30}/"),
-    )
-    out = engine.generate([req])["c"]
-    assert out and engine.forward_passes > -(-len(out) // 4) + 1  # some pass kept fewer than it drafted
-    seen = set(engine.runner.seen[0].nonzero().flatten().tolist())
-    assert set(prompt) | set(out[:-4]) <= seen <= set(prompt) | set(out)
-    counts = Counter({t: int(engine.runner.rules.counts[0, t]) for t in set(out) | seen})
-    assert Counter(out[:-4]) <= +counts <= Counter(out)
+    check_only_kept_picks_counted(engine, [7, 8, 9] * 21)

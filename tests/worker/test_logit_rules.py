@@ -140,30 +140,32 @@ def test_item_rows_added_as_runs_and_as_a_gather_give_the_same_bits(alpha):
         assert torch.equal(got, want), runs
 
 
-@pytest.mark.slow
-def test_only_the_picks_a_grammar_keeps_count_for_the_penalties(tiny_dir):
+def check_only_kept_picks_counted(engine: Engine, prompt: list[int]) -> None:
     """A constrained request drafts tokens_per_step picks and its grammar keeps a prefix of them
     (worker/constraint.py): the repetition penalty's seen tokens are its prompt and what it kept,
-    and the frequency counts are what it kept, never a refused draft."""
+    and the frequency counts are what it kept, never a refused draft (the last pass's picks end
+    the request: nothing after it reads them). `engine` runs one request at a time."""
     from collections import Counter
 
     from cde.shared.grammar import lark_grammar
 
-    engine = Engine(EngineArgs(str(tiny_dir), max_running=1))
     req = GenerateRequest(
         "c",
-        PROMPT,
+        prompt,
         max_tokens=48,
         tokens_per_step=4,
         repetition_penalty=1.5,
         frequency_penalty=0.5,
         grammar=lark_grammar("start: /[0-9]{1,30}/"),
     )
-    out = gen(engine, [req])["c"]
-    passes = engine.forward_passes
-    assert out and passes > -(-len(out) // 4) + 1  # some pass kept fewer than it drafted
-    # (the last pass's picks end the request: nothing after it reads them)
+    out = engine.generate([req])["c"]
+    assert out and engine.forward_passes > -(-len(out) // 4) + 1  # some pass kept fewer than it drafted
     seen = set(engine.runner.seen[0].nonzero().flatten().tolist())
-    assert set(PROMPT) | set(out[:-4]) <= seen <= set(PROMPT) | set(out)
+    assert set(prompt) | set(out[:-4]) <= seen <= set(prompt) | set(out)
     counts = Counter({t: int(engine.runner.rules.counts[0, t]) for t in set(out) | seen})
     assert Counter(out[:-4]) <= +counts <= Counter(out)
+
+
+@pytest.mark.slow
+def test_only_the_picks_a_grammar_keeps_count_for_the_penalties(tiny_dir):
+    check_only_kept_picks_counted(Engine(EngineArgs(str(tiny_dir), max_running=1)), PROMPT)
