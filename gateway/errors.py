@@ -65,10 +65,25 @@ def _is_type_tag(part: object) -> bool:
 _SCALARS = {"str", "int", "float", "bool", "none"}
 
 
+def _field_path(loc: tuple) -> list:
+    """`loc` without pydantic's union members, and without the tag a discriminated union adds
+    after its member's place (`content.0.text.text` is the text part's `content.0.text`)."""
+    path, tagged = [], False
+    for part in loc:
+        if _is_type_tag(part):
+            tagged = tagged or "tagged-union[" in str(part)
+            continue
+        if tagged and isinstance(part, str):  # the member's tag (the list index before it stays)
+            tagged = False
+            continue
+        path.append(part)
+    return path
+
+
 def from_validation_error(exc: ValidationError) -> ApiError:
     # Of a union's failed branches, the deepest error is the one that explains the mistake.
     err = max(exc.errors(include_url=False, include_input=False), key=lambda e: len(e["loc"]))
-    param = ".".join(str(p) for p in err["loc"] if not _is_type_tag(p)) or None
+    param = ".".join(str(p) for p in _field_path(err["loc"])) or None
     if err["type"] == "extra_forbidden":
         return invalid(f"Unrecognized request argument supplied: {param}", param, "unsupported_parameter")
     if err["type"] == "missing":

@@ -395,6 +395,12 @@ def test_content_parts_are_lines_and_a_refusal_part_is_its_text(server):
     r = post(server, "/v1/chat/completions", body_for("chat/completions", {"messages": [image]}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0", r.text
     assert "image_url" in r.json()["error"]["message"]
+    # a text part's own fields by their path: no union member's tag in it
+    for part, param in (({"type": "text"}, "text"), ({"type": "text", "text": "a", "x": 1}, "x")):
+        r = post(
+            server, "/v1/chat/completions", body_for("chat/completions", {"messages": [{**ASK[0], "content": [part]}]})
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == f"messages.0.content.0.{param}", r.text
 
 
 def test_a_stream_a_stop_string_ends_early_reports_its_cached_prompt(client):
