@@ -22,7 +22,7 @@ from cde.gateway.schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
-from cde.shared.grammar import JSON_OPTIONS, LENIENT_JSON_OPTIONS, closed_objects, lark_grammar
+from cde.shared.grammar import closed_objects, json_options, lark_grammar
 
 PREAMBLE = (
     "You can call these functions. Each line is one function: its name, description and the "
@@ -61,7 +61,7 @@ def active_tools(body: ChatCompletionRequest) -> list[ToolSpec]:
 
 def json_x(strict: bool) -> dict[str, Any]:
     """Compact JSON inside Lark, as in a response_format (shared/grammar.py: strict or lenient)."""
-    return {"x-guidance": JSON_OPTIONS if strict else LENIENT_JSON_OPTIONS}
+    return {"x-guidance": json_options(strict)}
 
 
 def render_messages(messages: list[ChatMessage], tools: list[ToolSpec] | None) -> list[dict[str, str]]:

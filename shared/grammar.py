@@ -54,10 +54,14 @@ def ll_tokenizer(instruct: bool, vocab_size: int) -> LLTokenizer:
     return lltokenizer_from_encoding(tok.enc, n_vocab=vocab_size, eos_token=EOT_ID if instruct else EOS_ID)
 
 
+def json_options(strict: bool) -> JsonCompileOptions:
+    """`strict`: a keyword llguidance does not implement is refused, else left unenforced."""
+    return JSON_OPTIONS if strict else LENIENT_JSON_OPTIONS
+
+
 def json_schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
-    """`strict`: refuse a keyword llguidance does not implement (ValueError), else leave it unenforced."""
-    options = JSON_OPTIONS if strict else LENIENT_JSON_OPTIONS
-    return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=options)
+    """ValueError for a schema llguidance refuses (under `json_options(strict)`)."""
+    return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=json_options(strict))
 
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas. allOf, not and
