@@ -39,19 +39,24 @@ class ConceptLabels:
 
     def resolve(self, concept: int | str, n_concepts: int, param: str) -> int:
         """An id, `#id`, `Known: #id`, or a known concept's catalog name (also as `Known: name`,
-        the attribution label; case-insensitive when no name matches exactly)."""
+        the attribution label; case-insensitive when no name matches exactly). A name as written
+        comes first: a concept named "1984" is that concept, not id 1984."""
         if isinstance(concept, str):
             if len(concept) > MAX_CONCEPT_LABEL_CHARS:
                 raise invalid(f"a concept label is at most {MAX_CONCEPT_LABEL_CHARS} characters", param)
-            m = _BY_ID.match(concept.strip())
-            concept = int(m.group(1)) if m else self._by_name(concept, param)
+            concept = self._by_label(concept, param)
         if not 0 <= concept < n_concepts:
             raise invalid(f"concept id {concept} is outside [0, {n_concepts})", param)
         return concept
 
-    def _by_name(self, label: str, param: str) -> int:
+    def _by_label(self, label: str, param: str) -> int:
         name = label.removeprefix(_PREFIX)
-        found = self._names.get(name) or self._folded.get(name.casefold(), [])
+        found = self._names.get(name)
+        if not found:
+            m = _BY_ID.match(label.strip())
+            if m:
+                return int(m.group(1))
+            found = self._folded.get(name.casefold(), [])
         if len(found) > 1:  # prefer the steerable one when only one is
             found = [c for c in found if c.is_steerable] or found
         if len(found) == 1:

@@ -42,6 +42,15 @@ ENV_VAR = "STEERLING_CONCEPTS_PATH"
 HUB_REPO = "guidelabs/steerling"
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
+def is_parquet(head: bytes) -> bool:
+    """A parquet file by its first bytes, whatever its name (the official `ConceptCatalog.load`
+    reads any path as parquet); anything else is read as a legacy CSV."""
+    return head.startswith(PARQUET_MAGIC)
+
+
 class CatalogError(ValueError):
     """A catalog file that is missing or does not have the columns it needs."""
 
@@ -77,6 +86,15 @@ def _optional_int(value: Any) -> int | None:
     return int(float(value))
 
 
+def _head(row: Mapping) -> str | None:
+    """None only for a file without the column (a legacy CSV: either head). A null in the column
+    is "": no head filter matches it, as the official `df["head"] == head`, and it labels Known."""
+    if "head" not in row:
+        return None
+    head = row["head"]
+    return "" if head is None or head != head else str(head)
+
+
 def _lowered(texts: list[str]) -> list[str]:
     """Texts lowered as the official search lowers them: pandas' `str.lower` on its Arrow-backed
     strings, one code point to one (Unicode's simple mapping: "İ" -> "i", a final "Σ" -> "σ"),
@@ -96,17 +114,17 @@ def _null(value: Any) -> bool:
 
 
 def _concept(row: Mapping) -> Concept:
-    cid = row.get("concept_id", row.get("concept_idx"))  # legacy CSVs say concept_idx
+    cid = _optional_int(row.get("concept_id", row.get("concept_idx")))  # legacy CSVs say concept_idx
     if cid is None or row.get("concept_name") is None:
         raise CatalogError("every row needs concept_id and concept_name")
     description, group_name = row.get("concept_description"), row.get("group_name")
     return Concept(
-        concept_id=int(cid),
+        concept_id=cid,
         name=str(row["concept_name"]),
         description=None if description is None else str(description),
         # Legacy label files had no steerability flag: every known concept in them could be
         # steered by label.
-        head=row.get("head") or None,
+        head=_head(row),
         group_id=_optional_int(row.get("public_group_id")),
         group_name=None if group_name in (None, "") else str(group_name),
         is_steerable=_flag(row.get("is_steerable"), True),
@@ -162,13 +180,15 @@ class Catalog:
         (or concept_idx) and concept_name; absent columns take the legacy defaults."""
         path = Path(path)
         try:
-            if path.suffix == ".parquet":
+            with path.open("rb") as f:
+                parquet = is_parquet(f.read(len(PARQUET_MAGIC)))
+            if parquet:
                 import pyarrow.parquet as pq
 
                 columns = pq.read_table(path).to_pydict()
                 rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
-            else:
-                with path.open(newline="") as f:
+            else:  # utf-8-sig: a spreadsheet's export opens with a byte-order mark
+                with path.open(newline="", encoding="utf-8-sig") as f:
                     rows = list(csv.DictReader(f))
             return cls.from_rows(rows)
         except CatalogError as exc:

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cde.shared.catalog import Catalog, CatalogError
+from cde.shared.catalog import Catalog, CatalogError, is_parquet
 from cde.shared.protocol import CatalogPart
 
 # The official concept_labels.parquet (134,928 concepts) is a few MB; this bounds what a worker
@@ -33,12 +33,12 @@ class CatalogFile:
     @classmethod
     def read(cls, path: str | Path) -> CatalogFile:
         path = Path(path)
-        suffix = ".parquet" if path.suffix == ".parquet" else ".csv"
         try:
             size = path.stat().st_size
             if size > MAX_CATALOG_BYTES:
                 raise CatalogError(f"{path}: {size} bytes, over the {MAX_CATALOG_BYTES}-byte limit for a catalog")
-            return cls.of(path.read_bytes(), suffix)
+            data = path.read_bytes()
+            return cls.of(data, ".parquet" if is_parquet(data) else ".csv")
         except OSError as exc:
             raise CatalogError(f"{path}: cannot read the concept catalog ({exc})") from None
 

@@ -121,11 +121,15 @@ class ModelConfig:
             data["context_len"] = data.pop(PUBLISHED_CONTEXT_KEY)
         nested = data.pop("concept", None)
         if isinstance(nested, dict):
+            # The official package's own layout: its loader builds the heads from this block
+            # alone (absent keys take ConceptConfig's defaults), so flat copies beside it are stale.
+            stale = sorted(k for k in _CONCEPT_FIELDS if data.pop(k, None) is not None)
+            if stale:
+                log.warning("config.json: the nested concept block describes the heads; ignoring flat %s", stale)
             for key, value in nested.items():
                 mapped = _NESTED_ALIASES.get(key, key)
-                if mapped in _IGNORED:
-                    continue
-                data.setdefault(mapped, value)
+                if mapped not in _IGNORED:
+                    data[mapped] = value
         for key, allowed in _FIXED.items():
             value = data.pop(key, next(iter(allowed)))
             if value not in allowed:
@@ -270,7 +274,26 @@ _FIXED: dict[str, set] = {
     "use_epsilon_correction": {True},  # off, logits come from the bottleneck alone: not built
     "rope_full_precision": {True},  # off, RoPE in the model's dtype: not built
 }
-_NESTED_ALIASES = {"block_size": "concept_block_size", "topk_known": "topk_known"}
+_NESTED_ALIASES = {"block_size": "concept_block_size"}
+# The official ConceptConfig's fields under their flat names: what the nested block describes.
+_CONCEPT_FIELDS = (
+    *_CONCEPT_COUNTS,
+    "max_concepts",
+    "concept_dim",
+    "use_attention_known",
+    "use_attention_unknown",
+    "topk_known_features",
+    "use_unknown",
+    "factorize_unknown",
+    "use_epsilon_correction",
+    "concept_block_size",
+    "pad_multiple",
+    "topk_on_logits",
+    "store_unknown_weights",
+    "apply_topk_to_unknown",
+    "inject_layer",
+    "inject_alpha",
+)
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -100,16 +100,24 @@ def lark_grammar(lark: str) -> str:
     return LLMatcher.grammar_from_lark(lark)
 
 
-def grammar_error(grammar: str, tokenizer: LLTokenizer | None) -> str:
-    """Why the grammar cannot be used ("" when it can): too large, invalid, or over the limits."""
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        return f"the grammar is {len(grammar)} characters, more than {MAX_GRAMMAR_CHARS}"
-    return LLMatcher.validate_grammar(grammar, tokenizer, limits=limits())
+def grammar_error(grammar: str, tokenizer: LLTokenizer) -> str:
+    """Why the grammar cannot be used ("" when it can): too large, invalid, over the limits, or
+    admitting no output at all (`start: x  x: x "a"` validates; its first mask shows the dead end)."""
+    try:
+        matcher = new_matcher(grammar, tokenizer)
+    except ValueError as exc:
+        return str(exc).removeprefix("grammar: ")
+    matcher.compute_logit_bias()
+    return "the grammar admits no output: no token can start it" if matcher.is_error() else ""
 
 
 def new_matcher(grammar: str, tokenizer: LLTokenizer) -> LLMatcher:
     """A matcher at the start of the grammar; ValueError for one that cannot be used."""
-    error = grammar_error(grammar, tokenizer)
+    error = (
+        f"the grammar is {len(grammar)} characters, more than {MAX_GRAMMAR_CHARS}"
+        if len(grammar) > MAX_GRAMMAR_CHARS
+        else LLMatcher.validate_grammar(grammar, tokenizer, limits=limits())
+    )
     if error:
         raise ValueError(f"grammar: {error}")
     matcher = LLMatcher(tokenizer, grammar, log_level=0, limits=limits())

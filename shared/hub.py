@@ -57,9 +57,10 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
     try:
         return Path(snapshot_download(model, revision=revision, allow_patterns=CHECKPOINT_FILES))
     except LocalEntryNotFoundError:
-        hf_home = os.environ.get("HF_HOME", "~/.cache/huggingface")
-        raise HubError(
-            f"{model!r}{at} is neither a directory nor in the Hugging Face cache (HF_HOME={hf_home}), and the "
+        from huggingface_hub import constants
+
+        raise HubError(  # the cache searched: HF_HUB_CACHE, else HF_HOME's hub/
+            f"{model!r}{at} is neither a directory nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), and the "
             f"Hub cannot be reached{' (HF_HUB_OFFLINE is set)' if _offline() else ''}: download it once with "
             f"network access, or give a checkpoint directory"
         ) from None

@@ -57,6 +57,16 @@ def test_cutoff_tokens_is_at_least_one_as_the_official_field():
         CompletionRequest(model="m", prompt="x", steering={"concepts": [1], "cutoff_tokens": 0})
 
 
+def test_a_name_that_reads_as_an_id_is_that_concept():
+    """docs/api.md: a catalog name as written, or as attribution labels it, is that concept;
+    an id form that no name matches is still an id."""
+    labels = ConceptLabels(
+        Catalog.from_rows([{"concept_id": 1, "concept_name": "42"}, {"concept_id": 2, "concept_name": "#3"}])
+    )
+    resolved = [labels.resolve(c, 100, "c") for c in ("42", "Known: 42", labels.labels.label(1, "known"), "#3", "43")]
+    assert resolved == [1, 1, 1, 2, 43]
+
+
 def test_explicit_relu_mask_by_label():
     (req,) = build(steering={"concepts": [1], "relu_logit_mask": {"dogs": 2.5, "#9": 1}})
     assert req.steering.relu_logit_mask == {7: 2.5, 9: 1.0}

@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import pytest
 from cde.shared.catalog import Catalog, CatalogError, find_catalog, write_catalog
+from cde.shared.catalog_file import CatalogFile
+from cde.shared.chunk_attribution import load_concept_labels
 
 from tests.catalog_fixture import N_KNOWN, QUERIES, catalog_rows
 from tests.hub_cache import cache_repo
@@ -92,6 +94,49 @@ def test_legacy_csv_is_still_read(tmp_path):
     (dog,) = Catalog.read(path)
     assert (dog.concept_id, dog.name, dog.head, dog.is_steerable) == (3, "Dogs", None, True)
     assert [c.concept_id for c in Catalog.read(path).search("dogs")] == [3]
+
+
+@pytest.mark.parametrize("name", ["concepts.pq", "concept_labels.PARQUET", "concept_labels"])
+def test_a_parquet_file_is_read_whatever_its_name(parquet, official, tmp_path, name):
+    """`ConceptCatalog.load` reads any path as parquet: the file's bytes say what it is."""
+    from steerling.concepts import ConceptCatalog
+
+    path = tmp_path / name
+    path.write_bytes(parquet.read_bytes())
+    for query in QUERIES[:5]:
+        expected = [c.concept_id for c in ConceptCatalog.load(path).search(query)]
+        assert [c.concept_id for c in Catalog.read(path).search(query)] == expected, query
+    assert CatalogFile.read(path).catalog().by_id.keys() == Catalog.read(parquet).by_id.keys()
+
+
+def test_a_null_head_matches_no_head_filter(tmp_path):
+    """A head column with a null: the official filter `df["head"] == head` leaves the row out of
+    every head's search, and its attribution label reads Known."""
+    import pandas as pd
+    from steerling.attribution.concept_attribution import ConceptLabels as OfficialLabels
+    from steerling.concepts import ConceptCatalog
+
+    rows = [{"concept_id": i, "concept_name": f"cat {i}", "head": h} for i, h in enumerate(["known", None, "unknown"])]
+    path = write_catalog(tmp_path / "heads.parquet", rows)
+    table = pd.read_parquet(path)
+    table.loc[1, "head"] = None  # write_catalog fills a missing head with "known"
+    table.to_parquet(path)
+    ours, official = Catalog.read(path), ConceptCatalog(pd.read_parquet(path))
+    for head in ("known", "unknown", None):
+        expected = [c.concept_id for c in official.search("cat", head=head, steerable_only=False)]
+        assert [c.concept_id for c in ours.search("cat", head=head, steerable_only=False)] == expected, head
+    assert load_concept_labels(path).label(1, "discovered") == OfficialLabels(path).label(1, "discovered")
+
+
+def test_a_spreadsheet_csv_reads_as_the_official_labels(tmp_path):
+    """A byte-order mark and ids written as floats, as a spreadsheet exports them: the official
+    `ConceptLabels` reads them through pandas."""
+    from steerling.attribution.concept_attribution import ConceptLabels as OfficialLabels
+
+    path = tmp_path / "labels.csv"
+    path.write_bytes("\ufeffconcept_idx,concept_name\n0.0,Ocean\n1.0,Sailing\n".encode())
+    official = OfficialLabels(path)
+    assert [load_concept_labels(path).label(i, "known") for i in (0, 1)] == [official.label(i) for i in (0, 1)]
 
 
 @pytest.mark.parametrize(

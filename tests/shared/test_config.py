@@ -92,10 +92,26 @@ def test_nested_concept_block_from_official_classes():
     assert (c.known_padded, c.unknown_padded) == (128, 320)
 
 
-def test_flat_keys_win_over_nested():
-    raw = {**preset("tiny").to_published_dict(), "concept": {"n_concepts": 5, "factorize_rank": 99}}
+def test_the_nested_block_alone_describes_the_heads():
+    """As the official loader (`SteerlingGenerator.from_pretrained` builds the heads from
+    `ConceptConfig.model_validate(config["concept"])`): flat concept keys beside the block are
+    stale, and what the block leaves out takes ConceptConfig's defaults, not the flat value."""
+    from steerling.configs.concept import ConceptConfig
+
+    nested = {"n_concepts": 5, "n_unknown_concepts": 40, "factorize_rank": 16, "topk_known": 2, "unknown_topk": 8}
+    raw = {**preset("tiny").to_published_dict(), "concept": nested}  # flat: 96 concepts, pad 16, ...
     c = ModelConfig.from_dict(raw)
-    assert c.n_concepts == 96 and c.factorize_rank == 16
+    official = ConceptConfig.model_validate(nested)
+    for field in ("n_concepts", "n_unknown_concepts", "factorize_rank", "topk_known", "unknown_topk", "pad_multiple"):
+        assert getattr(c, field) == getattr(official, field), field
+    assert c.known_topk_features == (official.topk_known_features or official.topk_known)
+
+
+def test_concept_fields_are_the_official_concept_config():
+    from cde.shared import config
+    from steerling.configs.concept import ConceptConfig
+
+    assert set(config._CONCEPT_FIELDS) == {config._NESTED_ALIASES.get(k, k) for k in ConceptConfig.model_fields}
 
 
 def test_instruct_flag_defaults_vocab():

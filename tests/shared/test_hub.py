@@ -81,7 +81,9 @@ def test_directories_pass_through(hf, tmp_path):
 def test_missing_offline_is_a_clear_error(hf):
     err = resolve(hf, "org/absent")["error"]
     assert "'org/absent' is neither a directory nor in the Hugging Face cache" in err
-    assert f"HF_HOME={hf['HF_HOME']}" in err and "HF_HUB_OFFLINE is set" in err
+    assert f"cache ({hf['HF_HOME']}/hub)" in err and "HF_HUB_OFFLINE is set" in err
+    elsewhere = {"HF_HOME": "", "HF_HUB_CACHE": f"{hf['HF_HOME']}/other", "HF_HUB_OFFLINE": "1"}
+    assert f"cache ({hf['HF_HOME']}/other)" in resolve(elsewhere, "org/model")["error"]  # the cache searched
     err = resolve(hf, "org/model", "v9")["error"]
     assert "'org/model' at revision 'v9'" in err
 
