@@ -33,7 +33,7 @@ class ChatRenderer:
     ) -> None:
         """`tools`: the request has tools, so an answer may be calls (gateway/tool_output.py)."""
         self.body, self.head, self.prompt, self.tools, self.tokenizer = body, head, prompt, tools, tokenizer
-        self.answers = [StreamedAnswer(tools) for _ in range(body.n)]
+        self.answers = [StreamedAnswer(tools, body.tool_choice) for _ in range(body.n)]
         self.usage = StreamUsage(body)
 
     def opening(self) -> list[ChatCompletionChunk]:
@@ -92,7 +92,7 @@ class ChatRenderer:
         )
 
     def _choice(self, c: Choice) -> ChatChoice:
-        message, finish_reason = answer_message(c.text, c.finish_reason, self.tools)
+        message, finish_reason = answer_message(c.text, c.finish_reason, self.tools, self.body.tool_choice)
         return ChatChoice(
             index=c.index,
             message=message,

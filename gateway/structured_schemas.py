@@ -74,7 +74,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 class CalledFunction(Body):
     name: str = Field(pattern=_NAME)
-    arguments: str  # a JSON object, as text
+    arguments: str | None  # a JSON object, as text; "" or null: no arguments (gateway/tool_format.py)
     # The openai SDK's parse() result of `arguments`, in a reply appended to the history: the call
     # is rendered from `arguments` (vLLM ignores it too).
     parsed_arguments: Any = None

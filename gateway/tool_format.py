@@ -20,7 +20,8 @@ def calls_text(m: ChatMessage, index: int) -> str:
     out = []
     for j, call in enumerate(m.tool_calls or []):
         try:
-            args = json.loads(call.function.arguments)
+            # A call without arguments may come back as "" or null (vLLM's chat_utils reads both as {})
+            args = json.loads(call.function.arguments or "{}")
         except ValueError:
             raise invalid(
                 "arguments must be a JSON object", f"messages.{index}.tool_calls.{j}.function.arguments"

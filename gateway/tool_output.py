@@ -12,16 +12,17 @@ from cde.gateway.response_schemas import (
     FunctionCall,
     MessageToolCall,
 )
+from cde.gateway.structured_schemas import NamedToolChoice, ToolChoice
 from cde.gateway.tool_format import CALL_OPEN
 from cde.gateway.tool_stream import CallPart, CallReader
 
 
 def answer_message(
-    text: str, finish_reason: FinishReason | None, tools: bool
+    text: str, finish_reason: FinishReason | None, tools: bool, choice: ToolChoice | None = None
 ) -> tuple[AssistantMessage, FinishReason | None]:
     """(message, finish_reason) of a whole answer: what its stream joins to, read by the same
     StreamedAnswer in one piece, so that the two agree on calls cut short by max_tokens too."""
-    answer = StreamedAnswer(tools)
+    answer = StreamedAnswer(tools, choice)
     delta, finish_reason = answer.delta(text, finish_reason)
     if not delta.tool_calls:
         return AssistantMessage(role="assistant", content=text), finish_reason
@@ -36,14 +37,18 @@ class StreamedAnswer:
     """One choice's stream of deltas from its text deltas, whatever their size. Without tools the
     text goes out as it comes. With tools, text is held while it could still be the start of a
     call; an answer of calls goes out as it is written (gateway/tool_stream.py): each call's id and
-    name once the name is complete, then its arguments' text, finishing "tool_calls". Calls cut
-    short (max_tokens) end with the engine's finish reason, "length"; cut before a name was
-    complete, they go out as text."""
+    name once the name is complete, then its arguments' text, finishing "tool_calls", or as the
+    engine finished ("stop") under a `choice` that names the function. Calls cut short
+    (max_tokens) end with the engine's finish reason, "length"; cut before a name was complete,
+    they go out as text."""
 
-    def __init__(self, tools: bool) -> None:
+    def __init__(self, tools: bool, choice: ToolChoice | None = None) -> None:
         self.held = ""
         self.calls: bool | None = None if tools else False  # None: not known yet
         self.reader = CallReader()
+        # OpenAI's and vLLM's finish_reason: "tool_calls" says the model chose to call; a named
+        # function's call is the answer the request asked for, so it ends "stop".
+        self.chosen = not isinstance(choice, NamedToolChoice)
 
     def delta(self, text: str, finish_reason: FinishReason | None) -> tuple[ChatDelta, FinishReason | None]:
         if self.calls is None:
@@ -58,7 +63,7 @@ class StreamedAnswer:
         parts = self.reader.feed(text)
         if finish_reason is not None and not self.reader.calls:  # no call's name was complete: text
             return ChatDelta(content=self.reader.text), finish_reason
-        if finish_reason is not None and self.reader.complete:
+        if finish_reason is not None and self.reader.complete and self.chosen:
             finish_reason = "tool_calls"
         return ChatDelta(tool_calls=_joined(parts) or None), finish_reason
 

@@ -24,6 +24,9 @@ from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
 from cde.shared.grammar import closed_objects, json_options, lark_grammar
 
+_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+_DEFINITIONS = ("$defs", "definitions")  # where pointers in a tool's parameters look
+
 PREAMBLE = (
     "You can call these functions. Each line is one function: its name, description and the "
     "JSON schema of its arguments.\n<tools>\n{tools}\n</tools>\n"
@@ -81,7 +84,10 @@ def render_messages(messages: list[ChatMessage], tools: list[ToolSpec] | None) -
 
 
 def _params(tool: ToolSpec) -> dict[str, Any]:
-    return closed_objects(tool.function.parameters) if tool.function.parameters is not None else ANY_OBJECT
+    """A tool's `parameters`, closed (shared/grammar.py). Left out or `{}`: no arguments, as the
+    openai SDK documents an omitted `parameters` and vLLM reads both (not any value, or any keys
+    written until max_tokens)."""
+    return closed_objects(tool.function.parameters or _NO_ARGUMENTS)
 
 
 def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[str, str] | None:
@@ -104,25 +110,14 @@ def tools_grammar(
     """The grammar of an answer that may (auto) or must (required, named) call `tools`. `answer`:
     the JSON schema of a non-call answer under auto (a response_format) and whether it is strict,
     None for free text. The calls' schemas are strict when a tool asks for it."""
-    call = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"name": {"const": t.function.name}, "arguments": _params(t)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
-    }
-    single = isinstance(body.tool_choice, NamedToolChoice) or not body.parallel_tool_calls
+    named = isinstance(body.tool_choice, NamedToolChoice)
+    single = named or not body.parallel_tool_calls
     strict = any(t.function.strict for t in tools)
     lark = [
         f"calls: call{'' if single else '+'}",
-        f"call: {lark_string(CALL_OPEN)} %json {schema_text({**call, **json_x(strict)}, 'tools')} "
-        f"{lark_string(CALL_CLOSE)}",
+        f"call: {_named_call(tools[0], strict) if named else _call(tools, strict)}",
     ]
-    if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
+    if named or body.tool_choice == "required":
         lark.insert(0, "start: calls")
     else:  # auto: an answer that does not start like a call, or calls
         lark.insert(0, f"start: {'TEXT' if answer is None else 'answer'} | calls")
@@ -134,3 +129,49 @@ def tools_grammar(
                 f"answer: %json {schema_text({**closed_objects(schema), **json_x(answer_strict)}, 'response_format')}"
             )
     return lark_grammar("\n".join(lark))
+
+
+def _named_call(tool: ToolSpec, strict: bool) -> str:
+    """Lark of a call of the named `tool`: its parameters are the root of the arguments' schema, as
+    vLLM compiles them, so that every pointer in them (`#/$defs/...`, `#/properties/...`) resolves."""
+    head = lark_string(f'{CALL_OPEN}{{"name":{json.dumps(tool.function.name)},"arguments":')
+    arguments = schema_text({**_params(tool), **json_x(strict)}, "tools")
+    return f"{head} %json {arguments} {lark_string('}' + CALL_CLOSE)}"
+
+
+def _call(tools: list[ToolSpec], strict: bool) -> str:
+    """Lark of a call of any of `tools`: one schema for the call, each tool's parameters under its
+    name, their definitions lifted to its root (where pydantic's `#/$defs/...` pointers look)."""
+    params = [_params(t) for t in tools]
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t.function.name},
+                    "arguments": {k: v for k, v in p.items() if k not in _DEFINITIONS},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t, p in zip(tools, params)
+        ],
+        **_definitions(params),
+        **json_x(strict),
+    }
+    return f"{lark_string(CALL_OPEN)} %json {schema_text(call, 'tools')} {lark_string(CALL_CLOSE)}"
+
+
+def _definitions(params: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The tools' `$defs` and `definitions` (draft-07's, pydantic v1's) merged, as vLLM's
+    get_tool_schema_defs: one name defined two ways by two tools is a 400."""
+    merged: dict[str, dict[str, Any]] = {}
+    for p in params:
+        for key in _DEFINITIONS:
+            given = p.get(key, {})
+            if not isinstance(given, dict):
+                raise invalid(f"{key} must map names to schemas", "tools")
+            for name, schema in given.items():
+                if merged.setdefault(key, {}).setdefault(name, schema) != schema:
+                    raise invalid(f"two tools define {key} {name!r} differently; give them different names", "tools")
+    return merged

@@ -1,11 +1,12 @@
 """Tools through a real `cde serve` of the demo model, with the real `openai` client, LangChain
 (`with_structured_output`, `bind_tools` with the tool's result fed back) and litellm (`tools=`, its
-reply fed back): calls whose arguments validate against the function's schema, `finish_reason:
-"tool_calls"`, streamed `delta.tool_calls`, calls cut by max_tokens the same streamed or not,
-history with tool calls rendered by the documented template, bad tool specs a 400 naming the
-field."""
+reply fed back): calls whose arguments validate against the function's schema (pydantic's `$defs`
+included), `finish_reason: "tool_calls"` (`"stop"` for a named function), streamed
+`delta.tool_calls`, calls cut by max_tokens the same streamed or not, history with tool calls
+rendered by the documented template, bad tool specs a 400 naming the field."""
 
 import json
+from enum import StrEnum
 
 import httpx
 import jsonschema
@@ -56,11 +57,74 @@ def check_calls(calls, names=("get_weather", "get_time")) -> None:
     ],
 )
 def test_required_and_named_choices_call_with_valid_arguments(client, choice, names):
+    """Streamed or not, calls the model chose end "tool_calls"; the named function's call ends
+    "stop" (OpenAI's and vLLM's finish_reason)."""
     c = chat(client, tool_choice=choice).choices[0]
-    assert c.finish_reason == "tool_calls" and c.message.content is None
+    finish = "stop" if isinstance(choice, dict) else "tool_calls"
+    assert c.finish_reason == finish and c.message.content is None
     check_calls(c.message.tool_calls, names)
     if isinstance(choice, dict):
         assert len(c.message.tool_calls) == 1
+    calls = [{"name": t.function.name, "arguments": t.function.arguments} for t in c.message.tool_calls]
+    assert streamed(client, tool_choice=choice) == ("", calls, finish)
+
+
+class Unit(StrEnum):
+    C = "C"
+    F = "F"
+
+
+class Place(BaseModel):
+    city: str = Field(max_length=10)
+
+
+class Forecast(BaseModel):
+    place: Place
+    unit: Unit
+
+
+class Alert(BaseModel):
+    unit: Unit
+    above: int = Field(ge=-50, le=50)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "Forecast"}}])
+def test_pydantic_tools_with_definitions_are_called_with_valid_arguments(client, choice):
+    """pydantic writes an enum or a nested model as `$defs` and `$ref`s to them (`#/$defs/Unit`):
+    they resolve whatever the choice; two tools may define the same name alike."""
+    models = {m.__name__: m for m in (Forecast, Alert)}
+    tools = [openai.pydantic_function_tool(m) for m in models.values()]
+    assert all("$defs" in t["function"]["parameters"] for t in tools)
+    c = chat(client, tools=tools, tool_choice=choice, parallel_tool_calls=False).choices[0]
+    for call in c.message.tool_calls or []:
+        models[call.function.name].model_validate_json(call.function.arguments)
+    assert choice == "auto" or len(c.message.tool_calls) == 1
+
+
+@pytest.mark.parametrize("function", [{"name": "now"}, {"name": "now", "parameters": {}}])
+def test_a_function_without_parameters_is_called_without_arguments(client, function):
+    """OpenAI: "Omitting `parameters` defines a function with an empty parameter list"."""
+    tools = [{"type": "function", "function": function}]
+    c = chat(client, tools=tools, tool_choice="required", parallel_tool_calls=False).choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert [json.loads(t.function.arguments) for t in c.message.tool_calls] == [{}]
+
+
+@pytest.mark.parametrize("arguments", ["", None])
+def test_a_past_call_without_arguments_is_read_as_empty_arguments(client, arguments):
+    """As vLLM reads them: a call's `arguments` "" or null are `{}`."""
+
+    def prompt(args):
+        call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": args}}
+        history = [
+            *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        ]
+        r = chat(client, messages=history, max_tokens=1, extra_body={**FAST, "return_token_ids": True})
+        return r.model_extra["prompt_token_ids"]
+
+    assert prompt(arguments) == prompt("{}")
 
 
 def test_parallel_tool_calls_false_allows_one_call(client):
@@ -219,6 +283,15 @@ def test_an_assistant_turn_of_calls_may_leave_content_out(client):
         ),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
         ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+        (  # two tools defining one name differently
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": n, "parameters": {"$defs": {"Unit": {"enum": u}}}}}
+                    for n, u in (("a", ["C"]), ("b", ["F"]))
+                ]
+            },
+            "tools",
+        ),
         ({"tools": None, "tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),

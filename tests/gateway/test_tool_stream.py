@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+from cde.gateway.structured_schemas import NamedToolChoice
 from cde.gateway.tool_output import StreamedAnswer, answer_message
 from cde.gateway.tool_stream import CallReader
 
@@ -57,8 +58,8 @@ def test_arguments_go_out_before_the_call_is_closed():
     assert last.arguments == 'ris"}' and reader.complete
 
 
-def stream(text_pieces, finish):
-    answer, deltas = StreamedAnswer(tools=True), []
+def stream(text_pieces, finish, choice=None):
+    answer, deltas = StreamedAnswer(tools=True, choice=choice), []
     for i, piece in enumerate(text_pieces):
         deltas.append(answer.delta(piece, finish if i == len(text_pieces) - 1 else None))
     return deltas
@@ -133,3 +134,16 @@ def test_text_answers_go_out_as_text():
     assert "".join(d.content or "" for d, _ in deltas) == "<tools are fun" and deltas[-1][1] == "stop"
     deltas = stream(["<tool_c"], "stop")  # ended while it could still have been a call
     assert deltas[-1][0].content == "<tool_c" and deltas[-1][1] == "stop"
+
+
+NAMED = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}})
+
+
+@pytest.mark.parametrize("choice,finish", [(None, "tool_calls"), ("required", "tool_calls"), (NAMED, "stop")])
+def test_a_named_functions_call_ends_as_the_engine_ended_it(choice, finish):
+    """OpenAI and vLLM: calls the model chose end "tool_calls"; the call of a function the request
+    named ends "stop" (or "length", cut short), streamed or not."""
+    call = '<tool_call>{"name":"get_weather","arguments":{}}</tool_call>'
+    assert [f for _, f in stream(pieces(call, 1), "stop", choice)][-1] == finish
+    assert answer_message(call, "stop", tools=True, choice=choice)[1] == finish
+    assert answer_message(call[:-3], "length", tools=True, choice=choice)[1] == "length"
