@@ -67,6 +67,8 @@ def chunk_spans(records: Records, prompt_len: int, chunking: str, end: int | Non
             return []
         end = int(a["positions"][-1]) + 1
     if chunking == "block":
+        if end <= prompt_len:  # <|eot_id|> first: no span, as the reference's find_chunk_boundaries
+            return []
         cuts = range((prompt_len // PAGE + 1) * PAGE, end, PAGE)
         bounds = [prompt_len, *cuts, end]
         return list(pairwise(bounds))

@@ -165,6 +165,19 @@ def test_a_generation_that_eot_ends_with_holes_divides_as_the_reference(tiny_ins
 
 
 @pytest.mark.parametrize("chunking", ["endofchunk", "block"])
+def test_a_generation_that_eot_ends_at_once_has_no_chunk(chunking):
+    """<|eot_id|> as the first generated token: the reference's find_chunk_boundaries gives no span."""
+    from steerling.attribution.utils import find_chunk_boundaries
+
+    tokens = [1] * PROMPT_LEN + [EOT_ID] + [MASK_ID] * 63
+    spans = find_chunk_boundaries(
+        tokens, eoc_id=ENDOFCHUNK_ID, start_index=PROMPT_LEN, stop_ids=[EOT_ID], include_final_chunk=True
+    )
+    out = aggregate([], Tokenizer().decode, prompt_len=PROMPT_LEN, chunking=chunking, n_known=N_KNOWN, end=PROMPT_LEN)
+    assert out["chunks"] == spans == []
+
+
+@pytest.mark.parametrize("chunking", ["endofchunk", "block"])
 def test_input_chunks_end_where_eot_ended_the_generation(tiny_instruct_dir, chunking):
     """The input attribution's last chunk is the reference's too ([start, EOT), its average over
     the committed tokens), so the response joins it to the concept chunk of the same span."""
