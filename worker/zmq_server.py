@@ -55,6 +55,8 @@ from cde.worker.inbox_budget import DECODE_BYTES_PER_STEP, InboxBudget
 
 log = logging.getLogger("cde.worker")
 
+# Each query is a [vocabulary, D] product on the engine thread (~1 ms on the 8B's GPU).
+CONCEPT_QUERIES_PER_STEP = 2
 IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
 SMALL_FRAME_BYTES = 4096  # decoded on the I/O thread; larger frames are decoded by the engine thread
 LOG_CHARS = 300  # of an error text quoting a peer's frame
@@ -146,13 +148,18 @@ class WorkerServer:
 
     def _receive(self, block: bool) -> None:
         """Handle what arrived; while there are requests to run, decode at most
-        DECODE_BYTES_PER_STEP of large frames before the next step (the rest waits its turn)."""
-        decoded = 0
+        DECODE_BYTES_PER_STEP of large frames and answer at most CONCEPT_QUERIES_PER_STEP concept
+        queries before the next step (the rest waits its turn: a client looping on
+        /v1/concepts/{id} must not stop the decoding)."""
+        decoded = queries = 0
         try:
             item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
             while True:
+                queries += isinstance(item[1], ConceptQuery)  # small: decoded by the I/O thread
                 decoded += self._handle(*item)
-                if decoded >= DECODE_BYTES_PER_STEP and self.engine.has_work():
+                if self.engine.has_work() and (
+                    decoded >= DECODE_BYTES_PER_STEP or queries >= CONCEPT_QUERIES_PER_STEP
+                ):
                     return
                 item = self.inbox.get_nowait()
         except queue.Empty:

@@ -7,7 +7,7 @@ import time
 import msgpack
 import pytest
 import zmq
-from cde.shared.protocol import BlockResult, GenerateRequest, Heartbeat, Ping, SteeringSpec
+from cde.shared.protocol import BlockResult, ConceptInfo, ConceptQuery, GenerateRequest, Heartbeat, Ping, SteeringSpec
 from cde.shared.wire import MAX_FRAME_BYTES, MAX_WIRE_ITEMS, decode, encode
 
 from tests.cde_procs import CdeProcess, free_port
@@ -137,6 +137,25 @@ def test_heavy_frames_do_not_delay_a_ping(worker, peers):
     for _ in range(12):
         last, _ = finished(heavy, "heavy")
         assert last.finish_reason == "error" and "stop token ids" in last.error
+
+
+def test_a_flood_of_concept_queries_does_not_stop_the_decoding(worker, peers):
+    """Each query runs on the engine thread: answered a few per step while requests run, a
+    client looping on /v1/concepts/{id} slows the decoding a little, never stops it. Before,
+    the engine answered every query queued before its next step (5,000 here)."""
+    gen, flood = peers(), peers()
+    heartbeat(gen)
+    gen.send(encode(GenerateRequest("decoding", [1, 2, 3], max_tokens=16)))
+    queries = 5_000
+    for n in range(queries):
+        flood.send(encode(ConceptQuery(f"q{n}", n % 8, 1)))
+    finished(gen, "decoding")
+    answered = 0
+    while flood.poll(0):
+        answered += isinstance(decode(flood.recv()), ConceptInfo)
+    assert answered < queries // 2, answered
+    while answered < queries:  # the rest are answered once the engine is idle
+        answered += isinstance(recv(flood), ConceptInfo)
 
 
 def test_a_list_past_the_wire_limit_is_refused_from_its_header(worker, peers):
