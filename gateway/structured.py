@@ -1,32 +1,24 @@
 """What a request asks the output to follow, as one llguidance grammar for the worker.
 
 `response_format` (chat), `structured_outputs` (vLLM's extension, chat and completions) and tools
-(gateway/tools.py) each become a grammar; it is compiled here once, off the event loop and under
+(gateway/tools.py) each become a grammar; it is compiled here once, in a checker process under
 a time bound, so a schema llguidance refuses is a 400 naming its field, and the worker never sees
 it. The bounds on what one grammar may cost are in shared/grammar.py (docs/security.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
 
 from cde.gateway.errors import invalid
+from cde.gateway.grammar_checker import GrammarChecker
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs
-from cde.shared.grammar import (
-    MAX_SCHEMA_CHARS,
-    grammar_error,
-    json_schema_grammar,
-    lark_grammar,
-    ll_tokenizer,
-)
+from cde.shared.grammar import MAX_SCHEMA_CHARS, json_schema_grammar, lark_grammar
 
-# The first compile of a process builds the tokenizer's tables (~0.7 s); a grammar is over its
-# fuel limits well before this.
-COMPILE_TIMEOUT_S = 10.0
+CHECKER = GrammarChecker()
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
@@ -89,14 +81,8 @@ def _regex_body(regex: str, param: str) -> str:
 
 
 async def check_grammar(grammar: str, param: str, info: ModelInfo) -> None:
-    """400 naming `param` unless the worker will be able to use the grammar. Compiled on a
-    thread: a complex schema must not stall the event loop."""
-    try:
-        error = await asyncio.wait_for(
-            asyncio.to_thread(lambda: grammar_error(grammar, ll_tokenizer(info.instruct, info.vocab_size))),
-            COMPILE_TIMEOUT_S,
-        )
-    except TimeoutError:
-        error = f"the grammar did not compile within {COMPILE_TIMEOUT_S:g} s"
+    """400 naming `param` unless the worker will be able to use the grammar: compiled, with its
+    first mask, in a checker process killed past its time bound (gateway/grammar_checker.py)."""
+    error = await CHECKER.error(grammar, info.instruct, info.vocab_size)
     if error:
         raise invalid(f"{param}: {error}", param)

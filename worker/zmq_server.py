@@ -157,9 +157,7 @@ class WorkerServer:
             while True:
                 queries += isinstance(item[1], ConceptQuery)  # small: decoded by the I/O thread
                 decoded += self._handle(*item)
-                if self.engine.has_work() and (
-                    decoded >= DECODE_BYTES_PER_STEP or queries >= CONCEPT_QUERIES_PER_STEP
-                ):
+                if self.engine.has_work() and (decoded >= DECODE_BYTES_PER_STEP or queries >= CONCEPT_QUERIES_PER_STEP):
                     return
                 item = self.inbox.get_nowait()
         except queue.Empty:
