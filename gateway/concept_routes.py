@@ -5,6 +5,7 @@ aligns with most, computed by a worker)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from itertools import islice
 
 from cde.gateway.errors import ApiError, invalid
@@ -20,14 +21,19 @@ HEADS = {"known": "known", "unknown": "unknown", "any": None}
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
+def _ascii_int(raw: str) -> int | None:
+    """An integer written in ASCII digits (Python's int() also takes spaces, "_" and other
+    scripts' digits, which no client means as an id)."""
+    return int(raw) if re.fullmatch(r"-?[0-9]{1,18}", raw) else None
+
+
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid(f"Invalid value for '{name}': expected an integer, got {raw!r}", name) from None
+    value = _ascii_int(raw)
+    if value is None:
+        raise invalid(f"Invalid value for '{name}': expected an integer, got {raw!r}", name)
     if not lo <= value <= hi:
         raise invalid(f"Invalid value for '{name}': must be in [{lo}, {hi}], got {value}", name)
     return value
@@ -72,10 +78,9 @@ async def list_concepts(request: Request) -> Response:
 
 
 def _known_concept_id(raw: str, n_concepts: int) -> int:
-    try:
-        concept_id = int(raw)
-    except ValueError:
-        raise invalid(f"Invalid concept id {raw!r}: expected an integer", "id") from None
+    concept_id = _ascii_int(raw)
+    if concept_id is None:
+        raise invalid(f"Invalid concept id {raw!r}: expected an integer", "id")
     if not 0 <= concept_id < n_concepts:
         raise ApiError(
             404,

@@ -13,7 +13,7 @@ from cde.shared.catalog import Catalog, Concept, find_catalog, matches_head
 from cde.shared.chunk_attribution import ConceptLabels as AttributionLabels
 from cde.shared.limits import MAX_CONCEPT_LABEL_CHARS, LimitError
 
-_BY_ID = re.compile(r"^(?:Known:\s*)?#?(\d{1,18})$")  # more digits: a label, not an id
+_BY_ID = re.compile(r"^(?:Known:\s*)?#?([0-9]{1,18})$")  # ASCII digits; more of them: a label, not an id
 _PREFIX = "Known: "  # how attribution output labels a known concept
 
 

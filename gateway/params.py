@@ -126,6 +126,8 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     for key, value in (bias or {}).items():
         if not (key.isascii() and key.isdecimal()):
             raise invalid(f"a logit_bias key is a token id, not {key!r}", f"logit_bias.{key}")
+        if int(key) in out:  # "5" and "05": which bias was meant?
+            raise invalid(f"logit_bias gives token id {int(key)} twice", f"logit_bias.{key}")
         out[int(key)] = value
     return out
 

@@ -30,6 +30,7 @@ from cde.shared.limits import (
     MAX_METADATA_VALUE_CHARS,
     MAX_N,
     MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
     MAX_STEERING_STRENGTH,
     MAX_STOP_CHARS,
     MAX_STOP_TOKEN_IDS,
@@ -39,6 +40,7 @@ from cde.shared.limits import (
     MAX_TOOL_CALL_ID_CHARS,
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
     SEED_MAX,
     SEED_MIN,
 )
@@ -229,7 +231,7 @@ class SamplingParams(_Body):
     safety_identifier: str | None = None
     # CDE / vLLM extensions
     top_k: int = Field(0, ge=-1, le=INT_MAX, description="0 or -1: off")
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = Field(False, description="vLLM's: the stop string stays at the text's end")
     truncate_prompt_tokens: int | None = Field(

@@ -41,6 +41,10 @@ MAX_INPUT_ATTRIBUTION_WORK = 1 << 21
 # already saturates the softmax (e^-100 underflows float32); far larger values overflow the
 # residual stream to inf/NaN and only produce degenerate text.
 MAX_STEERING_STRENGTH = 100.0
+# repetition_penalty: positive logits / p, negative x p. Past these (1e-40 underflows to 0 in
+# float32) the logits overflow to inf and the tokens come from NaNs.
+MIN_REPETITION_PENALTY = 1e-6
+MAX_REPETITION_PENALTY = 1e6
 # Before the model is known (schema validation), concept lists are capped at a size above any
 # Steerling's known head (33,732 at 8B); the model's own n_concepts then bounds them exactly.
 MAX_CONCEPT_LIST = 1 << 16

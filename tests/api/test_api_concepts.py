@@ -110,6 +110,9 @@ def test_default_k_is_15(server):
         (f"/concepts/{N_KNOWN}", 404, "id"),
         ("/concepts/-1", 404, "id"),
         ("/concepts/abc", 400, "id"),
+        ("/concepts/%D9%A1", 400, "id"),  # Arabic-Indic one: int() reads it, no client means it
+        ("/concepts/%201", 400, "id"),
+        ("/concepts/3?k=%201", 400, "k"),
         ("/concepts/3?k=0", 400, "k"),
         ("/concepts/3?k=101", 400, "k"),
         ("/concepts?limit=0", 400, "limit"),

@@ -11,7 +11,9 @@ from cde.shared.config import MASK_ID
 from cde.shared.limits import (
     INT_MAX,
     MAX_INPUT_ATTRIBUTION_WORK,
+    MAX_REPETITION_PENALTY,
     MAX_STEERING_STRENGTH,
+    MIN_REPETITION_PENALTY,
     LimitError,
 )
 from cde.shared.protocol import (
@@ -65,6 +67,8 @@ def test_every_field_has_a_rule():
         (_req(top_p=1.5), "top_p"),
         (_req(repetition_penalty=0.0), "repetition_penalty"),
         (_req(repetition_penalty=math.inf), "repetition_penalty"),
+        (_req(repetition_penalty=1e-40), "repetition_penalty"),  # 0 in float32: logits / 0
+        (_req(repetition_penalty=MAX_REPETITION_PENALTY * 2), "repetition_penalty"),
         (_req(seed=2**64), "seed"),
         (_req(tokens_per_step=65), "tokens_per_step"),
         (_req(tokens_per_step=0), "tokens_per_step"),
@@ -131,7 +135,7 @@ def test_values_at_the_bounds_pass():
             temperature=2.0,
             top_p=1.0,
             top_k=INT_MAX,
-            repetition_penalty=1e-9,
+            repetition_penalty=MIN_REPETITION_PENALTY,
             seed=2**64 - 1,
             tokens_per_step=64,
             confidence_threshold=1.0,
