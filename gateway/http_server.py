@@ -6,7 +6,8 @@ requests in flight finish for up to `shutdown_timeout` seconds, then ends the st
 explicit error and exits. A second signal exits at once.
 
 uvicorn's HTTP/1.1 protocol is extended with what it lacks against slow or many clients: a
-deadline for a request's headers and a cap on open connections (`gateway.http_limits`)."""
+deadline for a request's headers, a cap on open connections (`gateway.http_limits`), and no
+connection left open after an answer given before the request's body arrived."""
 
 from __future__ import annotations
 
@@ -109,6 +110,14 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before its body arrived (a 401, a 413 from Content-Length, a 404): the rest
+            # is of no use, and each byte of it would re-arm uvicorn's keep-alive timer, so a
+            # client trickling it held the connection past every timeout.
+            self.transport.close()
 
     def _arm(self) -> None:
         self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timeout)

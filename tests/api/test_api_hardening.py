@@ -143,6 +143,23 @@ def test_a_slow_body_gets_408(server):
         assert headers["connection"] == "close" and time.monotonic() - t0 < BODY_TIMEOUT + 3
 
 
+@pytest.mark.parametrize("auth", [b"", b"Authorization: Bearer " + KEY.encode() + b"\r\n"])
+def test_an_early_answer_closes_a_connection_whose_body_trickles(server, auth):
+    """A 401 (no key) or a 404 given before the body arrived: the connection closes, whatever
+    the client still sends (each byte used to re-arm the keep-alive timer: held for ever)."""
+    with connect(server) as s:
+        s.sendall(b"POST /v1/nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Content-Length: 100000\r\n\r\n{")
+        status, _headers, _body = read_reply(s)
+        assert status == (404 if auth else 401)
+        t0 = time.monotonic()
+        with pytest.raises(OSError):  # the server closed: a reset, or a broken pipe, as bytes go on
+            while time.monotonic() - t0 < HEADER_TIMEOUT + BODY_TIMEOUT + 5:
+                s.sendall(b" ")
+                if select.select([s], [], [], 0.3)[0] and s.recv(100) == b"":
+                    raise ConnectionResetError("closed")
+        assert time.monotonic() - t0 < 3
+
+
 def test_connections_are_capped(server):
     held = [connect(server) for _ in range(MAX_CONNECTIONS)]
     try:
