@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cde.gateway")
 
+MAX_HEAD_BYTES = 16 << 10  # a request's line and headers (h11 bounds an incomplete head by it too)
 STRAGGLER_GRACE_S = 2.0  # after the drain deadline: time for the error events to reach clients
 
 
@@ -87,6 +88,7 @@ class GuardedH11Protocol(H11Protocol):
         self.peer_host = ""
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
+        self._head_seen = 0  # bytes of a head not complete yet, in earlier reads
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol's
         super().connection_made(transport)
@@ -99,6 +101,8 @@ class GuardedH11Protocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            return
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:  # a request's head still (or newly) incomplete
             self._head_bytes = True
@@ -127,24 +131,41 @@ class GuardedH11Protocol(H11Protocol):
             self._head_timer.cancel()
         self._head_timer, self._head_bytes = None, False
 
+    def _head_too_large(self, data: bytes) -> bool:
+        """h11 bounds a head still incomplete (MAX_HEAD_BYTES); one that completes within a read
+        (asyncio reads up to 256 KiB at once) it would take whole: refused here, 431."""
+        end = data.find(b"\r\n\r\n")
+        seen = self._head_seen + (len(data) if end < 0 else end)
+        self._head_seen = seen if end < 0 else 0
+        if end < 0 or seen <= MAX_HEAD_BYTES:
+            return False
+        self._refuse(
+            431,
+            "Request Header Fields Too Large",
+            f"the request headers exceed {MAX_HEAD_BYTES} bytes",
+            "headers_too_large",
+        )
+        return True
+
     def _head_timeout(self) -> None:
         self._head_timer = None
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return
-        if self._head_bytes:  # written raw: h11 answers no request it has not parsed
-            err = ApiError(
-                408,
-                f"the request headers did not arrive within {self.limits.header_timeout:g} s",
-                None,
-                "request_timeout",
-            )
-            body = json.dumps(err.body()).encode()
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-            )
-            started = time.monotonic() - self.limits.header_timeout
-            record_response(self.metrics, f"req-{uuid.uuid4().hex}", "-", "-", 408, started)
+        if self._head_bytes:
+            message = f"the request headers did not arrive within {self.limits.header_timeout:g} s"
+            self._refuse(408, "Request Timeout", message, "request_timeout", self.limits.header_timeout)
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str, code: str, took: float = 0.0) -> None:
+        """An error written raw (h11 answers no request it has not parsed), logged and counted like
+        every response, then the connection closed."""
+        body = json.dumps(ApiError(status, message, None, code).body()).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+        )
+        record_response(self.metrics, f"req-{uuid.uuid4().hex}", "-", "-", status, time.monotonic() - took)
         self.transport.close()
 
 
@@ -217,6 +238,7 @@ def serve_http(
         access_log=False,
         http=functools.partial(GuardedH11Protocol, limits=limits, metrics=app.state.cde.metrics),  # type: ignore[arg-type]  # a protocol factory
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
     server = DrainingServer(config, gate)
 

@@ -160,6 +160,19 @@ def test_an_early_answer_closes_a_connection_whose_body_trickles(server, auth):
         assert time.monotonic() - t0 < 3
 
 
+@pytest.mark.parametrize("size", [60_000, 15_000])
+def test_request_headers_past_16_kib_are_refused_whole(server, size):
+    """A head that arrives in one read (asyncio reads up to 256 KiB), which h11 takes whole."""
+    with connect(server) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * size + b"\r\n\r\n")
+        status, headers, body = read_reply(s)
+    if size > 16 << 10:
+        assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
+        assert headers["connection"] == "close"
+    else:
+        assert status == 200
+
+
 def test_connections_are_capped(server):
     held = [connect(server) for _ in range(MAX_CONNECTIONS)]
     try:
