@@ -19,6 +19,7 @@ from cde.gateway.response_schemas import (
     StepChunk,
 )
 from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from cde.gateway.tokenize_schemas import DetokenizeRequest, TokenizeRequest
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -72,16 +73,61 @@ def _event_stream(chunk: str) -> dict:
     }
 
 
-_LIST = {  # the concepts
-    "type": "object",
-    "required": ["object", "data"],
-    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}},
+def _closed(required: dict, optional: dict | None = None) -> dict:
+    """An object of exactly these properties (`required` always present)."""
+    return {
+        "type": "object",
+        "required": list(required),
+        "additionalProperties": False,
+        "properties": {**required, **(optional or {})},
+    }
+
+
+_INT, _STR = {"type": "integer"}, {"type": "string"}
+_NULLABLE_INT, _NULLABLE_BOOL = {"type": ["integer", "null"]}, {"type": ["boolean", "null"]}
+_CONCEPT = _closed(  # gateway/concepts.py ConceptLabels.entry: catalog fields are null without a row
+    {
+        "id": _INT,
+        "type": {"enum": ["known", "discovered"]},
+        "label": _STR,
+        "name": _NULLABLE_STR,
+        "description": _NULLABLE_STR,
+        "head": _NULLABLE_STR,
+        "group_id": _NULLABLE_INT,
+        "group_name": _NULLABLE_STR,
+        "is_steerable": _NULLABLE_BOOL,
+        "is_tone": _NULLABLE_BOOL,
+        "is_alignment": _NULLABLE_BOOL,
+        "is_demographic": _NULLABLE_BOOL,
+    }
+)
+_CONCEPT_DETAIL = {
+    **_CONCEPT,
+    "required": [*_CONCEPT["required"], "group", "top_tokens"],
+    "properties": {
+        **_CONCEPT["properties"],
+        "group": {
+            "anyOf": [
+                _closed({"id": _INT, "name": _NULLABLE_STR, "concept_ids": {"type": "array", "items": _INT}}),
+                {"type": "null"},
+            ]
+        },
+        "top_tokens": {
+            "type": "array",
+            "items": _closed({"token": _STR, "token_id": _INT, "score": {"type": "number"}}),
+        },
+    },
 }
+_LIST = _closed({"object": {"const": "list"}, "data": {"type": "array", "items": _CONCEPT}})
 _HEALTH = {
     "type": "object",
     "required": ["status", "workers"],
     "properties": {"status": {"enum": ["ok", "unavailable"]}, "workers": {"type": "array"}},
 }
+_TOKENS = {"type": "array", "items": _INT}
+_TOKENIZED = _closed(
+    {"count": _INT, "max_model_len": _INT, "tokens": _TOKENS}, {"token_strs": {"type": "array", "items": _STR}}
+)
 _SECURED = (401,)  # what every route behind --api-key may answer
 
 
@@ -107,9 +153,19 @@ def _query(name: str, schema: dict, where: str = "query") -> dict:
     return {"name": name, "in": where, "required": where == "path", "schema": schema}
 
 
+def _tokenizer_route(summary: str, request: str, answer: dict) -> dict:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(_ref(request))},
+            "responses": _responses({"description": "result", "content": _json(answer)}, 400, *_SECURED, 404, 413),
+        }
+    }
+
+
 @functools.cache
 def _static() -> dict:
-    requests: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+    requests: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
     responses: list[type[BaseModel]] = [
         CompletionResponse,
         CompletionChunk,
@@ -172,7 +228,7 @@ def _static() -> dict:
                         _query("k", {"type": "integer", "minimum": 1, "maximum": 100}),
                     ],
                     "responses": _responses(
-                        {"description": "concept", "content": _json({"type": "object"})}, 400, *_SECURED, 404, 503
+                        {"description": "concept", "content": _json(_CONCEPT_DETAIL)}, 400, *_SECURED, 404, 503
                     ),
                 }
             },
@@ -181,10 +237,19 @@ def _static() -> dict:
                     "summary": "200 when a worker is alive, else 503",
                     "responses": {
                         "200": {"description": "ready", "content": _json(_HEALTH)},
-                        "503": {"description": "no live worker", "content": _json(_HEALTH)},
+                        "503": {
+                            "description": "no live worker, or the server is shutting down (an error)",
+                            "content": _json({"anyOf": [_HEALTH, _ref("ErrorResponse")]}),
+                        },
                     },
                 }
             },
+            "/tokenize": _tokenizer_route(
+                "vLLM's: the ids a prompt or chat would feed the model", "TokenizeRequest", _TOKENIZED
+            ),
+            "/detokenize": _tokenizer_route(
+                "vLLM's: the text of token ids, special tokens by name", "DetokenizeRequest", _closed({"prompt": _STR})
+            ),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",

@@ -398,7 +398,8 @@ class ChatCompletionRequest(SamplingParams):
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
     _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
     _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")
-    _no_reasoning = _reject("reasoning_effort", "verbosity", when=_given, hint=" (Steerling has no reasoning mode)")
+    _no_reasoning = _reject("reasoning_effort", when=_given, hint=" (Steerling has no reasoning mode)")
+    _no_verbosity = _reject("verbosity", when=_given, hint=" (no control of the answer's length but max_tokens)")
 
     def logprob_alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -53,7 +53,8 @@ async def detokenize(request: Request) -> Response:
     body = await read_body(request, DetokenizeRequest)
     info = _model(state, body.model)
     if len(body.tokens) > info.context_len:
-        raise invalid(f"at most {info.context_len} token ids (this model's context)", "tokens")
+        message = f"at most {info.context_len} token ids (this model's context)"
+        raise invalid(message, "tokens", "context_length_exceeded")
     with as_invalid():
         check_token_ids(body.tokens, info.vocab_size, "tokens")
     tok: Tokenizer = get_tokenizer(info.instruct)

@@ -79,7 +79,7 @@ def _range(lo: float, hi: float | Callable[[ModelBounds], float], above_lo: bool
             raise LimitError(f"{param} must be a finite number", param)
         if not (lo < value if above_lo else lo <= value) or value > top:
             low = "(" if above_lo else "["
-            raise LimitError(f"{param} must be in {low}{lo:g}, {top:g}], got {_short(value)}", param)
+            raise LimitError(f"{param} must be in {low}{_bound(lo)}, {_bound(top)}], got {_short(value)}", param)
 
     return check
 
@@ -153,6 +153,11 @@ def check_logit_bias(bias: dict[int, float], model: ModelBounds, param: str = "l
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
     if min_tokens > max_tokens:
         raise LimitError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
+
+
+def _bound(x: float) -> str:
+    """An integral bound in full (2147483647, not 2.14748e+09), any other one short."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
 
 
 def _short(value: object) -> str:

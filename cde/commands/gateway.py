@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,18 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)"
     )
     add_limit_arguments(p)
+
+
+def check_port(host: str, port: int, command: str) -> None:
+    """Exit in one line if the port cannot be listened on: checked before any worker or model
+    work (an 8B load takes minutes), where uvicorn would find out only when ready to serve."""
+    if port == 0:
+        return
+    try:
+        socket.create_server((host, port)).close()  # SO_REUSEADDR, as uvicorn binds
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(f"cde {command}: cannot listen on {host}:{port} ({reason})") from None
 
 
 def api_key(args: argparse.Namespace) -> str | None:
@@ -200,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"cde gateway: {exc}") from None
     discovery = DnsDiscovery(args.worker_dns, args.dns_interval) if args.worker_dns else None
     resolve_model_args(args, "gateway", demo=False)
+    check_port(args.host, args.port, "gateway")
     setup_logging("gateway", args.log_level)
     state = build_state(args, args.worker, model_dir=args.model, curve=curve, discovery=discovery)
     app = create_app(

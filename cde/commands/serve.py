@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from cde.commands.gateway import add_http_arguments, api_key, build_state
+from cde.commands.gateway import add_http_arguments, api_key, build_state, check_port
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_args(args)  # bad flags fail here, before any model work, not in every worker
     # Resolved once here (one download, one progress bar); the workers get the local directory.
     hub_id = resolve_model_args(args, "serve")
+    check_port(args.host, args.port, "serve")
     args.served_model_name = args.served_model_name or hub_id
     # The name clients send, as the workers report it (a directory is served under its own name).
     name = args.served_model_name or Path(args.model).resolve().name

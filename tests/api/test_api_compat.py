@@ -155,6 +155,13 @@ def test_tokenizer_routes_refuse_bad_input(server, path, body, status, param):
     r = post(server, path, body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
+    if len(str(body)) > 30_000:  # past the context, on either route (docs/api.md)
+        assert r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_verbosity_is_refused_for_its_own_reason(server):
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", SAMPLES["verbosity"]))
+    assert r.status_code == 400 and "reasoning" not in r.json()["error"]["message"], r.text
 
 
 def reply_ids(client, **extra):

@@ -155,6 +155,29 @@ def test_models_answer_as_documented(api):
         assert response.status_code == 200
 
 
+def test_concepts_and_tokenizer_routes_answer_as_documented(api):
+    """The routes beside generation: concept list, search and entry, /tokenize in both forms,
+    /detokenize, each answer held to its closed schema."""
+    for path, params, query in (
+        ("/v1/concepts", None, None),
+        ("/v1/concepts", None, {"search": "ocean", "limit": 3}),
+        ("/v1/concepts/{concept_id}", {"concept_id": 0}, {"k": 2}),
+    ):
+        case = api[path]["GET"].Case(path_parameters=params, query=query)
+        response = case.call(timeout=30)
+        case.validate_response(response, checks=CHECKS)
+        assert response.status_code == 200 and response.json(), response.text
+    for path, body in (
+        ("/tokenize", {"prompt": "The sea", "return_token_strs": True}),
+        ("/tokenize", {"messages": ASK}),
+        ("/detokenize", {"tokens": [791, 9581]}),
+    ):
+        case = api[path]["POST"].Case(body={"model": MODEL, **body})
+        response = case.call(timeout=30)
+        case.validate_response(response, checks=CHECKS)
+        assert response.status_code == 200, response.text
+
+
 def test_the_document_leaves_no_response_untyped(api):
     """Every JSON answer of the generation routes, and every object under it, is a closed schema:
     what the route writes is all described (no `object` of anything, as `choices` once was)."""
@@ -191,4 +214,7 @@ def test_the_document_leaves_no_response_untyped(api):
 
     for name in response_names:
         walk({"$ref": f"#/components/schemas/{name}"})
+    for path in ("/v1/concepts", "/v1/concepts/{concept_id}", "/tokenize", "/detokenize"):
+        (operation,) = doc["paths"][path].values()
+        walk(operation["responses"]["200"]["content"]["application/json"]["schema"])
     assert {"CompletionChoice", "ChatStreamChoice", "Attribution", "TokenAttribution", "DeltaToolCall"} <= seen

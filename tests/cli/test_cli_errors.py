@@ -94,15 +94,19 @@ def test_bad_flag_combinations(tmp_path):
     one_line(cde("eval", "--model", "", timeout=60), "eval", "--model is empty")
 
 
-def test_a_port_in_use():
+@pytest.mark.parametrize("command", ["gateway", "serve"])
+def test_a_port_in_use(command):
+    """One line, before any worker starts or any model loads (docs/operations.md)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = cde("gateway", "--worker", "tcp://127.0.0.1:9", "--port", str(port), timeout=60)
+        extra = ["--worker", "tcp://127.0.0.1:9"] if command == "gateway" else []
+        res = cde(command, *extra, "--port", str(port), timeout=60)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    errors = [m for m in log_messages(res.stderr) if "error" in m.lower()]
-    assert len(errors) == 1 and "address already in use" in errors[0], res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"cde {command}: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ], res.stderr
 
 
 @pytest.mark.slow

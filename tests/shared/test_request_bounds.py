@@ -116,6 +116,14 @@ def test_a_value_past_its_bound_is_refused_naming_the_field(req, param):
     assert caught.value.param == param, caught.value
 
 
+def test_bounds_are_written_as_given():
+    """An integral bound in full (the CLI printed `[1, 2.14748e+09]` for max_tokens)."""
+    with pytest.raises(LimitError, match=r"must be in \[1e-06, 1000000\], got 1e-09"):
+        check_generate_request(_req(repetition_penalty=1e-9), MODEL)
+    with pytest.raises(LimitError, match=rf"top_k must be in \[0, {INT_MAX}\]"):
+        check_generate_request(_req(top_k=-2), MODEL)
+
+
 def test_a_prompt_may_not_hold_a_mask():
     """The official generator never unmasks a prompt position; cached prompt pages cannot keep a
     mask there as it does (re-steered and re-read every step), so it is refused, naming the prompt."""
