@@ -10,6 +10,7 @@ the work of each token mask (llguidance's fuel counters; see docs/security.md).
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING, Any
 
 from cde.shared.config import EOS_ID, EOT_ID
@@ -25,6 +26,10 @@ MAX_SCHEMA_CHARS = 32 << 10  # a response_format schema or a tools list, as JSON
 # Building the lexer: ~50k fuel/ms, so 20 ms; each mask: ~14k/ms lexer + ~20k items/ms parser, so
 # ~17 ms at worst (a plain JSON schema takes ~0.1 ms); lexer states ~1-2 kB each: <= 100 MB.
 INITIAL_LEXER_FUEL, STEP_LEXER_FUEL, STEP_MAX_ITEMS = 1_000_000, 200_000, 50_000
+# A long literal escapes the fuel: each mask over a 20,000-character `const` costs ~140 ms of CPU,
+# a mask per pass of the worker. Past this CPU time a mask's grammar is refused (at the gateway,
+# its first mask) or its request failed (in the worker, any mask).
+MASK_CPU_BUDGET_S = 0.05
 MAX_LEXER_STATES, MAX_GRAMMAR_SIZE = 50_000, 100_000
 # Compact JSON ("," and ":" without spaces, no free whitespace): a model cannot spend its tokens on
 # blank space, and the end of the value ends the grammar.
@@ -107,8 +112,21 @@ def grammar_error(grammar: str, tokenizer: LLTokenizer) -> str:
         matcher = new_matcher(grammar, tokenizer)
     except ValueError as exc:
         return str(exc).removeprefix("grammar: ")
+    started = time.thread_time()
     matcher.compute_logit_bias()
-    return "the grammar admits no output: no token can start it" if matcher.is_error() else ""
+    if matcher.is_error():
+        return "the grammar admits no output: no token can start it"
+    return slow_mask_error(time.thread_time() - started)
+
+
+def slow_mask_error(cpu_s: float) -> str:
+    """Why a grammar whose token mask took `cpu_s` of CPU cannot be used ("" within the budget)."""
+    if cpu_s <= MASK_CPU_BUDGET_S:
+        return ""
+    return (
+        f"a token mask of this grammar takes {cpu_s * 1e3:.0f} ms, over the {MASK_CPU_BUDGET_S * 1e3:.0f} ms "
+        "bound (a literal, const or repeated regex of thousands of characters?)"
+    )
 
 
 def new_matcher(grammar: str, tokenizer: LLTokenizer) -> LLMatcher:

@@ -12,11 +12,12 @@ Requests without a grammar are not touched: no bitmask, no host work.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
 from cde.shared.config import PAGE
-from cde.shared.grammar import ll_tokenizer, new_matcher
+from cde.shared.grammar import ll_tokenizer, new_matcher, slow_mask_error
 from llguidance import LLMatcher
 
 if TYPE_CHECKING:
@@ -28,10 +29,14 @@ class Constraint:
 
     def __init__(self, grammar: str, instruct: bool, vocab_size: int) -> None:
         self.matcher: LLMatcher = new_matcher(grammar, ll_tokenizer(instruct, vocab_size))
+        self.too_slow = ""  # why its masks cost the engine too much (the engine fails the request)
 
     def fill(self, row: torch.Tensor) -> None:
-        """Write the next token's bitmask into `row` (int32, contiguous, on the host)."""
+        """Write the next token's bitmask into `row` (int32, contiguous, on the host), timed: the
+        engine thread computes it before the pass launches, so every request waits on it."""
+        started = time.thread_time()
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        self.too_slow = self.too_slow or slow_mask_error(time.thread_time() - started)
 
     def accept(self, tokens: list[int]) -> int:
         """Consume the longest valid prefix of `tokens` (leftmost first); returns its length."""

@@ -241,9 +241,12 @@ class Engine:
         self.device_clock.launching()
         launched = self.runner.launch(plan, after)
         self.device_clock.launched()
+        for slot, constraint in self.runner.constraints.items():
+            if constraint.too_slow:  # one such mask was paid; no request waits on another
+                self._fail(slot, constraint.too_slow)
         return launched
 
-    def _fail(self, slot: int) -> None:
+    def _fail(self, slot: int, error: str = REQUEST_FAILED) -> None:
         """End the request in the slot with an error, at once, leaving the others to run."""
         seq = self.scheduler.running_in(slot)
         if seq is None:
@@ -256,7 +259,7 @@ class Engine:
                     [],
                     True,
                     "error",
-                    error=REQUEST_FAILED,
+                    error=error,
                     prompt_tokens=seq.prompt_len,
                     cached_tokens=seq.cached_pages * PAGE,
                 )

@@ -3,7 +3,14 @@
 
 import pytest
 from cde.shared.config import BASE_VOCAB
-from cde.shared.grammar import closed_objects, json_schema_grammar, ll_tokenizer, new_matcher
+from cde.shared.grammar import (
+    closed_objects,
+    grammar_error,
+    json_schema_grammar,
+    lark_grammar,
+    ll_tokenizer,
+    new_matcher,
+)
 from cde.shared.tokenizer import get_tokenizer
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
@@ -48,3 +55,11 @@ def test_data_and_combinations_are_left_as_they_are():
     assert closed["properties"]["p"] == schema["properties"]["p"]
     assert closed["allOf"] == schema["allOf"] and closed["not"] == schema["not"] and closed["if"] == schema["if"]
     assert closed["additionalProperties"] is False and "additionalProperties" not in schema  # a copy
+
+
+def test_a_grammar_whose_first_mask_is_too_slow_is_refused():
+    """A long forced literal escapes llguidance's fuel (~0.4 s of CPU a mask at 30,000
+    characters): refused by its first mask's CPU time. A plain schema's mask is far inside."""
+    tokenizer = ll_tokenizer(False, BASE_VOCAB)
+    assert "over the 50 ms bound" in grammar_error(lark_grammar("start: /a{30000}/"), tokenizer)
+    assert grammar_error(json_schema_grammar(POINT), tokenizer) == ""

@@ -1,0 +1,33 @@
+"""worker/constraint.py: a grammar whose token masks cost the engine thread more than their bound
+fails its own request, at the first such mask, while the others run on."""
+
+from cde.shared.config import BASE_VOCAB
+from cde.shared.grammar import MASK_CPU_BUDGET_S, grammar_error, json_schema_grammar, ll_tokenizer
+from cde.shared.protocol import BlockResult, GenerateRequest
+from cde.worker.engine import Engine, EngineArgs
+
+# Cheap masks for `{"b":1,` (the gateway's first-mask check passes it), then ~140 ms each: a
+# 20,000-character const escapes llguidance's fuel.
+SLOW_LATER = {
+    "type": "object",
+    "properties": {"b": {"enum": [1, 2]}, "a": {"const": "a" * 20_000}},
+    "required": ["b", "a"],
+}
+
+
+def test_a_grammar_with_slow_masks_fails_alone(tiny_dir):
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=2))
+    engine.add_request(GenerateRequest("slow", [1, 2, 3], max_tokens=64, grammar=json_schema_grammar(SLOW_LATER)))
+    engine.add_request(GenerateRequest("plain", [1, 2, 3], max_tokens=16))
+    ends, tokens = {}, {"slow": 0, "plain": 0}  # tokens sent in blocks
+    while engine.has_work():
+        for res in engine.step():
+            if isinstance(res, BlockResult):
+                tokens[res.request_id] += len(res.token_ids)
+                if res.finished:
+                    ends[res.request_id] = res
+    assert ends["slow"].finish_reason == "error" and "token mask" in ends["slow"].error, ends["slow"]
+    assert f"over the {MASK_CPU_BUDGET_S * 1e3:.0f} ms bound" in ends["slow"].error
+    # the gateway's check of the first mask passes it: only the worker's bound catches it
+    assert grammar_error(json_schema_grammar(SLOW_LATER), ll_tokenizer(False, BASE_VOCAB)) == ""
+    assert ends["plain"].finish_reason == "length" and tokens["plain"] == 16
