@@ -50,13 +50,12 @@ class ConceptLabels:
         return concept
 
     def _by_label(self, label: str, param: str) -> int:
+        m = None if label.removeprefix(_PREFIX) in self._names else _BY_ID.match(label.strip())
+        return int(m.group(1)) if m else self._by_name(label, param)
+
+    def _by_name(self, label: str, param: str) -> int:
         name = label.removeprefix(_PREFIX)
-        found = self._names.get(name)
-        if not found:
-            m = _BY_ID.match(label.strip())
-            if m:
-                return int(m.group(1))
-            found = self._folded.get(name.casefold(), [])
+        found = self._names.get(name) or self._folded.get(name.casefold(), [])
         if len(found) > 1:  # prefer the steerable one when only one is
             found = [c for c in found if c.is_steerable] or found
         if len(found) == 1:
