@@ -27,9 +27,13 @@ STARTED = ""  # the child's word that its tokenizer is ready and the compile beg
 
 
 def _serve(conn: Connection) -> None:
-    """The child: answer (grammar, instruct, vocab_size) jobs with grammar_error's text."""
+    """The child: answer (grammar, instruct, vocab_size) jobs with grammar_error's text, until its
+    gateway closes the pipe (or dies: the child never outlives it)."""
     while True:
-        grammar, instruct, vocab_size = conn.recv()
+        try:
+            grammar, instruct, vocab_size = conn.recv()
+        except (EOFError, OSError):
+            return
         tokenizer = ll_tokenizer(instruct, vocab_size)  # cached per process
         conn.send(STARTED)
         conn.send(grammar_error(grammar, tokenizer))

@@ -55,3 +55,34 @@ def test_checks_beyond_the_checkers_wait_their_turn():
         assert [bool(e) for e in asyncio.run(run())] == [True, True, False]
     finally:
         checker.close()
+
+
+def test_a_child_ends_quietly_when_its_gateway_goes():
+    """The pipe closed (the gateway exited, or was killed): the child returns, no traceback."""
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, os, sys\n"
+        "from cde.gateway.grammar_checker import GrammarChecker\n"
+        "from cde.shared.grammar import lark_grammar\n"
+        "c = GrammarChecker(1)\n"
+        "assert asyncio.run(c.error(lark_grammar('start: \"x\"'), True, 100352)) == ''\n"
+        "print(c._children.get().proc.pid, flush=True)\n"
+        "os._exit(0)\n"  # as a killed gateway: no cleanup
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the checker outlived its gateway"
+        time.sleep(0.1)
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
