@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import queue
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
@@ -28,7 +29,9 @@ STARTED = ""  # the child's word that its tokenizer is ready and the compile beg
 
 def _serve(conn: Connection) -> None:
     """The child: answer (grammar, instruct, vocab_size) jobs with grammar_error's text, until its
-    gateway closes the pipe (or dies: the child never outlives it)."""
+    gateway closes the pipe (or dies: the child never outlives it). Ctrl-C reaches the whole
+    process group: the gateway, which drains and then ends its children, answers it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             grammar, instruct, vocab_size = conn.recv()
@@ -46,19 +49,26 @@ class _Child:
         self.proc = ctx.Process(target=_serve, args=(theirs,), daemon=True, name="cde-grammar-check")
         self.proc.start()
         theirs.close()
+        self.alive = True
 
-    def ask(self, grammar: str, instruct: bool, vocab_size: int) -> str | None:
-        """grammar_error's answer, or None when the child overran (it is then dead)."""
+    def ask(self, grammar: str, instruct: bool, vocab_size: int) -> str:
+        """grammar_error's answer; when the child overruns or dies, it is killed (alive False) and
+        the answer says so."""
         try:
             self.conn.send((grammar, instruct, vocab_size))
-            if self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == STARTED and self.conn.poll(CHECK_TIMEOUT_S):
+            if not (self.conn.poll(START_TIMEOUT_S) and self.conn.recv() == STARTED):
+                answer = "the grammar checker did not start"
+            elif self.conn.poll(CHECK_TIMEOUT_S):
                 return self.conn.recv()
-        except (EOFError, OSError):  # the child died (out of memory): as an overrun
-            pass
+            else:
+                answer = f"the grammar did not compile within {CHECK_TIMEOUT_S:g} s"
+        except (EOFError, OSError):
+            answer = "the grammar checker failed on this grammar (out of memory?)"
         self.kill()
-        return None
+        return answer
 
     def kill(self) -> None:
+        self.alive = False
         self.proc.kill()
         self.proc.join()
         self.conn.close()
@@ -76,10 +86,12 @@ class GrammarChecker:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._check, grammar, instruct, vocab_size)
 
     def _check(self, grammar: str, instruct: bool, vocab_size: int) -> str:
-        child = self._children.get() or _Child()
-        answer = child.ask(grammar, instruct, vocab_size)
-        self._children.put(child if answer is not None else None)  # an overrun child is dead
-        return answer if answer is not None else f"the grammar did not compile within {CHECK_TIMEOUT_S:g} s"
+        child = self._children.get()
+        try:
+            child = child or _Child()
+            return child.ask(grammar, instruct, vocab_size)
+        finally:  # the slot goes back whatever happened (a start that failed: None, started again)
+            self._children.put(child if child is not None and child.alive else None)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

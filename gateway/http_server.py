@@ -43,7 +43,8 @@ STRAGGLER_GRACE_S = 2.0  # after the drain deadline: time for the error events t
 
 
 class DrainGate:
-    """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503."""
+    """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503.
+    Refuses a request whose line and headers pass MAX_HEAD_BYTES with 431, before anything."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
@@ -56,15 +57,27 @@ class DrainGate:
             return await self.app(scope, receive, functools.partial(_startup_failure_in_one_line, send))
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.draining and scope["path"] != "/metrics":
+        err = None
+        if _head_bytes(scope) > MAX_HEAD_BYTES:
+            err = ApiError(431, f"the request line and headers exceed {MAX_HEAD_BYTES} bytes", code="headers_too_large")
+        elif self.draining and scope["path"] != "/metrics":
             err = ApiError(503, "the server is shutting down", code="shutting_down")
-            refusal = JSONResponse(err.body(), 503, headers={"Connection": "close"})
+        if err is not None:
+            refusal = JSONResponse(err.body(), err.status, headers={"Connection": "close"})
             return await RequestLog(refusal, self.metrics)(scope, receive, send)
         self.active += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+
+def _head_bytes(scope: Scope) -> int:
+    """The request line and headers as parsed (h11 bounds a head still incomplete by
+    MAX_HEAD_BYTES; one that completes within a read, which asyncio makes up to 256 KiB, it takes
+    whole, whatever its line endings)."""
+    line = len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 12
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
 
 
 async def _startup_failure_in_one_line(send: Send, message: Message) -> None:
@@ -88,7 +101,6 @@ class GuardedH11Protocol(H11Protocol):
         self.peer_host = ""
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
-        self._head_seen = 0  # bytes of a head not complete yet, in earlier reads
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as H11Protocol's
         super().connection_made(transport)
@@ -101,8 +113,6 @@ class GuardedH11Protocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
-            return
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:  # a request's head still (or newly) incomplete
             self._head_bytes = True
@@ -130,22 +140,6 @@ class GuardedH11Protocol(H11Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
         self._head_timer, self._head_bytes = None, False
-
-    def _head_too_large(self, data: bytes) -> bool:
-        """h11 bounds a head still incomplete (MAX_HEAD_BYTES); one that completes within a read
-        (asyncio reads up to 256 KiB at once) it would take whole: refused here, 431."""
-        end = data.find(b"\r\n\r\n")
-        seen = self._head_seen + (len(data) if end < 0 else end)
-        self._head_seen = seen if end < 0 else 0
-        if end < 0 or seen <= MAX_HEAD_BYTES:
-            return False
-        self._refuse(
-            431,
-            "Request Header Fields Too Large",
-            f"the request headers exceed {MAX_HEAD_BYTES} bytes",
-            "headers_too_large",
-        )
-        return True
 
     def _head_timeout(self) -> None:
         self._head_timer = None

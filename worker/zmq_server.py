@@ -23,6 +23,7 @@ request id already in flight) before the engine sees it.
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import os
@@ -105,6 +106,8 @@ class WorkerServer:
         # [peer, message], or [peer, frame] still to decode (a large one, within `inbox_budget`)
         self.inbox: queue.SimpleQueue[tuple[bytes, object]] = queue.SimpleQueue()
         self.inbox_budget = InboxBudget()
+        # Concept queries past a step's share, answered in order at the next steps.
+        self.deferred: collections.deque[tuple[bytes, object]] = collections.deque()
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
         self.stopping = False
         self._io_done = False
@@ -149,16 +152,24 @@ class WorkerServer:
     def _receive(self, block: bool) -> None:
         """Handle what arrived; while there are requests to run, decode at most
         DECODE_BYTES_PER_STEP of large frames and answer at most CONCEPT_QUERIES_PER_STEP concept
-        queries before the next step (the rest waits its turn: a client looping on
-        /v1/concepts/{id} must not stop the decoding)."""
-        decoded = queries = 0
+        queries before the next step. Further queries wait their turn in `deferred`, behind no
+        other message: a client looping on /v1/concepts/{id} must stop neither the decoding nor
+        the requests and aborts that come after its queries."""
+        decoded = answered = 0
+        while self.deferred and (answered < CONCEPT_QUERIES_PER_STEP or not self.engine.has_work()):
+            self._handle(*self.deferred.popleft())
+            answered += 1
         try:
-            item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=IDLE_WAIT_S) if block and not self.deferred else self.inbox.get_nowait()
             while True:
-                queries += isinstance(item[1], ConceptQuery)  # small: decoded by the I/O thread
-                decoded += self._handle(*item)
-                if self.engine.has_work() and (decoded >= DECODE_BYTES_PER_STEP or queries >= CONCEPT_QUERIES_PER_STEP):
-                    return
+                busy = self.engine.has_work()
+                if busy and isinstance(item[1], ConceptQuery) and answered >= CONCEPT_QUERIES_PER_STEP:
+                    self.deferred.append(item)  # small: decoded by the I/O thread
+                else:
+                    answered += isinstance(item[1], ConceptQuery)
+                    decoded += self._handle(*item)
+                    if busy and decoded >= DECODE_BYTES_PER_STEP:
+                        return
                 item = self.inbox.get_nowait()
         except queue.Empty:
             pass

@@ -81,10 +81,12 @@ def check_port(host: str, port: int, command: str) -> None:
     if port == 0:
         return
     try:
-        socket.create_server((host, port)).close()  # SO_REUSEADDR, as uvicorn binds
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise SystemExit(f"cde {command}: cannot listen on {host}:{port} ({reason})") from None
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except OSError as exc:  # gaierror included: a host that does not resolve
+        raise SystemExit(f"cde {command}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
 
 
 def api_key(args: argparse.Namespace) -> str | None:

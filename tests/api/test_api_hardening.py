@@ -161,16 +161,21 @@ def test_an_early_answer_closes_a_connection_whose_body_trickles(server, auth):
 
 
 @pytest.mark.parametrize("size", [60_000, 15_000])
-def test_request_headers_past_16_kib_are_refused_whole(server, size):
-    """A head that arrives in one read (asyncio reads up to 256 KiB), which h11 takes whole."""
+@pytest.mark.parametrize("eol", [b"\r\n", b"\n"])
+def test_request_headers_past_16_kib_are_refused_whole(server, size, eol):
+    """A head that arrives in one read (asyncio reads up to 256 KiB), which h11 takes whole, with
+    either line ending h11 reads; then a small request on the same connection, as pipelined."""
     with connect(server) as s:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * size + b"\r\n\r\n")
+        small = b"GET /health HTTP/1.1" + eol + b"Host: 127.0.0.1" + eol + eol
+        s.sendall(b"GET /health HTTP/1.1" + eol + b"Host: 127.0.0.1" + eol + b"X-Pad: " + b"a" * size + eol + eol)
         status, headers, body = read_reply(s)
-    if size > 16 << 10:
-        assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
-        assert headers["connection"] == "close"
-    else:
+        if size > 16 << 10:
+            assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
+            assert headers["connection"] == "close"
+            return
         assert status == 200
+        s.sendall(small)
+        assert read_reply(s)[0] == 200
 
 
 def test_connections_are_capped(server):

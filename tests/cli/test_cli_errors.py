@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from cde.worker.checkpoint import make_model
 
+from tests.cde_procs import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -92,6 +94,30 @@ def test_bad_flag_combinations(tmp_path):
     one_line(cde("serve", "--kv-splits", "65", timeout=60), "serve", "--kv-splits must be in [0, 64]")
     one_line(cde("gateway", timeout=60), "gateway", "--worker")
     one_line(cde("eval", "--model", "", timeout=60), "eval", "--model is empty")
+
+
+@pytest.mark.parametrize("host", ["::1", "127.0.0.1"])
+def test_the_port_check_binds_as_uvicorn(host):
+    """IPv6 hosts too (a check on an IPv4 socket refused `--host ::1`): the check passes where a
+    socket of the host's family binds (a machine without IPv6 refuses ::1 both ways), and a host
+    that does not resolve is one line."""
+    from cde.commands.gateway import check_port
+
+    port = free_port()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, port))
+        binds = True
+    except OSError:
+        binds = False
+    if binds:
+        check_port(host, port, "serve")
+    else:
+        with pytest.raises(SystemExit, match=f"cannot listen on {host}:{port}"):
+            check_port(host, port, "serve")
+    with pytest.raises(SystemExit, match=r"cde serve: cannot listen on no\.such\.host\.invalid:80 \(\w"):
+        check_port("no.such.host.invalid", 80, "serve")
 
 
 @pytest.mark.parametrize("command", ["gateway", "serve"])

@@ -4,6 +4,7 @@ import asyncio
 import multiprocessing
 import time
 
+import pytest
 from cde.gateway.grammar_checker import CHECK_TIMEOUT_S, GrammarChecker
 from cde.shared.grammar import lark_grammar
 
@@ -86,3 +87,30 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_checker_that_fails_to_start_gives_its_slot_back(monkeypatch):
+    """A start that raises (no file descriptors left) fails that check alone: the slot goes back,
+    and the next check starts a checker again instead of waiting for ever."""
+    from cde.gateway import grammar_checker
+
+    real, calls = grammar_checker._Child, []
+
+    def flaky() -> grammar_checker._Child:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(24, "Too many open files")
+        return real()
+
+    monkeypatch.setattr(grammar_checker, "_Child", flaky)
+    checker = GrammarChecker(1)
+
+    async def run() -> str:
+        with pytest.raises(OSError):  # that check fails alone
+            await checker.error(lark_grammar('start: "x"'), True, VOCAB)
+        return await asyncio.wait_for(checker.error(lark_grammar('start: "x"'), True, VOCAB), 60)
+
+    try:
+        assert asyncio.run(run()) == "" and len(calls) == 2
+    finally:
+        checker.close()

@@ -149,7 +149,9 @@ def test_a_flood_of_concept_queries_does_not_stop_the_decoding(worker, peers):
     queries = 5_000
     for n in range(queries):
         flood.send(encode(ConceptQuery(f"q{n}", n % 8, 1)))
+    gen.send(encode(GenerateRequest("behind", [1, 2, 3], max_tokens=16)))  # queued behind the flood
     finished(gen, "decoding")
+    finished(gen, "behind")  # not behind 5,000 queries answered two a pass
     answered = 0
     while flood.poll(0):
         answered += isinstance(decode(flood.recv()), ConceptInfo)
