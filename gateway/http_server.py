@@ -145,21 +145,20 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer = None
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return
-        if self._head_bytes:
-            message = f"the request headers did not arrive within {self.limits.header_timeout:g} s"
-            self._refuse(408, "Request Timeout", message, "request_timeout", self.limits.header_timeout)
-        else:
-            self.transport.close()
-
-    def _refuse(self, status: int, reason: str, message: str, code: str, took: float = 0.0) -> None:
-        """An error written raw (h11 answers no request it has not parsed), logged and counted like
-        every response, then the connection closed."""
-        body = json.dumps(ApiError(status, message, None, code).body()).encode()
-        self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body)
-        )
-        record_response(self.metrics, f"req-{uuid.uuid4().hex}", "-", "-", status, time.monotonic() - took)
+        if self._head_bytes:  # written raw: h11 answers no request it has not parsed
+            err = ApiError(
+                408,
+                f"the request headers did not arrive within {self.limits.header_timeout:g} s",
+                None,
+                "request_timeout",
+            )
+            body = json.dumps(err.body()).encode()
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            started = time.monotonic() - self.limits.header_timeout
+            record_response(self.metrics, f"req-{uuid.uuid4().hex}", "-", "-", 408, started)
         self.transport.close()
 
 
