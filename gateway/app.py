@@ -29,6 +29,7 @@ from cde.shared.tokenizer import get_tokenizer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -40,7 +41,7 @@ STATIC = Path(__file__).parent / "static"
 def _model_card(state: ServerState) -> ModelCard:
     info = state.live_info
     return ModelCard(
-        id=state.served_model_name or info.name,
+        id=state.api_name(info),
         object="model",
         created=int(time.time()),
         owned_by="cde",
@@ -108,6 +109,23 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_LIMITS = HttpLimits()
 
 
+def _cors(limits: HttpLimits) -> list[Middleware]:
+    """Browser pages of `--allowed-origins` may call the API: their preflights are answered before
+    the API key is asked for (a browser sends none with them), and every answer, errors included,
+    names their origin."""
+    if not limits.allowed_origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(limits.allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+            max_age=600,
+        )
+    ]
+
+
 def create_app(
     state: ServerState,
     wait_for_workers: float | None = None,
@@ -149,6 +167,7 @@ def create_app(
         middleware=[
             Middleware(RequestLog, metrics=state.metrics),
             Middleware(HostCheck, limits=limits),
+            *_cors(limits),
             Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
             Middleware(ApiKey, api_key=state.api_key),
         ],

@@ -23,7 +23,7 @@ async def create_chat_completion(request: Request) -> Response:
     state, body, info = await open_request(request, ChatCompletionRequest)
     if not info.instruct:
         raise invalid(
-            f"model `{body.model}` is a base checkpoint without a chat template; use /v1/completions",
+            f"model `{state.api_name(info)}` is a base checkpoint without a chat template; use /v1/completions",
             "model",
             "chat_not_supported",
         )
@@ -69,5 +69,5 @@ async def create_chat_completion(request: Request) -> Response:
     gen = await start_generation(
         state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request), grammar
     )
-    head = ResponseHead(chat_id, int(time.time()), body.model)
+    head = ResponseHead(chat_id, int(time.time()), state.api_name(info))
     return await answer(request, body, gen, content, ChatRenderer(body, head, prompt, bool(tools), tok))

@@ -58,5 +58,5 @@ async def create_completion(request: Request) -> Response:
     gen = await start_generation(
         state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), grammar
     )
-    head = ResponseHead(cmpl_id, int(time.time()), body.model)
+    head = ResponseHead(cmpl_id, int(time.time()), state.api_name(info))
     return await answer(request, body, gen, content, CompletionRenderer(body, head, prompts, tok))

@@ -1,6 +1,7 @@
-"""How long and how many: the HTTP listener's timeouts, its connection cap and the Host names it
-answers, as `cde serve` and `cde gateway` flags. All of them apply before the API key is
-checked, so an unauthenticated client can hold neither a connection nor a request open for long."""
+"""How long and how many: the HTTP listener's timeouts, its connection cap, the Host names it
+answers and the web origins whose pages may call it, as `cde serve` and `cde gateway` flags. All
+of them apply before the API key is checked, so an unauthenticated client can hold neither a
+connection nor a request open for long."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class HttpLimits:
     max_connections: int = 1024  # open at once; the next ones get 503
     allowed_hosts: frozenset[str] | None = None  # Host header names; None: any
     max_connections_per_client: int | None = None  # from one address; None: 3/4 of max_connections
+    # Web origins whose pages may call the API (CORS); none by default, so that no page a user
+    # visits can spend a local server's compute; ("*",): any, as vLLM's default.
+    allowed_origins: tuple[str, ...] = ()
 
     @property
     def per_client_connections(self) -> int:
@@ -80,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated Host header names to answer, `*` for any (default: loopback names "
         "when --host is a loopback address, against DNS rebinding; any otherwise)",
     )
+    p.add_argument(
+        "--allowed-origins",
+        metavar="ORIGINS",
+        help="comma-separated web origins (e.g. https://app.example.com) whose pages may call the API "
+        "from a browser (CORS), `*` for any (default: none)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> HttpLimits:
@@ -94,6 +104,13 @@ def from_args(args: argparse.Namespace) -> HttpLimits:
     per_client = args.max_connections_per_client
     if per_client is not None and not 1 <= per_client <= args.max_connections:
         raise SystemExit("--max-connections-per-client must be in [1, --max-connections]")
+    origins = tuple(o.strip().rstrip("/") for o in (args.allowed_origins or "").split(",") if o.strip())
     return HttpLimits(
-        args.header_timeout, args.body_timeout, args.keep_alive_timeout, args.max_connections, hosts, per_client
+        args.header_timeout,
+        args.body_timeout,
+        args.keep_alive_timeout,
+        args.max_connections,
+        hosts,
+        per_client,
+        ("*",) if "*" in origins else origins,
     )

@@ -22,7 +22,9 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def parse_json_body(raw: bytes, content_type: str) -> object:
-    if content_type.split(";")[0].strip().lower() != "application/json":
+    """A body sent without a Content-Type is read as JSON, as vLLM (FastAPI) reads it: Python's
+    `requests.post(url, data=json.dumps(...))` sends none."""
+    if content_type and content_type.split(";")[0].strip().lower() != "application/json":
         raise invalid(
             f"Unsupported content type {content_type or '(none)'!r}; send application/json",
             None,

@@ -202,7 +202,7 @@ class FlashBlockParams(_Body):
 
 
 class SamplingParams(_Body):
-    model: str
+    model: str | None = Field(None, description="the served model's name; left out: the served model (as vLLM)")
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)
     temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -33,13 +33,17 @@ class ServerState:
     @property
     def model_name(self) -> str | None:
         info = self.router.model_info
-        return self.served_model_name or (info.name if info else None)
+        return self.api_name(info) if info else None
 
-    def model_info(self, requested: str) -> ModelInfo:
+    def api_name(self, info: ModelInfo) -> str:
+        """The name the API gives the model: `--served-model-name`, else the workers' own."""
+        return self.served_model_name or info.name
+
+    def model_info(self, requested: str | None) -> ModelInfo:
         """The live model's limits (its context capped by `max_model_len`), after checking the
-        request names it."""
+        request names it; a request that names no model asks for the served one (as vLLM)."""
         info = self.live_info
-        if requested != self.model_name:
+        if requested is not None and requested != self.api_name(info):
             raise ApiError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
         return info
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from cde.gateway.errors import invalid
 from cde.gateway.http_utils import read_body
-from cde.gateway.model_info import ModelInfo
 from cde.gateway.params import as_invalid
 from cde.gateway.prompts import encode_chat, encode_prompts
 from cde.gateway.state import ServerState
@@ -22,14 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 
-def _model(state: ServerState, requested: str | None) -> ModelInfo:
-    return state.model_info(requested if requested is not None else (state.model_name or ""))
-
-
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.cde
     body = (await read_body(request, TokenizeRequest)).root
-    info = _model(state, body.model)
+    info = state.model_info(body.model)
     tok = get_tokenizer(info.instruct)
     if isinstance(body, TokenizeChatRequest):
         if not info.instruct:
@@ -51,7 +46,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.cde
     body = await read_body(request, DetokenizeRequest)
-    info = _model(state, body.model)
+    info = state.model_info(body.model)
     if len(body.tokens) > info.context_len:
         message = f"at most {info.context_len} token ids (this model's context)"
         raise invalid(message, "tokens", "context_length_exceeded")

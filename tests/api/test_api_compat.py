@@ -337,6 +337,7 @@ def test_null_is_the_default_of_every_field_that_has_one(server):
     the field's default, the same tokens as without it (seeded at the default temperature)."""
     nulls = dict.fromkeys(["temperature", "top_p", "n", "stream", "top_k", "repetition_penalty", "min_tokens"])
     nulls |= dict.fromkeys(["ignore_eos", "tokens_per_step", "include_stop_str_in_output", "return_token_ids"])
+    nulls["model"] = None  # the served model, as vLLM
     for endpoint, own in (
         ("chat/completions", ["parallel_tool_calls", "add_generation_prompt"]),
         ("completions", ["echo"]),
@@ -348,8 +349,8 @@ def test_null_is_the_default_of_every_field_that_has_one(server):
             r.json()["choices"][0]["token_ids"]
             == post(server, "/v1/" + endpoint, plain).json()["choices"][0]["token_ids"]
         )
-    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"model": None}))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # a required field is no default
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", {"messages": None}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"  # a required field is no default
 
 
 def test_completions_max_tokens_null_is_until_the_context(server):

@@ -19,6 +19,7 @@ from tests.api_server import ServerProcess
 KEY = "hardening-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE, MAX_CONNECTIONS = 1.0, 2.0, 1.0, 8
+ORIGIN = "https://app.example"  # a web app allowed by --allowed-origins
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,8 @@ def server(tiny_instruct_dir, tmp_path_factory):
         str(KEEP_ALIVE),
         "--max-connections",
         str(MAX_CONNECTIONS),
+        "--allowed-origins",
+        f"{ORIGIN}/, https://other.example",
         workers=1,
     )
     yield srv
@@ -88,6 +91,26 @@ def test_a_foreign_host_is_refused_on_a_loopback_listener(server):
         assert "attacker" not in str(r.headers)
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
         assert httpx.get(server.url + "/health", headers={"Host": host}).status_code == 200
+
+
+def test_pages_of_the_allowed_origins_may_call_the_api(server):
+    """A browser asks first (a preflight, without the API key), then sends the request; it lets
+    the page read an answer, errors included, only when that answer names the page's origin."""
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+    r = httpx.options(server.base_url + "/chat/completions", headers={"Origin": ORIGIN, **ask})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    assert "POST" in r.headers["access-control-allow-methods"]
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    r = httpx.post(server.base_url + "/completions", json=body, headers={"Origin": ORIGIN, **AUTH}, timeout=60)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.post(server.base_url + "/completions", json=body, headers={"Origin": ORIGIN})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
+    for foreign in ("https://attacker.example", "https://app.example.evil"):
+        r = httpx.options(server.base_url + "/chat/completions", headers={"Origin": foreign, **ask})
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+        r = httpx.get(server.url + "/health", headers={"Origin": foreign})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
 def test_two_authorization_headers_are_refused(server):
@@ -205,7 +228,7 @@ def test_hang_up_mid_body_is_logged_as_499(server):
         )
         time.sleep(0.3)
     deadline = time.monotonic() + 10
-    while not (lines := [line for line in server.output if '"/v1/chat/completions"' in line]):
+    while not (lines := [line for line in server.output if '"POST", "path": "/v1/chat/completions"' in line]):
         assert time.monotonic() < deadline, "".join(server.output[-20:])
         time.sleep(0.1)
     assert '"status": 499' in lines[-1]

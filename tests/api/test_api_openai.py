@@ -380,6 +380,33 @@ def test_malformed_json_and_content_type(server):
     assert r.status_code == 400 and "error" in r.json()
 
 
+def test_what_vllm_clients_leave_out_is_filled_in(server):
+    """As vLLM: a request that names no model asks for the served one, and a body sent without a
+    Content-Type (Python's `requests.post(url, data=json.dumps(...))`) is read as JSON."""
+    for path, body in (
+        ("/completions", {"prompt": "Hello", "max_tokens": 3}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+    ):
+        r = post(server, path, body)
+        assert r.status_code == 200 and r.json()["model"] == "tiny", r.text
+        raw = httpx.post(
+            server.base_url + path,
+            content=json.dumps({"model": "tiny", **body}).encode(),
+            headers={"Authorization": f"Bearer {KEY}", "Content-Type": ""},
+            timeout=60,
+        )
+        assert raw.status_code == 200 and raw.json()["choices"], raw.text
+    r = post(server, "/completions", {"model": None, "prompt": "Hello", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "tiny"
+
+
+def test_no_web_origin_may_call_by_default(server):
+    """Without --allowed-origins no page a user visits can spend a local server's compute."""
+    ask = {"Origin": "https://page.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(server.base_url + "/completions", headers=ask)
+    assert r.status_code == 401 and "access-control-allow-origin" not in r.headers  # the preflight is not answered
+
+
 def test_server_stays_healthy_after_bad_requests(server, client):
     assert server.health()[0] == 200
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=4, **FAST).choices[0].finish_reason
