@@ -8,7 +8,8 @@ import argparse
 import importlib
 import sys
 import time
-from typing import Any
+from importlib.metadata import version
+from typing import Any, NoReturn
 
 from cde.cli_errors import add_debug_argument, run_reporting_errors, take_debug_flag
 from cde.shared.home import use_compile_caches
@@ -28,6 +29,14 @@ COMMANDS = {
     "bench": ("bench", "benchmarks: `bench engine` (offline) and `bench serve` (HTTP load)"),
     "eval": ("eval", "quality of a trained model: held-out accuracy per decoding setting, steering, attribution"),
 }
+
+
+class Parser(argparse.ArgumentParser):
+    """A flag mistake is one line naming the command, as every other error is (exit status 2,
+    argparse's own for usage errors), not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -58,9 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, Any]:
     """The parser, with the arguments of the `chosen` command only (and that command's module)."""
-    parser = argparse.ArgumentParser(
-        prog="cde", description="CDE, the Causal Diffusion Engine", formatter_class=HelpFormatter
-    )
+    parser = Parser(prog="cde", description="CDE, the Causal Diffusion Engine", formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"cde {version('cde')}")
     add_debug_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     module = None

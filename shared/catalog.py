@@ -189,7 +189,16 @@ class Catalog:
                 rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
             else:  # utf-8-sig: a spreadsheet's export opens with a byte-order mark
                 with path.open(newline="", encoding="utf-8-sig") as f:
-                    rows = list(csv.DictReader(f))
+                    reader = csv.DictReader(f)
+                    header = set(reader.fieldnames or ())
+                    if "concept_name" not in header or not header & {"concept_id", "concept_idx"}:
+                        raise CatalogError(
+                            "not a concept catalog: neither parquet nor a CSV whose header names "
+                            "concept_id and concept_name"
+                        )
+                    rows = list(reader)
+            if not rows:
+                raise CatalogError("holds no concepts")
             return cls.from_rows(rows)
         except CatalogError as exc:
             raise CatalogError(f"{path}: {exc}") from None

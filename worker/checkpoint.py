@@ -4,18 +4,20 @@ random-weight checkpoint of a preset shape (`cde make-model`, the tests' models)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from cde.shared.config import ConfigError, ModelConfig, preset
 from cde.worker.model import SteerlingModel
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+INDEX = "model.safetensors.index.json"  # a sharded checkpoint's tensor -> file map
 _STORED = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 log = logging.getLogger("cde.checkpoint")
@@ -41,7 +44,7 @@ def load_config(path: str | Path) -> ModelConfig:
 
 
 def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX
     if index.is_file():
         try:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -111,7 +114,7 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
     """name -> (file, stored dtype, bytes), from the headers alone; rejects what does not fit."""
     plan = {}
     for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
+        with _opened(f) as sf:
             for name in sf.keys():  # noqa: SIM118 -- safe_open has keys() but no __iter__
                 if name not in expected:
                     raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
@@ -125,6 +128,20 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
                     )
                 plan[name] = (f, stored, math.prod(shape) * stored.itemsize)
     return plan
+
+
+@contextlib.contextmanager
+def _opened(f: Path) -> Iterator[Any]:
+    """A weight file's header, or an error naming the file: a cut-off download or an HTML error
+    page saved under the name reads as a broken checkpoint, not as a crash in safetensors."""
+    try:
+        sf = safe_open(str(f), framework="pt", device="cpu")
+    except SafetensorError as exc:
+        raise CheckpointError(
+            f"{f.name} is not a readable safetensors file ({exc}); a download cut short? fetch it again"
+        ) from None
+    with sf:
+        yield sf
 
 
 def _progress(total: int, what: str) -> tqdm:
@@ -161,6 +178,8 @@ def random_model(
 def save_checkpoint(model: SteerlingModel, cfg: ModelConfig, out: str | Path, max_shard_bytes: int = 4 << 30) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("*.safetensors"), out / INDEX]:  # a checkpoint written before: its index would win
+        old.unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_published_dict(), indent=2))
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not (cfg.weight_sharing and k == TIED)}
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -181,9 +200,7 @@ def save_checkpoint(model: SteerlingModel, cfg: ModelConfig, out: str | Path, ma
         save_file(shard, str(out / fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in shard})
     total = sum(t.numel() * t.element_size() for t in state.values())
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-    )
+    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
 def make_model(

@@ -20,6 +20,7 @@ import random
 import httpx
 import numpy as np
 
+from cde.commands.api_key_args import add_api_key_arguments, api_key, auth_headers
 from cde.commands.load_client import Outcome, write_json
 from cde.commands.load_processes import send_all, split
 
@@ -55,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help='extra request fields, e.g. \'{"tokens_per_step": 4, "attribution": true}\'',
     )
-    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY` (default: none)")
+    add_api_key_arguments(p, "send `Authorization: Bearer KEY`")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="prompts and arrival times")
     p.add_argument(
@@ -74,10 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def api_base(url: str) -> str:
     url = url.rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
-
-
-def auth_headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def first_model(client: httpx.AsyncClient, base: str, headers: dict) -> str:
@@ -188,7 +185,7 @@ async def lookup_model(base: str, headers: dict, timeout: float) -> str:
 def bench(args: argparse.Namespace) -> dict:
     if args.client_processes < 1:
         raise SystemExit("--client-processes must be at least 1")
-    base, headers = api_base(args.url), auth_headers(args.api_key)
+    base, headers = api_base(args.url), auth_headers(api_key(args))
     rng = random.Random(args.seed)
     model = args.model or asyncio.run(lookup_model(base, headers, args.timeout))
     bodies = make_bodies(args, model, rng)

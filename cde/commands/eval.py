@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from cde.cli_types import positive_int
+from cde.commands.api_key_args import add_api_key_arguments, api_key
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 
 if TYPE_CHECKING:
@@ -36,10 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000 (default: none, --model)")
     p.add_argument("--served-model", help="with --url: the model name (default: the server's first)")
-    p.add_argument("--api-key", help="with --url: bearer token (default: none)")
+    add_api_key_arguments(p, "with --url: send `Authorization: Bearer KEY`")
     p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | auto")
     p.add_argument("--cuda-graphs", action="store_true", help="with --model on CUDA: the serving configuration")
-    p.add_argument("--max-running", type=int, default=64, help="with --model: concurrent requests")
+    p.add_argument("--max-running", type=positive_int, default=64, help="with --model: concurrent requests")
     p.add_argument(
         "--limit",
         type=int,
@@ -62,7 +64,7 @@ def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
     if args.url is not None:
         if not args.url.strip():
             raise SystemExit("cde eval: --url is empty (give a server's base URL, e.g. http://127.0.0.1:8000)")
-        return HttpBackend(args.url, args.served_model, args.api_key)
+        return HttpBackend(args.url, args.served_model, api_key(args))
     if args.model is not None and not args.model.strip():
         raise SystemExit("cde eval: --model is empty (give a checkpoint directory, or leave it out for cde-reference)")
     resolve_model_args(args, "eval")

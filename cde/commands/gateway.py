@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 from typing import TYPE_CHECKING, Any
 
+from cde.cli_types import (
+    LOG_LEVELS,
+    log_level,
+    non_negative_int,
+    non_negative_seconds,
+    port,
+    positive_int,
+    positive_seconds,
+)
+from cde.commands.api_key_args import add_api_key_arguments, api_key
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
 from cde.gateway.http_limits import add_arguments as add_limit_arguments
 from cde.shared.logs import setup_logging
@@ -20,28 +29,24 @@ if TYPE_CHECKING:
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared with `cde serve`."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every IPv4 interface)")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--port", type=port, default=8000, help="0 picks a free port")
     p.add_argument("--served-model-name", help="model name clients use (default: reported by the workers)")
+    add_api_key_arguments(p, "require `Authorization: Bearer KEY`")
     p.add_argument(
-        "--api-key-file",
-        dest="api_key",
-        type=_read_key,
-        metavar="FILE",
-        help="require `Authorization: Bearer KEY`, KEY read from FILE (default: env CDE_API_KEY, never shown here)",
-    )
-    p.add_argument("--api-key", action=_RefuseKeyOnCommandLine, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--max-queue", type=int, default=256, help="requests queued per worker beyond max-running before 429"
+        "--max-queue",
+        type=non_negative_int,
+        default=256,
+        help="requests queued per worker beyond max-running before 429",
     )
     p.add_argument(
         "--max-queued-per-client",
-        type=int,
+        type=positive_int,
         default=128,
         help="requests (choices) one client (API key or address) may have in flight before 429",
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=positive_seconds,
         default=5.0,
         help="seconds without a heartbeat before a worker counts as dead",
     )
@@ -54,7 +59,10 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "requests; round-robin: in turn (default: %(default)s)",
     )
     p.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on shutdown"
+        "--shutdown-timeout",
+        type=non_negative_seconds,
+        default=30.0,
+        help="seconds in-flight requests get to finish on shutdown",
     )
     p.add_argument(
         "--concept-labels",
@@ -63,14 +71,18 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "then concept_labels.* in the model directory, then guidelabs/steerling's in the Hub cache)",
     )
     p.add_argument(
-        "--max-request-bytes", type=int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)"
+        "--max-request-bytes", type=positive_int, default=4 << 20, help="larger request bodies get 413 (default 4 MiB)"
     )
     p.add_argument(
-        "--max-model-len", type=int, help="cap on prompt + generated tokens per request (default: the model's context)"
+        "--max-model-len",
+        type=positive_int,
+        help="cap on prompt + generated tokens per request (default: the model's context)",
     )
-    p.add_argument("--log-level", default="info", help="log level (JSON lines on stderr)")
     p.add_argument(
-        "--log-requests", action="store_true", help="also log prompts and generated text (off: never logged)"
+        "--log-level", type=log_level, default="info", help=f"{' | '.join(LOG_LEVELS)} (JSON lines on stderr)"
+    )
+    p.add_argument(
+        "--log-requests", action="store_true", help="also log prompts and generated text (default: off, never logged)"
     )
     add_limit_arguments(p)
 
@@ -87,33 +99,6 @@ def check_port(host: str, port: int, command: str) -> None:
             s.bind((host, port))
     except OSError as exc:  # gaierror included: a host that does not resolve
         raise SystemExit(f"cde {command}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-
-
-def api_key(args: argparse.Namespace) -> str | None:
-    """The key of --api-key-file, else $CDE_API_KEY (read here, not as the flag's default:
-    argparse would pass a default through the flag's file reader)."""
-    return args.api_key or os.environ.get("CDE_API_KEY") or None
-
-
-class _RefuseKeyOnCommandLine(argparse.Action):
-    """`--api-key KEY` would show the key to every local user in /proc/PID/cmdline."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        parser.error(
-            "--api-key is not accepted on the command line (every local user can read it in "
-            "/proc/PID/cmdline): set CDE_API_KEY or give --api-key-file FILE"
-        )
-
-
-def _read_key(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            key = f.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise argparse.ArgumentTypeError(f"cannot read the API key: {exc}") from None
-    if not key:
-        raise argparse.ArgumentTypeError(f"{path} is empty")
-    return key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.shared.config import PRESETS
@@ -18,11 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster for 8b)")
     p.add_argument("--max-shard-gb", type=float, default=4.0, help="largest safetensors shard, in GiB")
+    p.add_argument("--force", action="store_true", help="replace a checkpoint already in the output directory")
     add_config_overrides(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from cde.worker.checkpoint import make_model
+
+    held = [f.name for f in sorted(Path(args.out).glob("*")) if f.name == "config.json" or ".safetensors" in f.name]
+    if held and not args.force:
+        raise SystemExit(f"{args.out} already holds a checkpoint ({', '.join(held[:3])}); --force replaces it")
 
     out = make_model(
         args.preset,

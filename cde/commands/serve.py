@@ -15,7 +15,9 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from cde.commands.gateway import add_http_arguments, api_key, build_state, check_port
+from cde.cli_types import positive_int, positive_seconds
+from cde.commands.api_key_args import api_key, auth_headers
+from cde.commands.gateway import add_http_arguments, build_state, check_port
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
@@ -37,12 +39,14 @@ log = logging.getLogger("cde.gateway")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--workers", type=int, help="worker processes (default: one per GPU, or 1 on CPU)")
+    p.add_argument("--workers", type=positive_int, help="worker processes (default: one per GPU, or 1 on CPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help=DTYPE_HELP)
-    p.add_argument("--max-running", type=int, default=16, help="requests each worker decodes concurrently")
+    p.add_argument("--max-running", type=positive_int, default=16, help="requests each worker decodes concurrently")
     add_fair_share_arguments(p)
-    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the workers to load")
+    p.add_argument(
+        "--startup-timeout", type=positive_seconds, default=600.0, help="seconds to wait for the workers to load"
+    )
     add_thread_arguments(p)
     add_attention_arguments(p)
     add_quantization_arguments(p)
@@ -114,7 +118,7 @@ def warm_up(api_key: str | None, max_tokens: int, tokens_per_step: int) -> Calla
     async def run(url: str) -> None:
         import httpx
 
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth_headers(api_key)
         t0 = time.monotonic()
         try:
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:

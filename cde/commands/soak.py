@@ -16,7 +16,8 @@ import time
 
 import httpx
 
-from cde.commands.bench_serve import api_base, auth_headers, first_model
+from cde.commands.api_key_args import add_api_key_arguments, api_key, auth_headers
+from cde.commands.bench_serve import api_base, first_model
 from cde.commands.load_client import metric_samples, send, write_json
 from cde.commands.soak_mix import build_pool, invalid_spec, is_server_error, stop_spec, verify
 
@@ -49,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=0.15, help="share of other requests with a short client deadline")
     p.add_argument("--rss-slack-mb", type=float, default=64.0, help="resident memory growth allowed per process")
     p.add_argument("--allow-server-errors", action="store_true", help="for soaks with injected faults")
-    p.add_argument("--api-key", help="sent as `Authorization: Bearer KEY` (default: none)")
+    add_api_key_arguments(p, "send `Authorization: Bearer KEY`")
     p.add_argument("--seed", type=int, default=0, help="the mix of requests and their prompts")
     p.add_argument("--json", metavar="OUT", help="also write the results as JSON here (default: only the report)")
 
@@ -76,7 +77,7 @@ async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float) -> dict
 
 
 async def soak(args: argparse.Namespace) -> dict:
-    base, headers = api_base(args.url), auth_headers(args.api_key)
+    base, headers = api_base(args.url), auth_headers(api_key(args))
     root = base[: -len("/v1")]
     rng = random.Random(args.seed)
     problems: list[str] = []

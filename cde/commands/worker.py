@@ -11,6 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from cde.cli_types import positive_int
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import (
     ASYNC_SCHEDULING_FLAGS,
@@ -41,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
-    p.add_argument("--max-running", type=int, default=16, help="requests decoded concurrently")
+    p.add_argument("--max-running", type=positive_int, default=16, help="requests decoded concurrently")
     add_fair_share_arguments(p)
     p.add_argument(
         "--served-model-name",
@@ -122,7 +123,7 @@ def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:
 def add_thread_arguments(p: argparse.ArgumentParser, workers: bool = True) -> None:
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="CPU: torch's intra-op threads (default: $OMP_NUM_THREADS if set, else this host's usable cores "
         + ("divided among its workers, " if workers else "")
@@ -133,16 +134,17 @@ def add_thread_arguments(p: argparse.ArgumentParser, workers: bool = True) -> No
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-splits",
-        type=int,
+        type=int,  # its range is checked in settings_builder
         default=0,
         metavar="S",
         help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "
-        "attention at small batches, at any context; exact. Default 0: chosen per pass (8 ways at batch 1 "
+        "attention at small batches, at any context; exact. By default (0) chosen per pass (8 ways at batch 1 "
         "and 4 at batch 2 from a 2,048-token context, none otherwise)",
     )
     p.add_argument(
         "--flashblock-tau",
-        type=int,
+        type=int,  # its range is checked in settings_builder, with --flashblock-max-reuse's
+        metavar="N",
         help=(
             "FlashBlock by default: reuse the cached-page attention unless the last step unmasked >= N tokens "
             "(default: off, exact)"

@@ -9,6 +9,7 @@ socket: tests/worker/test_worker_hardening.py; finding 8, the unpacker: test_dem
 
 import asyncio
 import json
+import os
 import random
 import socket
 import subprocess
@@ -262,3 +263,21 @@ def test_the_key_stays_off_command_lines_and_out_of_workers(server):
     for pid in pids:
         with open(f"/proc/{pid}/environ", "rb") as f:
             assert b"CDE_API_KEY=" not in f.read()
+
+
+def test_client_commands_take_the_key_as_the_server_does(server, tmp_path):
+    """`cde bench serve` (as `bench soak` and `eval --url`) sends the key of $CDE_API_KEY or
+    --api-key-file, and refuses it on the command line; without it the server answers 401."""
+
+    def bench(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "cde", "bench", "serve", "--url", server.url, "--num-prompts", "2"]
+        cmd += ["--max-tokens", "4", "--prompt-len", "8", "--json", str(tmp_path / "b.json"), *args]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+
+    plain = {k: v for k, v in os.environ.items() if k != "CDE_API_KEY"}
+    assert bench(env={**plain, "CDE_API_KEY": KEY}).returncode == 0
+    (tmp_path / "key").write_text(KEY + "\n")
+    assert bench("--api-key-file", str(tmp_path / "key"), env=plain).returncode == 0
+    assert bench(env=plain).returncode != 0
+    refused = bench("--api-key", KEY, env=plain)
+    assert refused.returncode == 2 and "--api-key-file" in refused.stderr

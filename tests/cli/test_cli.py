@@ -43,6 +43,17 @@ def test_make_model_writes_loadable_checkpoint(made):
     assert cfg == preset("tiny")
 
 
+def test_make_model_replaces_a_checkpoint_only_when_forced(made, tmp_path):
+    out = tmp_path / "again"
+    assert cde("make-model", "--preset", "tiny", "--seed", "1", str(out)).returncode == 0
+    before = (out / "model.safetensors").read_bytes()
+    res = cde("make-model", "--preset", "tiny", str(out))
+    assert res.returncode == 1 and "--force" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (out / "model.safetensors").read_bytes() == before
+    assert cde("make-model", "--preset", "tiny", "--force", str(out)).returncode == 0
+    assert (out / "model.safetensors").read_bytes() == (made / "model.safetensors").read_bytes()
+
+
 def test_generate_prompt_ids_json(made):
     res = cde("generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "8", "--json")
     assert res.returncode == 0, res.stderr

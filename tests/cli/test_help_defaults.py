@@ -40,7 +40,9 @@ def test_every_option_shows_its_default(command, parser):
     formatter = parser._get_formatter()
     missing = []
     for action in parser._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+        if not action.option_strings or isinstance(
+            action, argparse._HelpAction | argparse._VersionAction | argparse._SubParsersAction
+        ):
             continue
         if action.help == argparse.SUPPRESS:  # not in --help at all (`--api-key`, refused with a message)
             continue

@@ -151,6 +151,22 @@ def test_bad_catalogs_are_named(tmp_path, rows, message):
         Catalog.from_rows(rows)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("garbage", "neither parquet nor a CSV"),
+        ("", "neither parquet nor a CSV"),
+        ("concept_id,concept_name\n", "holds no concepts"),
+    ],
+)
+def test_a_file_that_is_no_catalog_is_refused(tmp_path, text, message):
+    """Read as a catalog of 0 concepts, it served on, refusing every label by name."""
+    path = tmp_path / "labels.parquet"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match=message):
+        Catalog.read(path)
+
+
 def test_a_row_with_a_null_name_is_left_out(tmp_path):
     """The official reader keeps such a row (labelled "nan"); the catalog still loads."""
     rows = [{"concept_id": 1, "concept_name": "a"}, {"concept_id": 2, "concept_name": None}]

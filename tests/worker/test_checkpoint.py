@@ -219,7 +219,33 @@ def test_malformed_index_names_the_file(tiny, tmp_path):
             load_checkpoint(dst)
 
 
+def test_a_checkpoint_written_over_another_leaves_none_of_its_files(tiny, tmp_path):
+    """A sharded checkpoint overwritten by a single-file one: the stale index would win and load
+    the old shards."""
+    out = tmp_path / "over"
+    make_model("tiny", out, seed=1, max_shard_bytes=1 << 20)
+    assert (out / "model.safetensors.index.json").is_file()
+    make_model("tiny", out, seed=7)  # the `tiny` fixture's weights
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.safetensors"]
+    _, got = load_checkpoint(out)
+    _, ref = load_checkpoint(tiny)
+    assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), ref.state_dict().values(), strict=True))
+
+
 # ---- errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "content", [b"", b"<!DOCTYPE html><html>404</html>", "cut"], ids=["empty", "html", "cut-short"]
+)
+def test_a_broken_weight_file_is_named(tiny, tmp_path, content):
+    dst = tmp_path / "broken"
+    dst.mkdir()
+    shutil.copy(tiny / "config.json", dst / "config.json")
+    whole = (tiny / "model.safetensors").read_bytes()
+    (dst / "model.safetensors").write_bytes(whole[: len(whole) // 2] if content == "cut" else content)
+    with pytest.raises(CheckpointError, match=r"^model\.safetensors is not a readable safetensors file \("):
+        load_checkpoint(dst)
+
+
 def test_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope")

@@ -1,0 +1,69 @@
+"""Flag values that would leave a server up but refusing every request are refused before anything
+starts (cde/cli_types.py), and every flag mistake is one line naming the command and the flag
+(cde/cli.py's `Parser`), each run as a real `python -m cde` process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cde(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cde", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "command,flag,value",
+    [
+        ("serve", "--workers", "-1"),
+        ("serve", "--workers", "0"),
+        ("serve", "--max-running", "0"),
+        ("serve", "--max-model-len", "-5"),
+        ("serve", "--heartbeat-timeout", "0"),
+        ("serve", "--heartbeat-timeout", "nan"),
+        ("serve", "--max-request-bytes", "0"),
+        ("serve", "--startup-timeout", "-1"),
+        ("serve", "--port", "70000"),
+        ("serve", "--port", "-1"),
+        ("serve", "--port", "abc"),
+        ("serve", "--log-level", "verbose"),
+        ("gateway", "--shutdown-timeout", "-1"),
+        ("gateway", "--max-queued-per-client", "0"),
+        ("worker", "--threads", "-2"),
+        ("eval", "--max-running", "0"),
+    ],
+)
+def test_a_value_no_server_could_use_is_one_line_naming_the_flag(command, flag, value):
+    res = cde(command, f"{flag}={value}")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"cde {command}: argument {flag}: expected ") and value in lines[0], res.stderr
+
+
+def test_a_misspelt_flag_and_a_bare_api_key_are_one_line():
+    for args, says in (
+        (("serve", "--max-runing", "4"), "unrecognized arguments: --max-runing"),
+        (("serve", "--api-key"), "CDE_API_KEY"),
+        (("bogus",), "invalid choice: 'bogus'"),
+    ):
+        res = cde(*args)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and says in lines[0], res.stderr
+        assert "usage:" not in res.stderr
+
+
+def test_version():
+    res = cde("--version")
+    assert res.returncode == 0 and res.stdout.startswith("cde ") and res.stdout.split()[1][0].isdigit()
