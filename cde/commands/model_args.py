@@ -41,6 +41,9 @@ def resolve_model_args(args: argparse.Namespace, command: str, demo: bool = True
     if args.model == DEMO_NAME and not Path(DEMO_NAME).exists():  # the name the server reports
         from cde.worker.demo_model import demo_model_dir
 
+        if args.revision is not None:
+            raise SystemExit(f"cde {command}: --revision applies to Hub ids; {DEMO_NAME} is built in")
+
         args.model = str(demo_model_dir())
         return None
     hub_id = args.model if is_hub_id(args.model) else None
