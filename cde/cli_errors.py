@@ -41,7 +41,8 @@ def run_reporting_errors(
         text = exc.code.removeprefix("cde: ")
         print(text if text.startswith(f"cde {command}") else f"cde {command}: {text}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or a signal a command maps to it (`cde serve`'s SIGTERM)
+        print(f"cde {command}: interrupted", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:
         if debugging():

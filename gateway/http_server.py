@@ -3,7 +3,8 @@
 Draining: the first SIGTERM/SIGINT keeps the socket open but answers every new request 503 (so a
 load balancer or a retrying client moves on instead of meeting a refused connection), lets the
 requests in flight finish for up to `shutdown_timeout` seconds, then ends the stragglers with an
-explicit error and exits. A second signal exits at once.
+explicit error and exits. A second signal ends them at once and exits, as does a signal during the
+startup; `serve_http` then raises KeyboardInterrupt (the command says `interrupted`).
 
 uvicorn's HTTP/1.1 protocol is extended with what it lacks against slow or many clients: a
 deadline for a request's headers, a cap on open connections (`gateway.http_limits`), and no
@@ -177,11 +178,15 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, gate: DrainGate):
         super().__init__(config)
         self.gate = gate
+        self.interrupted = False  # a signal cut the startup or the drain short
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded for re-raising: the drain is the whole of our answer to the signal.
         if self.gate.draining or not self.started:
-            self.should_exit = self.force_exit = True
+            # `serve_http` cancels a startup, `_drain` fails the requests in flight. Not
+            # force_exit: uvicorn would skip the app's shutdown, and the task left waiting for it
+            # would end in a CancelledError traceback.
+            self.interrupted = self.should_exit = True
         else:
             log.warning("draining: refusing new requests, %d in flight", self.gate.active)
             self.gate.draining = True
@@ -191,10 +196,11 @@ async def _drain(server: DrainingServer, gate: DrainGate, router: Router, timeou
     while not gate.draining:
         await asyncio.sleep(0.05)
     deadline = time.monotonic() + timeout
-    while gate.active and time.monotonic() < deadline and not server.should_exit:
+    while gate.active and time.monotonic() < deadline and not server.interrupted:
         await asyncio.sleep(0.05)
     if gate.active:
-        log.warning("shutdown timeout: failing %d request(s) still in flight", gate.active)
+        why = "interrupted" if server.interrupted else "shutdown timeout"
+        log.warning("%s: failing %d request(s) still in flight", why, gate.active)
         router.fail_all("the server shut down before the request finished")
         deadline = time.monotonic() + STRAGGLER_GRACE_S
         while gate.active and time.monotonic() < deadline:
@@ -213,9 +219,9 @@ def serve_http(
     warm_up: Callable[[str], Awaitable[None]] | None = None,
 ) -> int:
     """Blocks until a signal has drained the server; the caller's cleanup (stopping workers) runs
-    afterwards. Returns 1 if startup failed or was interrupted. `warm_up(url)` runs once the port
-    is bound, before the banner (requests through the real HTTP path: the first client's is not
-    the first)."""
+    afterwards. Returns 1 if startup failed; raises KeyboardInterrupt if a signal cut the startup
+    or the drain short. `warm_up(url)` runs once the port is bound, before the banner (requests
+    through the real HTTP path: the first client's is not the first)."""
     gate = DrainGate(app, app.state.cde.metrics)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
@@ -250,6 +256,10 @@ def serve_http(
         if not server.started:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if server.interrupted:
+                # The app's startup, cancelled with the loop, would report itself failed with a
+                # CancelledError: the interrupt is the caller's to report.
+                logging.getLogger("uvicorn.error").disabled = True
             return 1
         bound = server.servers[0].sockets[0].getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
@@ -262,6 +272,9 @@ def serve_http(
         return 0
 
     try:
-        return asyncio.run(main())
-    except (KeyboardInterrupt, SystemExit):
+        code = asyncio.run(main())
+    except SystemExit:
         return 1
+    if server.interrupted:
+        raise KeyboardInterrupt
+    return code

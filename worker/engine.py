@@ -56,6 +56,10 @@ class EngineStats:
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        # Else torch's own AssertionError ("Torch not compiled with CUDA enabled") at the first tensor.
+        why = "no GPU is visible" if torch.backends.cuda.is_built() else "this torch is a CPU build"
+        raise ValueError(f"--device {device} but torch cannot use a GPU here: {why}")
     return device
 
 

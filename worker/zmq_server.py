@@ -76,27 +76,45 @@ def resident_bytes() -> int:
         return 0
 
 
-class WorkerServer:
-    def __init__(
-        self,
-        engine: Engine,
-        bind: str,
-        model_name: str | None = None,
-        parent_pid: int | None = None,
-        curve: CurveServer | None = None,
-        catalog: CatalogFile | None = None,
-    ):
-        self.engine = engine
-        self.catalog = catalog  # sent in parts to gateways that ask (CatalogQuery)
-        self.model_name = model_name or Path(engine.args.model).resolve().name
-        self.parent_pid = parent_pid
-        self.boot_id = uuid.uuid4().hex
+class Listener:
+    """The worker's ROUTER socket, bound (`cde worker` tries its endpoint with one before the model
+    loads: `cde.commands.worker.listen`)."""
+
+    def __init__(self, bind: str, curve: CurveServer | None = None):
+        self.endpoint = bind
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a larger frame disconnects its sender
-        self._auth = curve.secure(self.ctx, self.sock) if curve is not None else None
-        self.sock.bind(bind)
+        self.auth = curve.secure(self.ctx, self.sock) if curve is not None else None
+        try:
+            self.sock.bind(bind)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.auth is not None:
+            self.auth.stop()
+        self.ctx.term()
+
+
+class WorkerServer:
+    def __init__(
+        self,
+        engine: Engine,
+        bind: str | Listener,
+        model_name: str | None = None,
+        catalog: CatalogFile | None = None,
+    ):
+        """`bind`: an endpoint to bind now (no CURVE), or a Listener bound before the engine loaded."""
+        self.engine = engine
+        self.catalog = catalog  # sent in parts to gateways that ask (CatalogQuery)
+        self.model_name = model_name or Path(engine.args.model).resolve().name
+        self.boot_id = uuid.uuid4().hex
+        self.listener = bind if isinstance(bind, Listener) else Listener(bind)
+        self.ctx, self.sock = self.listener.ctx, self.listener.sock
         # Engine thread -> I/O thread: [peer, frame] to forward (zmq sockets are single-threaded).
         outbox = f"inproc://outbox-{self.boot_id}"
         self._out_pull = self.ctx.socket(zmq.PULL)
@@ -133,9 +151,6 @@ class WorkerServer:
                 self._receive(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
-                elif self.parent_pid is not None and os.getppid() != self.parent_pid:
-                    log.warning("parent process exited; stopping")
-                    break
                 collect_garbage()
                 self._refresh_heartbeat()
             self._fail_all("worker is shutting down")
@@ -144,9 +159,9 @@ class WorkerServer:
             if collecting:
                 gc.enable()
         self._io_done = True
-        io.join()
-        if self._auth is not None:
-            self._auth.stop()
+        io.join()  # it closes the sockets
+        if self.listener.auth is not None:
+            self.listener.auth.stop()
         self.ctx.term()
 
     def _receive(self, block: bool) -> None:
@@ -374,15 +389,11 @@ def collect_garbage() -> None:
 
 
 def run_worker(
-    engine: Engine,
-    bind: str,
-    model_name: str | None = None,
-    parent_pid: int | None = None,
-    curve: CurveServer | None = None,
-    catalog: CatalogFile | None = None,
+    engine: Engine, listener: Listener, model_name: str | None = None, catalog: CatalogFile | None = None
 ) -> None:
-    server = WorkerServer(engine, bind, model_name, parent_pid, curve, catalog)
+    server = WorkerServer(engine, listener, model_name, catalog)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
-    print(f"CDE worker ready on {bind} ({server.model_name}{', CURVE' if curve else ''})", flush=True)
+    curve = ", CURVE" if listener.auth else ""
+    print(f"CDE worker ready on {listener.endpoint} ({server.model_name}{curve})", flush=True)
     server.serve_forever()

@@ -23,7 +23,13 @@ from cde.commands.config_overrides import add_config_overrides, config_overrides
 from cde.commands.inductor_overrides import add_inductor_overrides, apply_inductor_overrides, parse_inductor_overrides
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
-from cde.commands.worker import add_async_scheduling_arguments, add_quantization_arguments, check_quantization_device
+from cde.commands.worker import (
+    DEVICE_HELP,
+    DEVICES,
+    add_async_scheduling_arguments,
+    add_quantization_arguments,
+    check_quantization_device,
+)
 from cde.shared.config import PAGE
 from cde.shared.limits import MAX_TOKENS_PER_STEP
 from cde.shared.logs import setup_logging
@@ -63,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run each level twice in the same engine: no steering, then half of the requests steering",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda; auto: cuda when a GPU is visible")
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run passes eagerly, without captured graphs")
     p.add_argument(

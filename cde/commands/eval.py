@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from cde.cli_types import positive_int
 from cde.commands.api_key_args import add_api_key_arguments, api_key
 from cde.commands.model_args import MODEL_HELP, add_model_arguments, resolve_model_args
+from cde.commands.worker import DEVICE_HELP, DEVICES
 
 if TYPE_CHECKING:
     from cde.eval.backends import EngineBackend, HttpBackend
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--url", help="a running CDE server, e.g. http://127.0.0.1:8000 (default: none, --model)")
     p.add_argument("--served-model", help="with --url: the model name (default: the server's first)")
     add_api_key_arguments(p, "with --url: send `Authorization: Bearer KEY`")
-    p.add_argument("--device", default="cpu", help="with --model: cpu | cuda | auto")
+    p.add_argument("--device", default="cpu", choices=DEVICES, help="with --model; " + DEVICE_HELP)
     p.add_argument("--cuda-graphs", action="store_true", help="with --model on CUDA: the serving configuration")
     p.add_argument("--max-running", type=positive_int, default=64, help="with --model: concurrent requests")
     p.add_argument(

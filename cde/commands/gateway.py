@@ -139,6 +139,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_http_arguments(p)
 
 
+def check_worker_endpoints(endpoints: list[str]) -> None:
+    """Each connected once, as the router will: zmq refuses a malformed one only then, inside the
+    server's startup, where it would end the command in a logged ZMQError."""
+    import zmq
+
+    ctx = zmq.Context()
+    try:
+        for endpoint in endpoints:
+            sock = ctx.socket(zmq.DEALER)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError as exc:
+                raise SystemExit(
+                    f"cde gateway: --worker {endpoint}: {zmq.strerror(exc.errno or 0)} "
+                    "(an endpoint is tcp://HOST:PORT or ipc://PATH)"
+                ) from None
+            finally:
+                sock.close(linger=0)
+    finally:
+        ctx.term()
+
+
 def concept_labels(args: argparse.Namespace, model_dir: str | None) -> ConceptLabels:
     """The concept labels a server (or `cde generate`) names concepts by."""
     from cde.gateway.concepts import ConceptLabels
@@ -192,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.worker and not args.worker_dns:
         raise SystemExit("cde gateway: give at least one --worker ENDPOINT or --worker-dns NAME:PORT")
+    check_worker_endpoints(args.worker)
     if bool(args.curve_secret_key) != bool(args.curve_server_key):
         raise SystemExit("cde gateway: --curve-secret-key and --curve-server-key go together")
     try:

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
-from cde.commands.worker import DEVICE_HELP, add_quantization_arguments, add_thread_arguments, check_quantization_device
+from cde.commands.worker import (
+    DEVICE_HELP,
+    DEVICES,
+    add_quantization_arguments,
+    add_thread_arguments,
+    check_quantization_device,
+)
 
 if TYPE_CHECKING:
     from cde.shared.packed_attribution import PackedAttribution
@@ -51,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="concept labels for steering by name and for attribution (default: as `cde serve` finds them)",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda; " + DEVICE_HELP)
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
     add_quantization_arguments(p)
     add_thread_arguments(p, workers=False)

@@ -64,21 +64,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _gpus(device: str) -> list[str]:
     if device == "cpu":
         return []
+    import torch  # only to ask for GPUs; the gateway itself never touches torch
+
+    # Asked even when CUDA_VISIBLE_DEVICES names GPUs: a CPU build of torch (or no driver) cannot
+    # use them, and a worker told to would fail its load on torch's AssertionError.
+    if not torch.cuda.is_available():
+        if device == "cuda":
+            why = "no GPU is visible" if torch.backends.cuda.is_built() else "this torch is a CPU build"
+            raise SystemExit(f"cde serve: --device cuda but torch cannot use a GPU here: {why}")
+        return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        gpus = [g.strip() for g in visible.split(",") if g.strip()]
-    else:
-        import torch  # only to count devices; the gateway itself never touches torch
-
-        gpus = [str(i) for i in range(torch.cuda.device_count())]
-    if device == "cuda" and not gpus:
-        raise SystemExit("cde serve: --device cuda but no GPU is visible")
-    return gpus
+    if visible is not None:  # each worker gets one of these names (an index or a GPU-UUID)
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str) -> tuple[list[str], list[subprocess.Popen]]:
-    """n workers, each given `settings` (its own endpoint) as one message."""
-    endpoints, procs = [], []
+def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str, procs: list[subprocess.Popen]) -> list[str]:
+    """n workers, each given `settings` (its own endpoint) as one message; each is in `procs` as
+    soon as it starts (an interrupt may come between two). From the main thread: a worker's
+    PR_SET_PDEATHSIG (`cde.commands.worker.die_with_parent`) fires when the thread that started it
+    ends, which must be this process's end."""
+    endpoints = []
     for i in range(n):
         endpoint = f"ipc://{sockdir}/worker-{i}"
         env = dict(os.environ)
@@ -91,7 +97,7 @@ def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str) -> t
         # the gateway has drained its requests.
         procs.append(subprocess.Popen(cmd, env=env, process_group=0))
         endpoints.append(endpoint)
-    return endpoints, procs
+    return endpoints
 
 
 def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
@@ -158,6 +164,13 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM as Ctrl-C outside uvicorn's own handlers (which drain once serving): either one
+    # during the start-up, or one that cuts the drain short, ends here after the cleanup.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from cde.cli import STARTED
     from cde.gateway.app import create_app
     from cde.gateway.http_limits import from_args as limits_from_args
@@ -183,8 +196,9 @@ def run(args: argparse.Namespace) -> int:
         concept_labels=args.concept_labels,  # the catalog other gateways fetch from these workers too
     )
     sockdir = tempfile.mkdtemp(prefix="cde-")
-    endpoints, procs = _spawn(settings, n, gpus, sockdir)
+    procs: list[subprocess.Popen] = []
     try:
+        endpoints = _spawn(settings, n, gpus, sockdir, procs)
         state = build_state(args, endpoints, procs, model_dir=args.model, model_root=hub_id)
         app = create_app(
             state,
@@ -204,5 +218,7 @@ def run(args: argparse.Namespace) -> int:
             warm_up=_warm_up(args, gpus),
         )
     finally:
-        _stop(procs)
-        shutil.rmtree(sockdir, ignore_errors=True)
+        try:
+            _stop(procs)
+        finally:  # a signal cut the stop short: the workers still end with us (PR_SET_PDEATHSIG)
+            shutil.rmtree(sockdir, ignore_errors=True)

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
+import errno
 import logging
 import os
+import re
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -30,8 +34,11 @@ from cde.shared.settings import WorkerSettings
 if TYPE_CHECKING:
     from cde.shared.catalog_file import CatalogFile
     from cde.shared.curve import CurveServer
+    from cde.worker.zmq_server import Listener
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
+DEVICES = ("auto", "cpu", "cuda")  # a worker also takes cuda:N
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 
@@ -40,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)"
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
+    p.add_argument("--device", type=worker_device, default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
     p.add_argument("--max-running", type=positive_int, default=16, help="requests decoded concurrently")
     add_fair_share_arguments(p)
@@ -85,6 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quantization_arguments(p)
     add_prefix_cache_arguments(p)
     add_async_scheduling_arguments(p)
+
+
+def worker_device(text: str) -> str:
+    """Checked here: torch would refuse `gpu` only once the weights load, listing its 20 device types."""
+    if text in DEVICES or re.fullmatch(r"cuda:\d+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
 
 
 def add_async_scheduling_arguments(p: argparse.ArgumentParser) -> None:
@@ -222,27 +236,62 @@ def curve_server(secret_key: str | None, authorized_keys: str | None) -> CurveSe
         raise SystemExit(f"cde worker: {exc}") from None
 
 
+def die_with_parent(parent_pid: int | None) -> None:
+    """SIGTERM from the kernel when the process that started us ends, at any moment: while the
+    model loads too (minutes at 8B, holding the GPU), when no loop of ours is there to notice."""
+    if parent_pid is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # it ended before the prctl: no signal will come
+        raise SystemExit(f"cde worker: process {parent_pid} is not (or no longer) this worker's parent")
+
+
+def listen(bind: str, curve: CurveServer | None) -> Listener:
+    """The worker's socket, bound; or one line naming what is wrong with the endpoint. Tried once
+    before the model loads or downloads (a busy port or a malformed endpoint fails at once), then
+    bound for good once the engine is ready: an open port says the worker is loaded, which the
+    deployments' TCP probes read (deploy/k8s/worker-statefulset.yaml)."""
+    import zmq
+
+    from cde.worker.zmq_server import Listener
+
+    try:
+        return Listener(bind, curve)
+    except zmq.ZMQError as exc:
+        what = zmq.strerror(exc.errno or 0)
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # else the endpoint itself is wrong
+            what += " (an endpoint is tcp://HOST:PORT or ipc://PATH)"
+        raise SystemExit(f"cde worker: cannot listen on --bind {bind}: {what}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from cde.cli import STARTED
-    from cde.worker.engine import Engine, resolve_device
-    from cde.worker.zmq_server import run_worker
 
+    # Keys, endpoint and flags before the model resolves: a bad one should not take minutes to report.
     if args.settings_json is not None:  # from the `cde serve` that started this process
         try:
             settings = WorkerSettings.from_json(args.settings_json)
         except ValueError as exc:
             raise SystemExit(f"cde worker: --settings-json: {exc}") from None
+        die_with_parent(settings.parent_pid)
         curve = curve_server(settings.curve_secret_key, settings.curve_authorized_keys)
+        listen(settings.bind, None).close()
     else:
-        # Keys and flags before the model resolves: a bad one should not take minutes to report.
+        die_with_parent(args.parent_pid)
         curve = curve_server(args.curve_secret_key, args.curve_authorized_keys)
         given = engine_args(args)
+        listen(args.bind, None).close()
         served = resolve_model_args(args, "worker")  # the model as a local directory
         settings = worker_settings(args, dataclasses.replace(given, model=args.model), served)
-    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
-    catalog = catalog_file(settings)  # a bad path fails before the weights load
+    from cde.worker.engine import Engine, resolve_device
+    from cde.worker.zmq_server import run_worker
+
     device = resolve_device(settings.engine.device)
     check_quantization_device(settings.engine.quantization, device)
+    setup_logging("worker", os.environ.get("CDE_LOG_LEVEL", "INFO"))
+    catalog = catalog_file(settings)  # a bad path fails before the weights load
     if device == "cpu":
         from cde.worker.cpu_threads import set_cpu_threads
 
@@ -251,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     # From the process's start: imports, weights, compilation and graph capture.
     ready_s = time.monotonic() - STARTED
     logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})
-    run_worker(engine, settings.bind, settings.served_model_name, settings.parent_pid, curve, catalog)
+    run_worker(engine, listen(settings.bind, curve), settings.served_model_name, catalog)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

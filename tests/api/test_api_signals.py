@@ -1,0 +1,113 @@
+"""Signals to a real `cde serve` outside the plain drain (tests/api/test_api_faults.py has that one):
+during the start-up, a second one while draining, and its death by SIGKILL. Each ends its workers
+and (but for SIGKILL) its socket directory, and an interrupt is one line, exit status 130."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.api_server import LONG, REPO, ServerProcess, pid_alive
+
+INTERRUPTED = "cde serve: interrupted"
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+class Starting:
+    """`cde serve` with one worker, its socket directory under `tmp`, its output collected."""
+
+    def __init__(self, model_dir: Path, tmp: Path):
+        cmd = [sys.executable, "-m", "cde", "serve", "--model", str(model_dir), "--port", "0", "--device", "cpu"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.tmp, self.lines = tmp, []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    def worker(self) -> int:
+        return wait_for(lambda: children(self.proc.pid), "the worker process")[0]
+
+    def output(self) -> str:
+        self._reader.join(30)  # until every writer (the workers too) has closed the pipe
+        return "".join(self.lines)
+
+    def assert_cleaned_up(self, worker: int) -> None:
+        wait_for(lambda: not pid_alive(worker), "the worker to exit", 10)
+        assert not list(self.tmp.glob("cde-*")), "the socket directory was left"
+
+
+def test_sigterm_while_the_workers_start(tiny_dir, tmp_path):
+    serve = Starting(tiny_dir, tmp_path)
+    worker = serve.worker()
+    serve.proc.send_signal(signal.SIGTERM)
+    assert serve.proc.wait(30) == 130, serve.output()
+    assert serve.output().strip().splitlines()[-1] == INTERRUPTED
+    serve.assert_cleaned_up(worker)
+
+
+def test_sigint_while_waiting_for_the_workers(tiny_dir, tmp_path):
+    serve = Starting(tiny_dir, tmp_path)
+    worker = serve.worker()
+    os.kill(worker, signal.SIGSTOP)  # it never gets ready: the gateway waits for it
+    try:
+        wait_for(lambda: any("Waiting for application startup" in line for line in serve.lines), "the wait")
+        serve.proc.send_signal(signal.SIGINT)
+        assert serve.proc.wait(30) == 130, serve.output()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # not left stopped if the test fails
+            os.kill(worker, signal.SIGCONT)
+    out = serve.output()
+    assert out.strip().splitlines()[-1] == INTERRUPTED
+    assert "CancelledError" not in out and "Traceback" not in out, out
+    serve.assert_cleaned_up(worker)
+
+
+def test_a_worker_dies_with_its_serve_while_it_loads(tiny_dir, tmp_path):
+    serve = Starting(tiny_dir, tmp_path)
+    worker = serve.worker()
+    serve.proc.kill()  # no cleanup of ours runs: the kernel's parent-death signal ends the worker
+    serve.proc.wait()
+    wait_for(lambda: not pid_alive(worker), "the worker to exit", 10)
+    assert "CDE worker ready" not in serve.output()  # stopped in its load, not after it
+
+
+def test_a_second_signal_ends_the_drain_at_once(tiny_dir):
+    srv = ServerProcess(tiny_dir, "--served-model-name", "tiny", workers=1)  # --shutdown-timeout 30 s
+    try:
+        with httpx.stream("POST", srv.base_url + "/completions", json=LONG, timeout=60) as r:
+            events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
+            next(events)
+            srv.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: srv.health()[0] == 503, "draining")
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGINT)
+            rest = list(events)
+        assert srv.proc.wait(10) == 130 and time.monotonic() - t0 < 10
+    finally:
+        srv.stop()
+    assert rest[-1] == "[DONE]" and "shut down" in json.loads(rest[-2])["error"]["message"], rest[-2:]
+    out = wait_for(lambda: INTERRUPTED in "".join(srv.output) and "".join(srv.output), "the interrupted line", 10)
+    assert "Traceback" not in out and "shutdown timeout" not in out, out
