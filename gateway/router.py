@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import subprocess
 import time
 import uuid
@@ -64,6 +65,8 @@ class Router:
         self._identity = f"gateway-{uuid.uuid4().hex[:12]}".encode()
         self._monitor: asyncio.Task | None = None
         self._turn = 0
+        self._ready = False  # every worker answered once (`wait_ready`)
+        self.workers_gone: str | None = None  # why every worker process we started has exited
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -115,6 +118,7 @@ class Router:
                 late = [link.name for link in self.links if not link.alive] or ["their concept catalogs"]
                 raise RuntimeError(f"workers not ready after {timeout:g}s: {', '.join(late)}")
             await asyncio.sleep(0.05)
+        self._ready = True
 
     async def _monitor_loop(self) -> None:
         while True:
@@ -131,6 +135,19 @@ class Router:
                     link.ping()
             if self.catalogs is not None:
                 self.catalogs.refresh(self.links)
+            self._stop_when_every_worker_is_gone()
+
+    def _stop_when_every_worker_is_gone(self) -> None:
+        """A `cde serve` whose worker processes have all exited (an OOM, a crashed device) could
+        only answer 503 from then on: it drains and stops instead, as vLLM's server stops with its
+        engine, for the process manager to restart it (`cde serve` then exits 1)."""
+        ours = [link for link in self.links if link.process is not None]
+        if not self._ready or not ours or any(link.exit_code() is None for link in ours):
+            return
+        self._ready = False  # once
+        self.workers_gone = ", ".join(f"{link.name} exited with code {link.exit_code()}" for link in ours)
+        log.error("every worker has exited (%s): stopping", self.workers_gone)
+        signal.raise_signal(signal.SIGTERM)  # the server's own drain, as a process manager's stop
 
     # ---- routing ------------------------------------------------------------------------------
     @property

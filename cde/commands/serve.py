@@ -208,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         where = f"{n} worker{'s' if n > 1 else ''} on {'GPU ' + ','.join(gpus) if gpus else 'CPU'}"
         banner = _ReadyBanner(f"CDE serving {name} ({where}) at {{url}}/v1, playground {{url}}/", STARTED)
-        return serve_http(
+        code = serve_http(
             app,
             args.host,
             args.port,
@@ -217,6 +217,9 @@ def _serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             warm_up=_warm_up(args, gpus),
         )
+        if state.router.workers_gone:
+            raise SystemExit(f"cde serve: stopped, as every worker exited ({state.router.workers_gone})")
+        return code
     finally:
         try:
             _stop(procs)

@@ -111,3 +111,15 @@ def test_a_second_signal_ends_the_drain_at_once(tiny_dir):
     assert rest[-1] == "[DONE]" and "shut down" in json.loads(rest[-2])["error"]["message"], rest[-2:]
     out = wait_for(lambda: INTERRUPTED in "".join(srv.output) and "".join(srv.output), "the interrupted line", 10)
     assert "Traceback" not in out and "shutdown timeout" not in out, out
+
+
+def test_serve_stops_when_every_worker_has_exited(tiny_dir, tmp_path):
+    """It could only answer 503 from then on; stopped, its process manager restarts it."""
+    serve = Starting(tiny_dir, tmp_path)
+    worker = serve.worker()
+    wait_for(lambda: any("CDE serving" in line for line in serve.lines), "the banner", 60)
+    os.kill(worker, signal.SIGKILL)
+    assert serve.proc.wait(30) == 1, serve.output()
+    last = serve.output().strip().splitlines()[-1]
+    assert last == "cde serve: stopped, as every worker exited (worker-0 exited with code -9)", last
+    serve.assert_cleaned_up(worker)
