@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 from cde.cli_errors import add_debug_argument, run_reporting_errors, take_debug_flag
@@ -37,6 +37,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
+
+
+class _Version(argparse._VersionAction):
+    """Looked up only when asked: a source tree run without an install (scripts/gpu_run.sh) has no
+    package metadata, and every other command must still run there."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        try:
+            installed = version("cde")
+        except PackageNotFoundError:
+            installed = "(not installed: a source tree)"
+        print(f"cde {installed}")
+        parser.exit(0)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -68,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, Any]:
     """The parser, with the arguments of the `chosen` command only (and that command's module)."""
     parser = Parser(prog="cde", description="CDE, the Causal Diffusion Engine", formatter_class=HelpFormatter)
-    parser.add_argument("--version", action="version", version=f"cde {version('cde')}")
+    parser.add_argument("--version", action=_Version)
     add_debug_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     module = None

@@ -25,8 +25,9 @@ def _number(kind: Callable[[str], float], low: float, high: float, what: str) ->
 
 positive_int = _number(int, 1, math.inf, "a positive integer")
 non_negative_int = _number(int, 0, math.inf, "an integer >= 0")
-positive_seconds = _number(float, math.ulp(0.0), 1e9, "a positive number of seconds")
-non_negative_seconds = _number(float, 0.0, 1e9, "a number of seconds >= 0")
+# inf: no limit
+positive_seconds = _number(float, math.ulp(0.0), math.inf, "a positive number of seconds")
+non_negative_seconds = _number(float, 0.0, math.inf, "a number of seconds >= 0")
 port = _number(int, 0, 65535, "a port in [0, 65535]")
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -20,7 +20,7 @@ from cde.gateway.errors import (
 )
 from cde.gateway.http_limits import HttpLimits
 from cde.gateway.json_out import JsonResponse
-from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog
+from cde.gateway.middleware import ApiKey, BodyLimit, HostCheck, RequestLog, with_cors
 from cde.gateway.openapi import openapi_schema
 from cde.gateway.response_schemas import ModelCard, ModelList
 from cde.gateway.state import ServerState
@@ -29,7 +29,6 @@ from cde.shared.tokenizer import get_tokenizer
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -109,23 +108,6 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 DEFAULT_LIMITS = HttpLimits()
 
 
-def _cors(limits: HttpLimits) -> list[Middleware]:
-    """Browser pages of `--allowed-origins` may call the API: their preflights are answered before
-    the API key is asked for (a browser sends none with them), and every answer, errors included,
-    names their origin."""
-    if not limits.allowed_origins:
-        return []
-    return [
-        Middleware(
-            CORSMiddleware,
-            allow_origins=list(limits.allowed_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["*"],
-            max_age=600,
-        )
-    ]
-
-
 def create_app(
     state: ServerState,
     wait_for_workers: float | None = None,
@@ -167,7 +149,7 @@ def create_app(
         middleware=[
             Middleware(RequestLog, metrics=state.metrics),
             Middleware(HostCheck, limits=limits),
-            *_cors(limits),
+            Middleware(with_cors, limits=limits),
             Middleware(BodyLimit, max_bytes=max_request_bytes, timeout=limits.body_timeout),
             Middleware(ApiKey, api_key=state.api_key),
         ],

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import logging
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ import uvicorn
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
 from cde.gateway.metrics import Metrics
-from cde.gateway.middleware import RequestLog, record_response
+from cde.gateway.middleware import RequestLog, record_response, with_cors
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -47,9 +48,10 @@ class DrainGate:
     """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503.
     Refuses a request whose line and headers pass MAX_HEAD_BYTES with 431, before anything."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None, limits: HttpLimits | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.limits = limits or HttpLimits()  # its refusals name an allowed page's origin too
         self.active = 0
         self.draining = False
 
@@ -65,7 +67,7 @@ class DrainGate:
             err = ApiError(503, "the server is shutting down", code="shutting_down")
         if err is not None:
             refusal = JSONResponse(err.body(), err.status, headers={"Connection": "close"})
-            return await RequestLog(refusal, self.metrics)(scope, receive, send)
+            return await RequestLog(with_cors(refusal, self.limits), self.metrics)(scope, receive, send)
         self.active += 1
         try:
             await self.app(scope, receive, send)
@@ -222,10 +224,10 @@ def serve_http(
     afterwards. Returns 1 if startup failed; raises KeyboardInterrupt if a signal cut the startup
     or the drain short. `warm_up(url)` runs once the port is bound, before the banner (requests
     through the real HTTP path: the first client's is not the first)."""
-    gate = DrainGate(app, app.state.cde.metrics)
+    limits: HttpLimits = app.state.limits
+    gate = DrainGate(app, app.state.cde.metrics, limits)
     # log_config=None: uvicorn's loggers go through the process's JSON handler; the gateway
     # writes its own access log line (with the request id).
-    limits: HttpLimits = app.state.limits
     config = uvicorn.Config(
         gate,
         host=host,
@@ -240,6 +242,14 @@ def serve_http(
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
     server = DrainingServer(config, gate)
+
+    def stop_serving() -> bool:  # the router's, once every worker `cde serve` started has exited
+        if not server.started or gate.draining:
+            return False
+        server.handle_exit(signal.SIGTERM, None)  # a drain, as on a process manager's stop
+        return True
+
+    app.state.cde.router.stop_serving = stop_serving
 
     async def serve() -> None:
         # uvicorn ends a failed startup (a port in use, a worker that died) with sys.exit: caught

@@ -21,10 +21,12 @@ M = TypeVar("M", bound=BaseModel)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def parse_json_body(raw: bytes, content_type: str) -> object:
+def parse_json_body(raw: bytes, content_type: str, from_a_page: bool = False) -> object:
     """A body sent without a Content-Type is read as JSON, as vLLM (FastAPI) reads it: Python's
-    `requests.post(url, data=json.dumps(...))` sends none."""
-    if content_type and content_type.split(";")[0].strip().lower() != "application/json":
+    `requests.post(url, data=json.dumps(...))` sends none. Not from a web page (`from_a_page`: the
+    request has an Origin): a browser sends a binary body without a Content-Type and without
+    asking first (no CORS preflight), so any page could make a local server generate."""
+    if (content_type or from_a_page) and content_type.split(";")[0].strip().lower() != "application/json":
         raise invalid(
             f"Unsupported content type {content_type or '(none)'!r}; send application/json",
             None,
@@ -59,7 +61,7 @@ def _check_unicode(value: Any, path: list) -> None:
 
 
 async def read_body(request: Request, schema: type[M]) -> M:
-    data = parse_json_body(await request.body(), request.headers.get("content-type", ""))
+    data = parse_json_body(await request.body(), request.headers.get("content-type", ""), "origin" in request.headers)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:

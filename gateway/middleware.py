@@ -14,6 +14,7 @@ import uuid
 from cde.gateway.errors import ApiError
 from cde.gateway.http_limits import HttpLimits
 from cde.gateway.metrics import Metrics
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("cde.gateway")
@@ -91,6 +92,16 @@ def record_response(
             "duration_ms": round((time.monotonic() - started) * 1000, 1),
         },
     )
+
+
+def with_cors(app: ASGIApp, limits: HttpLimits) -> ASGIApp:
+    """Browser pages of `--allowed-origins` may call the API: their preflights are answered before
+    the API key is asked for (a browser sends none with them), and every answer, errors and the
+    drain's 503 included (`gateway.http_server.DrainGate`), names their origin."""
+    if not limits.allowed_origins:
+        return app
+    origins = list(limits.allowed_origins)
+    return CORSMiddleware(app, allow_origins=origins, allow_methods=["GET", "POST"], allow_headers=["*"], max_age=600)
 
 
 class HostCheck:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import zmq.asyncio
@@ -67,6 +67,9 @@ class Router:
         self._turn = 0
         self._ready = False  # every worker answered once (`wait_ready`)
         self.workers_gone: str | None = None  # why every worker process we started has exited
+        # Set by the HTTP server: begins its drain; False while it cannot (not yet serving, or
+        # draining already).
+        self.stop_serving: Callable[[], bool] | None = None
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -142,12 +145,12 @@ class Router:
         only answer 503 from then on: it drains and stops instead, as vLLM's server stops with its
         engine, for the process manager to restart it (`cde serve` then exits 1)."""
         ours = [link for link in self.links if link.process is not None]
-        if not self._ready or not ours or any(link.exit_code() is None for link in ours):
+        if not self._ready or self.stop_serving is None or not ours or any(link.exit_code() is None for link in ours):
             return
-        self._ready = False  # once
-        self.workers_gone = ", ".join(f"{link.name} exited with code {link.exit_code()}" for link in ours)
-        log.error("every worker has exited (%s): stopping", self.workers_gone)
-        signal.raise_signal(signal.SIGTERM)  # the server's own drain, as a process manager's stop
+        if self.stop_serving():  # else asked again at the next beat
+            self._ready = False  # once
+            self.workers_gone = ", ".join(f"{link.name} exited with code {link.exit_code()}" for link in ours)
+            log.error("every worker has exited (%s): stopping", self.workers_gone)
 
     # ---- routing ------------------------------------------------------------------------------
     @property

@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--parent-pid",
         type=int,
-        help="exit when this process is no longer our parent (used by `cde serve`; default: none)",
+        help="exit when this process, our parent, ends (the kernel's PR_SET_PDEATHSIG, which fires when the "
+        "thread that started us ends: start the worker from one that lives as long as the process; default: none)",
     )
     p.add_argument(
         "--host-workers",

@@ -17,6 +17,7 @@ import pytest
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
 
 HEARTBEAT_TIMEOUT, SHUTDOWN_TIMEOUT = 2, 3
+ORIGIN = "https://app.example"  # --allowed-origins
 SHORT = {"model": "tiny", "prompt": "y", "max_tokens": 120, "temperature": 0, "tokens_per_step": 8}
 
 
@@ -30,6 +31,8 @@ def server(tiny_dir):
         str(HEARTBEAT_TIMEOUT),
         "--shutdown-timeout",
         str(SHUTDOWN_TIMEOUT),
+        "--allowed-origins",
+        ORIGIN,
     )
     yield srv
     srv.stop()
@@ -129,6 +132,12 @@ async def test_sigterm_refuses_new_requests_drains_then_fails_stragglers(server)
         await asyncio.to_thread(wait_for, lambda: server.health()[0] == 503, "draining")
         r = await http.post(url, json=SHORT)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        # A page of --allowed-origins reads the 503 (a browser would report a network error).
+        r = await http.post(url, json=SHORT, headers={"Origin": ORIGIN})
+        assert r.status_code == 503 and r.headers["access-control-allow-origin"] == ORIGIN
+        ask = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+        r = await http.options(url, headers=ask)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
         short_events, long_events = await asyncio.wait_for(asyncio.gather(short, long), 30)
 
     assert short_events[-1] == "[DONE]" and short_events[-2]["choices"][0]["finish_reason"] == "length"

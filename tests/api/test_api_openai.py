@@ -396,6 +396,10 @@ def test_what_vllm_clients_leave_out_is_filled_in(server):
             timeout=60,
         )
         assert raw.status_code == 200 and raw.json()["choices"], raw.text
+        # Not from a web page: a browser sends a binary body so, without a preflight.
+        page = {"Authorization": f"Bearer {KEY}", "Content-Type": "", "Origin": "https://page.example"}
+        raw = httpx.post(server.base_url + path, content=json.dumps({"model": "tiny", **body}).encode(), headers=page)
+        assert raw.status_code == 400 and raw.json()["error"]["code"] == "unsupported_content_type"
     r = post(server, "/completions", {"model": None, "prompt": "Hello", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["model"] == "tiny"
 

@@ -37,8 +37,9 @@ def children(pid: int) -> list[int]:
 class Starting:
     """`cde serve` with one worker, its socket directory under `tmp`, its output collected."""
 
-    def __init__(self, model_dir: Path, tmp: Path):
+    def __init__(self, model_dir: Path, tmp: Path, *flags: str):
         cmd = [sys.executable, "-m", "cde", "serve", "--model", str(model_dir), "--port", "0", "--device", "cpu"]
+        cmd += flags
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -123,3 +124,21 @@ def test_serve_stops_when_every_worker_has_exited(tiny_dir, tmp_path):
     last = serve.output().strip().splitlines()[-1]
     assert last == "cde serve: stopped, as every worker exited (worker-0 exited with code -9)", last
     serve.assert_cleaned_up(worker)
+
+
+def test_workers_gone_during_a_drain_end_it_as_asked(tiny_dir, tmp_path):
+    """The stop was asked for: exit 0, neither an interrupt nor 'every worker exited'."""
+    serve = Starting(tiny_dir, tmp_path, "--heartbeat-timeout", "60")
+    worker = serve.worker()
+    banner = wait_for(lambda: next((ln for ln in serve.lines if "CDE serving" in ln), None), "the banner", 60)
+    url = banner.split(" at ")[1].split()[0].rstrip(",")  # http://127.0.0.1:PORT/v1
+    os.kill(worker, signal.SIGSTOP)  # its request stays in flight
+    body = {"prompt": "hi", "max_tokens": 8}
+    pending = threading.Thread(target=lambda: httpx.post(url + "/completions", json=body, timeout=60), daemon=True)
+    pending.start()
+    time.sleep(0.5)
+    serve.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: httpx.get(url.removesuffix("/v1") + "/health").status_code == 503, "the drain")
+    os.kill(worker, signal.SIGKILL)
+    assert serve.proc.wait(30) == 0, serve.output()
+    assert INTERRUPTED not in serve.output() and "every worker exited" not in serve.output()

@@ -67,3 +67,20 @@ def test_a_misspelt_flag_and_a_bare_api_key_are_one_line():
 def test_version():
     res = cde("--version")
     assert res.returncode == 0 and res.stdout.startswith("cde ") and res.stdout.split()[1][0].isdigit()
+
+
+def test_a_source_tree_without_package_metadata_still_runs(monkeypatch, capsys):
+    """scripts/gpu_run.sh runs `python -m cde` from a checkout on PYTHONPATH, never installed."""
+    import importlib.metadata
+
+    import cde.cli
+
+    def absent(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cde.cli, "version", absent)
+    parser, _ = cde.cli.build_parser("make-model")
+    assert parser.parse_args(["make-model", "--preset", "tiny", "out"]).out == "out"
+    with pytest.raises(SystemExit) as done:
+        parser.parse_args(["--version"])
+    assert done.value.code == 0 and "not installed" in capsys.readouterr().out
