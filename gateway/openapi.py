@@ -281,7 +281,7 @@ def openapi_schema(model_name: str | None, info: ModelInfo | None, api_key: bool
     defs = doc["components"]["schemas"]
     if model_name is not None and info is not None:
         for name in ("CompletionRequest", "ChatCompletionRequest"):
-            defs[name]["properties"]["model"] = {"type": "string", "enum": [model_name]}
+            defs[name]["properties"]["model"]["anyOf"][0]["enum"] = [model_name]  # or null: the served one
             _bound_ints(defs[name]["properties"]["stop_token_ids"], info.vocab_size - 1)
         for name, field in (
             ("CompletionRequest", "max_tokens"),

@@ -447,3 +447,5 @@ def test_openapi(server):
     assert "/v1/completions" in doc["paths"] and "/v1/chat/completions" in doc["paths"]
     props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
     assert {"prompt", "steering", "attribution", "tokens_per_step"} <= set(props)
+    # The served name, or none (null or left out): the served model, as the server reads it.
+    assert props["model"]["anyOf"] == [{"type": "string", "enum": ["tiny"]}, {"type": "null"}]
