@@ -18,6 +18,28 @@ from tests.api_server import REPO
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def run_cde(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """One `python -m cde` command, run to its end, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "cde", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**ENV, **(env or {})},
+        check=False,
+    )
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0):
+    """`predicate()`'s first true value, polled until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
+from tests.cde_procs import wait_for
 
 HEARTBEAT_TIMEOUT, SHUTDOWN_TIMEOUT = 2, 3
 ORIGIN = "https://app.example"  # --allowed-origins
@@ -43,14 +43,6 @@ async def read_events(response):
     async for line in response.aiter_lines():
         if line.startswith("data: "):
             yield "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 async def first_blocks(server, seen: float, n: int) -> None:

@@ -15,16 +15,9 @@ from pathlib import Path
 import httpx
 
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
+from tests.cde_procs import wait_for
 
 INTERRUPTED = "cde serve: interrupted"
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
 
 
 def children(pid: int) -> list[int]:

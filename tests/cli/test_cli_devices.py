@@ -12,20 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cde_procs import run_cde
+
 ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = {"CUDA_VISIBLE_DEVICES": "99"}
-
-
-def cde(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cde", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        check=False,
-    )
 
 
 def one_line(res: subprocess.CompletedProcess, command: str, status: int, *says: str) -> None:
@@ -36,7 +26,7 @@ def one_line(res: subprocess.CompletedProcess, command: str, status: int, *says:
 
 @pytest.mark.parametrize("command", ["worker", "generate", "bench engine", "eval"])
 def test_a_device_no_command_knows_is_refused_by_the_parser(command):
-    res = cde(*command.split(), "--device", "gpu")
+    res = run_cde(*command.split(), "--device", "gpu")
     one_line(res, command, 2, "argument --device", "'gpu'")
 
 
@@ -51,7 +41,7 @@ def test_a_worker_takes_an_indexed_cuda_device():
     [("generate", ["--prompt", "hi"]), ("worker", ["--bind", "ipc://@cde-test-devices"]), ("serve", [])],
 )
 def test_cuda_that_torch_cannot_use_is_one_line(command, args):
-    res = cde(command, "--device", "cuda", *args, env=NO_GPU)
+    res = run_cde(command, "--device", "cuda", *args, env=NO_GPU)
     one_line(res, command, 1, "--device cuda but torch cannot use a GPU here")
 
 

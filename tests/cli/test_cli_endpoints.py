@@ -2,27 +2,12 @@
 port or a malformed endpoint is one line, not a ZMQError once the model is ready), and `cde gateway
 --worker` is checked before the server starts; each run as a real `python -m cde` process."""
 
-import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cde(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cde", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+from tests.cde_procs import run_cde
 
 
 def one_line(res: subprocess.CompletedProcess, command: str, *says: str) -> None:
@@ -37,13 +22,13 @@ def test_a_busy_worker_port_is_one_line_before_the_model_loads(tiny_dir):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         endpoint = f"tcp://127.0.0.1:{busy.getsockname()[1]}"
-        res = cde("worker", "--model", str(tiny_dir), "--device", "cpu", "--bind", endpoint)
+        res = run_cde("worker", "--model", str(tiny_dir), "--device", "cpu", "--bind", endpoint)
     one_line(res, "worker", f"--bind {endpoint}", "Address already in use")
 
 
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:5597", "udp://127.0.0.1:5597"])
 def test_a_malformed_endpoint_is_one_line_naming_the_flag(tiny_dir, endpoint):
-    res = cde("worker", "--model", str(tiny_dir), "--device", "cpu", "--bind", endpoint)
+    res = run_cde("worker", "--model", str(tiny_dir), "--device", "cpu", "--bind", endpoint)
     one_line(res, "worker", f"--bind {endpoint}", "tcp://HOST:PORT or ipc://PATH")
-    res = cde("gateway", "--port", "0", "--worker", "ipc:///tmp/cde-test-fine", "--worker", endpoint)
+    res = run_cde("gateway", "--port", "0", "--worker", "ipc:///tmp/cde-test-fine", "--worker", endpoint)
     one_line(res, "gateway", f"--worker {endpoint}", "tcp://HOST:PORT or ipc://PATH")

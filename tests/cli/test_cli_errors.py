@@ -2,31 +2,18 @@
 names the command and the cause, exit status 1, no traceback; `--debug` or CDE_DEBUG=1 brings the
 traceback back."""
 
+import functools
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from cde.worker.checkpoint import make_model
 
-from tests.cde_procs import free_port
+from tests.cde_procs import free_port, run_cde
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cde(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cde", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        check=False,
-    )
+cde = functools.partial(run_cde, timeout=240)  # a model loads in some cases
 
 
 def one_line(res: subprocess.CompletedProcess, command: str, *says: str) -> None:

@@ -2,26 +2,9 @@
 starts (cde/cli_types.py), and every flag mistake is one line naming the command and the flag
 (cde/cli.py's `Parser`), each run as a real `python -m cde` process."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cde(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cde", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
+from tests.cde_procs import run_cde
 
 
 @pytest.mark.parametrize(
@@ -46,7 +29,7 @@ def cde(*args: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_a_value_no_server_could_use_is_one_line_naming_the_flag(command, flag, value):
-    res = cde(command, f"{flag}={value}")
+    res = run_cde(command, f"{flag}={value}")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"cde {command}: argument {flag}: expected ") and value in lines[0], res.stderr
@@ -58,14 +41,14 @@ def test_a_misspelt_flag_and_a_bare_api_key_are_one_line():
         (("serve", "--api-key"), "CDE_API_KEY"),
         (("bogus",), "invalid choice: 'bogus'"),
     ):
-        res = cde(*args)
+        res = run_cde(*args)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and says in lines[0], res.stderr
         assert "usage:" not in res.stderr
 
 
 def test_version():
-    res = cde("--version")
+    res = run_cde("--version")
     assert res.returncode == 0 and res.stdout.startswith("cde ") and res.stdout.split()[1][0].isdigit()
 
 
