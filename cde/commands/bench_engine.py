@@ -26,6 +26,8 @@ from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
     DEVICES,
+    DTYPE_HELP,
+    DTYPES,
     add_async_scheduling_arguments,
     add_quantization_arguments,
     check_quantization_device,
@@ -70,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run each level twice in the same engine: no steering, then half of the requests steering",
     )
     p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run passes eagerly, without captured graphs")
     p.add_argument(
         "--kv-splits",

@@ -15,6 +15,8 @@ from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
     DEVICES,
+    DTYPE_HELP,
+    DTYPES,
     add_quantization_arguments,
     add_thread_arguments,
     check_quantization_device,
@@ -58,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="concept labels for steering by name and for attribution (default: as `cde serve` finds them)",
     )
     p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     add_quantization_arguments(p)
     add_thread_arguments(p, workers=False)
     p.add_argument(

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
 DEVICES = ("auto", "cpu", "cuda")  # a worker also takes cuda:N
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+DTYPES = ("auto", "float32", "bfloat16")  # what the engine computes in
 DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)"
     )
     p.add_argument("--device", type=worker_device, default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16; " + DTYPE_HELP)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--max-running", type=positive_int, default=16, help="requests decoded concurrently")
     add_fair_share_arguments(p)
     p.add_argument(

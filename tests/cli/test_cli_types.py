@@ -35,11 +35,13 @@ def test_a_value_no_server_could_use_is_one_line_naming_the_flag(command, flag, 
     assert lines[0].startswith(f"cde {command}: argument {flag}: expected ") and value in lines[0], res.stderr
 
 
-def test_a_misspelt_flag_and_a_bare_api_key_are_one_line():
+def test_a_misspelt_flag_a_bare_api_key_and_an_unknown_dtype_are_one_line():
     for args, says in (
         (("serve", "--max-runing", "4"), "unrecognized arguments: --max-runing"),
         (("serve", "--api-key"), "CDE_API_KEY"),
         (("bogus",), "invalid choice: 'bogus'"),
+        (("generate", "--dtype", "fp32"), "argument --dtype: invalid choice: 'fp32'"),
+        (("worker", "--dtype", "float16"), "argument --dtype: invalid choice: 'float16'"),
     ):
         res = run_cde(*args)
         lines = res.stderr.strip().splitlines()
