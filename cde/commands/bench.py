@@ -7,6 +7,8 @@ import argparse
 import importlib
 from typing import Any
 
+from cde.cli_errors import add_debug_argument
+
 # name -> (module in cde.commands, one-line help). Only the chosen one is imported: `bench serve`
 # and `bench soak` run where torch is not installed.
 SUBCOMMANDS = {
@@ -34,6 +36,7 @@ class _LazySubcommands(argparse._SubParsersAction):
             module = importlib.import_module(f"cde.commands.{SUBCOMMANDS[name][0]}")
             sub = self._name_parser_map[name]
             sub.description = module.__doc__
+            add_debug_argument(sub)  # listed in its --help, as on every command
             module.add_arguments(sub)
             namespace.bench_run = module.run
         super().__call__(parser, namespace, values, option_string)
