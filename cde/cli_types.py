@@ -15,7 +15,7 @@ def _number(kind: Callable[[str], float], low: float, high: float, what: str) ->
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not (low <= value <= high) or math.isnan(value):
+        if not low <= value <= high:  # NaN is in no range
             raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
         return value
 
@@ -29,6 +29,8 @@ non_negative_int = _number(int, 0, math.inf, "an integer >= 0")
 positive_seconds = _number(float, math.ulp(0.0), math.inf, "a positive number of seconds")
 non_negative_seconds = _number(float, 0.0, math.inf, "a number of seconds >= 0")
 port = _number(int, 0, 65535, "a port in [0, 65535]")
+
+ENDPOINT_FORMS = "tcp://HOST:PORT or ipc://PATH"  # the ZeroMQ endpoints of --bind and --worker
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 

@@ -48,10 +48,10 @@ class DrainGate:
     """ASGI wrapper: counts HTTP requests in flight; once draining, refuses new ones with 503.
     Refuses a request whose line and headers pass MAX_HEAD_BYTES with 431, before anything."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics | None = None, limits: HttpLimits | None = None) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, limits: HttpLimits) -> None:
         self.app = app
         self.metrics = metrics
-        self.limits = limits or HttpLimits()  # its refusals name an allowed page's origin too
+        self.limits = limits  # its refusals name an allowed page's origin too
         self.active = 0
         self.draining = False
 

@@ -21,7 +21,7 @@ M = TypeVar("M", bound=BaseModel)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def parse_json_body(raw: bytes, content_type: str, from_a_page: bool = False) -> object:
+def parse_json_body(raw: bytes, content_type: str, from_a_page: bool) -> object:
     """A body sent without a Content-Type is read as JSON, as vLLM (FastAPI) reads it: Python's
     `requests.post(url, data=json.dumps(...))` sends none. Not from a web page (`from_a_page`: the
     request has an Origin): a browser sends a binary body without a Content-Type and without

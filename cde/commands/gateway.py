@@ -8,6 +8,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from cde.cli_types import (
+    ENDPOINT_FORMS,
     LOG_LEVELS,
     log_level,
     non_negative_int,
@@ -153,7 +154,7 @@ def check_worker_endpoints(endpoints: list[str]) -> None:
             except zmq.ZMQError as exc:
                 raise SystemExit(
                     f"cde gateway: --worker {endpoint}: {zmq.strerror(exc.errno or 0)} "
-                    "(an endpoint is tcp://HOST:PORT or ipc://PATH)"
+                    f"(an endpoint is {ENDPOINT_FORMS})"
                 ) from None
             finally:
                 sock.close(linger=0)

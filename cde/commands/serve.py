@@ -22,6 +22,7 @@ from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import engine_args
 from cde.commands.worker import (
     DEVICE_HELP,
+    DEVICES,
     DTYPE_HELP,
     DTYPES,
     add_async_scheduling_arguments,
@@ -41,7 +42,7 @@ log = logging.getLogger("cde.gateway")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--workers", type=positive_int, help="worker processes (default: one per GPU, or 1 on CPU)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help=DEVICE_HELP)
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--max-running", type=positive_int, default=16, help="requests each worker decodes concurrently")
     add_fair_share_arguments(p)

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from cde.cli_types import positive_int
+from cde.cli_types import ENDPOINT_FORMS, positive_int
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import (
     ASYNC_SCHEDULING_FLAGS,
@@ -45,9 +45,7 @@ DTYPE_HELP = "weights and activations; auto: bfloat16 on cuda, float32 on cpu"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument(
-        "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint to listen on (tcp://HOST:PORT or ipc://PATH)"
-    )
+    p.add_argument("--bind", default="tcp://127.0.0.1:5555", help=f"ZeroMQ endpoint to listen on ({ENDPOINT_FORMS})")
     p.add_argument("--device", type=worker_device, default="auto", help="auto | cpu | cuda | cuda:N; " + DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--max-running", type=positive_int, default=16, help="requests decoded concurrently")
@@ -264,7 +262,7 @@ def listen(bind: str, curve: CurveServer | None) -> Listener:
     except zmq.ZMQError as exc:
         what = zmq.strerror(exc.errno or 0)
         if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # else the endpoint itself is wrong
-            what += " (an endpoint is tcp://HOST:PORT or ipc://PATH)"
+            what += f" (an endpoint is {ENDPOINT_FORMS})"
         raise SystemExit(f"cde worker: cannot listen on --bind {bind}: {what}") from None
 
 
