@@ -24,6 +24,7 @@ request id already in flight) before the engine sees it.
 from __future__ import annotations
 
 import collections
+import ctypes
 import gc
 import logging
 import os
@@ -67,6 +68,18 @@ HEARTBEAT_REFRESH_S = 0.1  # how stale the load a heartbeat reports may be
 # collection every few steps). Between steps or while idle; 10 young collections make one of the
 # middle generation, 10 of those a full one, as the automatic collector does.
 GC_YOUNG = 20_000
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
+
+
+def release_free_memory() -> None:
+    """Collect every generation and hand the heap's free pages back to the OS (glibc's
+    malloc_trim; elsewhere only the collection). Called when the worker goes idle: without it,
+    the largest batch's buffers stay resident after it finished, so an idle worker's resident
+    memory (the heartbeat's, which operators and `cde bench soak` watch for leaks) would be its
+    high-water mark, not what it holds."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def resident_bytes() -> int:
@@ -146,11 +159,17 @@ class WorkerServer:
         gc.collect()
         gc.freeze()  # the model, the engine and the modules: never scanned again
         gc.disable()
+        busy = False
         try:
             while not self.stopping:
                 self._receive(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
+                    busy = True
+                elif busy:  # the last request finished and no other came within IDLE_WAIT_S
+                    busy = False
+                    release_free_memory()
+                    self._refresh_heartbeat(force=True)
                 collect_garbage()
                 self._refresh_heartbeat()
             self._fail_all("worker is shutting down")

@@ -67,12 +67,12 @@ def resident_mb(m: dict[str, float]) -> dict[str, float]:
     return rss
 
 
-async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float) -> dict[str, float]:
+async def wait_idle(client: httpx.AsyncClient, url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while True:
+    while time.monotonic() < deadline:
         m = await read_metrics(client, url)
-        if not any(m.get(g) for g in IDLE_GAUGES) or time.monotonic() > deadline:
-            return m
+        if not any(m.get(g) for g in IDLE_GAUGES):
+            return
         await asyncio.sleep(0.25)
 
 
@@ -147,7 +147,9 @@ async def soak(args: argparse.Namespace) -> dict:
         await asyncio.gather(*(runner() for _ in range(args.concurrency)))
         sampler.cancel()
         duration = time.perf_counter() - t0
-        end = await wait_idle(client, root, 30.0)
+        await wait_idle(client, root, 30.0)
+        await asyncio.sleep(1.0)  # a worker hands its batches' memory back once idle; a fresh heartbeat reports it
+        end = await read_metrics(client, root)
     return judge(args, records, problems, start, end, peak, duration)
 
 
