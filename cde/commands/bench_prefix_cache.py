@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from cde.commands.model_args import add_model_arguments, resolve_model_args
-from cde.commands.worker import DTYPE_HELP, DTYPES
+from cde.commands.worker import DEVICE_HELP, DEVICES, DTYPE_HELP, DTYPES
 from cde.shared.config import PAGE
 from cde.shared.protocol import BlockResult, GenerateRequest, StepResult
 from cde.shared.settings import EngineArgs
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ]
     for flag, default, text in options:
         p.add_argument(flag, type=int, default=default, help=text + " (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: %(default)s: cuda when visible)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--json", help="write the results as JSON here (default: only the table)")
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from cde.commands.config_overrides import add_config_overrides, config_overrides
+from cde.commands.worker import worker_device
 from cde.shared.config import PRESETS
 
 
@@ -17,7 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype", choices=["bfloat16", "float16", "float32"], default="float32", help="dtype the weights are stored in"
     )
-    p.add_argument("--device", default="cpu", help="where to generate the weights (cuda is much faster for 8b)")
+    p.add_argument(
+        "--device",
+        type=worker_device,
+        default="cpu",
+        help="where to generate the weights: auto | cpu | cuda | cuda:N (cuda is much faster for 8b)",
+    )
     p.add_argument("--max-shard-gb", type=float, default=4.0, help="largest safetensors shard, in GiB")
     p.add_argument("--force", action="store_true", help="replace a checkpoint already in the output directory")
     add_config_overrides(p)
@@ -25,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cde.worker.checkpoint import make_model
+    from cde.worker.engine import resolve_device
 
     held = [f.name for f in sorted(Path(args.out).glob("*")) if f.name == "config.json" or ".safetensors" in f.name]
     if held and not args.force:
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         instruct=args.instruct,
         max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
-        device=args.device,
+        device=resolve_device(args.device),
         overrides=config_overrides(args),
     )
     print(out)

@@ -24,7 +24,7 @@ def one_line(res: subprocess.CompletedProcess, command: str, status: int, *says:
     assert lines[0].startswith(f"cde {command}: ") and all(s in lines[0] for s in says), res.stderr
 
 
-@pytest.mark.parametrize("command", ["worker", "generate", "bench engine", "eval"])
+@pytest.mark.parametrize("command", ["worker", "generate", "bench engine", "bench prefix-cache", "eval", "make-model"])
 def test_a_device_no_command_knows_is_refused_by_the_parser(command):
     res = run_cde(*command.split(), "--device", "gpu")
     one_line(res, command, 2, "argument --device", "'gpu'")
@@ -38,7 +38,12 @@ def test_a_worker_takes_an_indexed_cuda_device():
 
 @pytest.mark.parametrize(
     "command,args",
-    [("generate", ["--prompt", "hi"]), ("worker", ["--bind", "ipc://@cde-test-devices"]), ("serve", [])],
+    [
+        ("generate", ["--prompt", "hi"]),
+        ("worker", ["--bind", "ipc://@cde-test-devices"]),
+        ("serve", []),
+        ("make-model", ["--preset", "tiny", "/nonexistent/cde-never-written"]),
+    ],
 )
 def test_cuda_that_torch_cannot_use_is_one_line(command, args):
     res = run_cde(command, "--device", "cuda", *args, env=NO_GPU)
