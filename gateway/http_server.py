@@ -112,7 +112,7 @@ class GuardedH11Protocol(H11Protocol):
         # A scan of the open connections (at most a few thousand) per new one, on connect only.
         same = sum(getattr(c, "peer_host", None) == self.peer_host for c in self.connections)
         if len(self.connections) > self.limits.max_connections or same > self.limits.per_client_connections:
-            self.app = RequestLog(_too_many_connections, self.metrics)
+            self.app = RequestLog(with_cors(_too_many_connections, self.limits), self.metrics)
         self._arm()
 
     def data_received(self, data: bytes) -> None:

@@ -96,8 +96,8 @@ def record_response(
 
 def with_cors(app: ASGIApp, limits: HttpLimits) -> ASGIApp:
     """Browser pages of `--allowed-origins` may call the API: their preflights are answered before
-    the API key is asked for (a browser sends none with them), and every answer, errors and the
-    drain's 503 included (`gateway.http_server.DrainGate`), names their origin."""
+    the API key is asked for (a browser sends none with them), and every answer, errors, the
+    drain's 503 and the connection cap's included (`gateway.http_server`), names their origin."""
     if not limits.allowed_origins:
         return app
     origins = list(limits.allowed_origins)

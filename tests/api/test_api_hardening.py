@@ -206,10 +206,11 @@ def test_connections_are_capped(server):
     try:
         time.sleep(0.2)
         with connect(server) as extra:
-            extra.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: " + ORIGIN.encode() + b"\r\n\r\n")
             status, headers, body = read_reply(extra)
             assert status == 503 and json.loads(body)["error"]["code"] == "too_many_connections"
             assert headers["connection"] == "close"
+            assert headers["access-control-allow-origin"] == ORIGIN  # the page may read why
     finally:
         for s in held:
             s.close()
