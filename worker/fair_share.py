@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from cde.worker.sequence import Sequence
+if TYPE_CHECKING:  # only named: `cde serve` reads default_per_client without importing torch
+    from cde.worker.sequence import Sequence
 
 
 def default_per_client(max_running: int) -> int:

@@ -66,19 +66,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _gpus(device: str) -> list[str]:
     if device == "cpu":
         return []
-    import torch  # only to ask for GPUs; the gateway itself never touches torch
-
     # Asked even when CUDA_VISIBLE_DEVICES names GPUs: a CPU build of torch (or no driver) cannot
-    # use them, and a worker told to would fail its load on torch's AssertionError.
-    if not torch.cuda.is_available():
+    # use them, and a worker told to would fail its load on torch's AssertionError. Asked in a
+    # child process: the gateway itself never touches torch (its import alone is 250 MB resident).
+    ask = "import torch; c = torch.cuda; print(c.is_available(), torch.backends.cuda.is_built(), c.device_count())"
+    res = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"cde serve: torch could not be imported to look for GPUs: {res.stderr.strip()[-300:]}")
+    available, built, count = res.stdout.split()
+    if available != "True":
         if device == "cuda":
-            why = "no GPU is visible" if torch.backends.cuda.is_built() else "this torch is a CPU build"
+            why = "no GPU is visible" if built == "True" else "this torch is a CPU build"
             raise SystemExit(f"cde serve: --device cuda but torch cannot use a GPU here: {why}")
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:  # each worker gets one of these names (an index or a GPU-UUID)
         return [g.strip() for g in visible.split(",") if g.strip()]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    return [str(i) for i in range(int(count))]
 
 
 def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str, procs: list[subprocess.Popen]) -> list[str]:
