@@ -1,8 +1,8 @@
-"""The demo model behind a real `cde serve`, for the API test modules that do not start a server of
-their own (a module's own `server`/`client` fixtures take precedence).
-
-One per test process, shared by those modules: none of them changes the server (no flags, no
-worker stopped, no counter read), and each start costs seconds of two processes loading."""
+"""Servers shared by the API test modules, one of each per test process (a start costs seconds
+of two processes loading): the demo model (`server`) for the modules that do not start one of
+their own (a module's own `server`/`client` fixtures take precedence), and the tiny instruct
+checkpoint served as "tiny" on one worker (`tiny_chat_server`) for the modules that only send
+it requests. No module that uses either changes it: no flags, no worker stopped, no counter read."""
 
 import openai
 import pytest
@@ -13,6 +13,13 @@ from tests.api_server import ServerProcess
 @pytest.fixture(scope="session")
 def server():
     srv = ServerProcess(None, workers=1)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_server(tiny_instruct_dir):
+    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
     yield srv
     srv.stop()
 

@@ -7,16 +7,12 @@ import pytest
 from cde.shared.config import END_HEADER_ID, EOT_ID, START_HEADER_ID
 from cde.shared.tokenizer import get_tokenizer
 
-from tests.api_server import ServerProcess
-
 INSTRUCTION, QUESTION = "Answer in French.", "What is the capital of Peru?"
 
 
 @pytest.fixture(scope="module")
-def client(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
-    yield openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=60)
-    srv.stop()
+def client(tiny_chat_server):
+    return openai.OpenAI(base_url=tiny_chat_server.base_url, api_key="none", max_retries=0, timeout=60)
 
 
 def template(turns: list[tuple[str, str]]) -> list[int]:

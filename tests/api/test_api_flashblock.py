@@ -11,8 +11,8 @@ PROMPT = "The history of the lighthouse"
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_instruct_dir):
-    exact = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
+def servers(tiny_instruct_dir, tiny_chat_server):
+    exact = tiny_chat_server  # no --flashblock flags: exact attention by default
     # server default: FlashBlock with reuse on every step it can
     reusing = ServerProcess(
         tiny_instruct_dir,
@@ -28,7 +28,6 @@ def servers(tiny_instruct_dir):
         name: openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
         for name, srv in (("exact", exact), ("reusing", reusing))
     }
-    exact.stop()
     reusing.stop()
 
 

@@ -9,18 +9,14 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from tests.api_server import ServerProcess
-
 MODEL = "tiny"
 LIMIT = 4 << 20  # the default --max-request-bytes
 MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", MODEL, workers=1)
-    yield srv
-    srv.stop()
+def server(tiny_chat_server):
+    return tiny_chat_server
 
 
 @pytest.fixture(autouse=True)

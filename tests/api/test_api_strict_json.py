@@ -14,17 +14,13 @@ from cde.gateway.sse import event
 from cde.shared.limits import MAX_STEERING_STRENGTH
 from cde.shared.tokenizer import get_tokenizer
 
-from tests.api_server import ServerProcess
-
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 PROMPT = {"prompt": "hi"}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
-    yield srv
-    srv.stop()
+def server(tiny_chat_server):
+    return tiny_chat_server
 
 
 def _refuse(constant: str):

@@ -10,8 +10,6 @@ from cde.shared.config import EOT_ID, PAGE
 from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, SteeringSpec, StepResult
 from cde.worker.engine import Engine, EngineArgs
 
-from tests.api_server import ServerProcess
-
 
 def _run(engine: Engine, *reqs: GenerateRequest) -> list:
     for r in reqs:
@@ -114,10 +112,8 @@ def test_the_step_that_commits_eot_ends_with_it(tiny_instruct_dir, tmp_path):
 
 # ---- API ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(tiny_instruct_dir):
-    srv = ServerProcess(tiny_instruct_dir, "--served-model-name", "tiny", workers=1)
-    yield srv
-    srv.stop()
+def server(tiny_chat_server):
+    return tiny_chat_server
 
 
 def _sse(server, path: str, body: dict) -> list[tuple[str | None, dict | str]]:
