@@ -6,13 +6,16 @@ prints for a real `cde bench engine --json` run."""
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from cde.shared.config import ModelConfig, preset
 
+from cde.cli import main
 from cde.commands import bench_roofline
 from cde.commands.bench_roofline import pass_flops, shape, weight_bytes
 
@@ -39,20 +42,19 @@ def test_the_weight_count_is_the_architectures():
     assert weight_bytes(s, "fp8") == s.block_linear + 2 * heads
 
 
-def test_the_table_of_a_real_engine_run(tmp_path):
-    bench, model = tmp_path / "bench.json", tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "cde", "make-model", "--preset", "tiny", str(model)], check=True, cwd=ROOT)
-    engine = [sys.executable, "-m", "cde", "bench", "engine", "--model", str(model), "--concurrency", "1"]
+def test_the_table_of_a_real_engine_run(tiny_dir, tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    engine = [sys.executable, "-m", "cde", "bench", "engine", "--model", str(tiny_dir), "--concurrency", "1"]
     compare = ["--compare-async-scheduling"]  # planned after the picks, then ahead: the first row has no bar
-    subprocess.run([*engine, "--max-tokens", "64", *compare, "--json", str(bench)], check=True, cwd=ROOT)
+    # 16 new tokens: a pass takes logits of its block's still-masked rows (64 cost ~15x those of
+    # 16), and the table reads the same fields of the report whatever their number.
+    subprocess.run([*engine, "--max-tokens", "16", *compare, "--json", str(bench)], check=True, cwd=ROOT)
     args = ["--bandwidth", "1e-6", "--peak", "1e-6"]  # a slow imaginary device: the limits are in range of the CPU's
-    out = subprocess.run(
-        [sys.executable, "-m", "cde", "bench", "roofline", str(bench), *args],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()
+    # The command as the CLI runs it (its parser, its run), in this process.
+    capsys.readouterr()
+    with mock.patch.dict(os.environ):  # the CLI's defaults for compile caches stay out of this process
+        assert main(["bench", "roofline", str(bench), *args]) == 0
+    out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("run | ms/pass | tok/s | weight-read limit ms | tensor-core limit ms | of roofline")
     after, ahead = json.loads(bench.read_text())["results"]
     assert (after["async_scheduling"], ahead["async_scheduling"], ahead["outputs_match_sync"]) == (False, True, True)
@@ -61,7 +63,7 @@ def test_the_table_of_a_real_engine_run(tmp_path):
     cells, result = [c.strip() for c in out[3].split("|")], ahead
     s = shape(preset("tiny"))
     read_ms = weight_bytes(s, "none") / 1e6 * 1e3
-    flop_ms = pass_flops(s, 1, 64 + 32) / 1e6 * 1e3
+    flop_ms = pass_flops(s, 1, 64 + 16 / 2) / 1e6 * 1e3  # the prompt and half the new tokens
     assert cells[0] == "bf16, 1 request" and float(cells[1]) == pytest.approx(result["ms_per_forward"], abs=0.01)
     assert float(cells[3]) == pytest.approx(read_ms, abs=0.01) and float(cells[4]) == pytest.approx(flop_ms, abs=0.01)
     assert cells[5] == f"{100 * max(read_ms, flop_ms) / result['ms_per_forward']:.0f}%"
@@ -78,7 +80,7 @@ def test_the_table_of_a_real_engine_run(tmp_path):
 
 def roofline(tmp_path, capsys: pytest.CaptureFixture[str], report: dict, *flags: str) -> list[list[str]]:
     """The table's rows for one report, through the command's own parser and run (in this process:
-    the test above runs it as a command)."""
+    the test above runs it through the CLI, `cde bench roofline`)."""
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
     parser = argparse.ArgumentParser()

@@ -2,6 +2,8 @@
 the same thing (same replies, same tokens per pass) through a real server; and CI's slice of the
 eval on the shipped model, with its floors."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -20,17 +22,19 @@ from tests.api_server import REPO, ServerProcess
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """A few steps of the training program: the tests below run `cde eval` on its exported
+    checkpoint and assert no quality (the floors are the shipped model's test's)."""
     out = tmp_path_factory.mktemp("run")
     train(
         Options(
             out=str(out),
             config=model_config("mini"),
-            steps=10,
+            steps=4,
             rows=4,
             length=128,
             warmup=2,
             lr=3e-3,
-            log_every=5,
+            log_every=2,
             eval_problems=0,
         )
     )
@@ -43,19 +47,23 @@ def _eval(capsys, tmp_path, *args):
     return capsys.readouterr().out, json.loads(path.read_text())
 
 
-def test_every_section_in_process(trained, tmp_path, capsys):
-    text, report = _eval(
-        capsys,
-        tmp_path,
-        "--model",
-        str(trained),
-        "--settings",
-        "one token per step,tokens_per_step 2",
-        "--strengths",
-        "0,8",
-    )
+@pytest.fixture(scope="module")
+def every_section(trained, tmp_path_factory):
+    """One in-process run of every section on the trained checkpoint, shared by the tests below:
+    its first task row ("one token per step") is the engine's side of the API and training-log
+    comparisons (the rows run one after the other, each its own batch on the same engine)."""
+    path = tmp_path_factory.mktemp("every_section") / "eval.json"
+    args = ["--model", str(trained), "--settings", "one token per step,tokens_per_step 2", "--strengths", "0,8"]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["eval", *args, "--limit", "1", "--json", str(path)]) == 0
+    return out.getvalue(), json.loads(path.read_text())
+
+
+def test_every_section_in_process(every_section):
+    text, report = every_section
     assert "| one token per step |" in text and "| tokens_per_step 2 |" in text
     one, two = report["tasks"]
+    assert one["setting"] == "one token per step" and two["setting"] == "tokens_per_step 2"
     assert set(one["accuracy"]) == {"arithmetic", "sorting", "reversal", "word_problem"}
     assert one["tokens_per_step"] == 1.0 and 1.5 < two["tokens_per_step"] <= 2.0
     assert [r["strength"] for r in report["amplify"]] == [0.0, 8.0]
@@ -73,10 +81,8 @@ def test_every_section_in_process(trained, tmp_path, capsys):
     assert "Attribution" in text and "suppress preset" in text
 
 
-def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
-    _, local = _eval(
-        capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step"
-    )
+def test_api_measures_the_same_as_the_engine(trained, every_section, tmp_path, capsys):
+    local = every_section[1]["tasks"][0]  # "one token per step", through the engine in this process
     server = ServerProcess(trained, workers=1)
     try:
         _, remote = _eval(
@@ -84,21 +90,20 @@ def test_api_measures_the_same_as_the_engine(trained, tmp_path, capsys):
         )
     finally:
         server.stop()
-    assert remote["tasks"][0]["samples"] == local["tasks"][0]["samples"]
-    assert remote["tasks"][0]["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
+    assert remote["tasks"][0]["setting"] == local["setting"] == "one token per step"
+    assert remote["tasks"][0]["samples"] == local["samples"]
+    assert remote["tasks"][0]["tokens_per_step"] == local["tokens_per_step"] == 1.0
 
 
-def test_the_training_log_measures_the_same_as_the_engine(trained, tmp_path, capsys):
+def test_the_training_log_measures_the_same_as_the_engine(trained, every_section):
     """The training log's held-out accuracy builds its requests from the chat prompt's token ids
     (no HTTP layer, cde/train/heldout.py); `cde eval --model` parses API bodies with the gateway's
     own code: the same replies, the same tokens per pass."""
-    _, local = _eval(
-        capsys, tmp_path, "--model", str(trained), "--sections", "tasks", "--settings", "one token per step"
-    )
+    local = every_section[1]["tasks"][0]  # "one token per step"
     logged = heldout.on_engine(Engine(EngineArgs(str(trained), max_running=4)), heldout.problems(1, seed=0))
-    assert logged["samples"] == [tuple(s) for s in local["tasks"][0]["samples"]]
-    assert logged["accuracy"] == local["tasks"][0]["accuracy"]
-    assert logged["tokens_per_step"] == local["tasks"][0]["tokens_per_step"] == 1.0
+    assert logged["samples"] == [tuple(s) for s in local["samples"]]
+    assert logged["accuracy"] == local["accuracy"]
+    assert logged["tokens_per_step"] == local["tokens_per_step"] == 1.0
 
 
 # The CPU slice's floors (docs/reference-model.md, "CI on the CPU"): 2 held-out problems per family.
