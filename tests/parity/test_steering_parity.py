@@ -1,11 +1,19 @@
 """Steered greedy decoding is token-for-token the official `generate_steered` (float32 CPU), for
 both supported recipes: `SteeringConfig.injection` (amplify: normalised strength, hard cutoff) and
-`SteeringConfig.injection_relu` (suppress: raw negative alpha, fixed schedule, ReLU logit mask)."""
+`SteeringConfig.injection_relu` (suppress: raw negative alpha, fixed schedule, ReLU logit mask).
+
+The prompt is the preset's 64-token golden prompt: its unsteered official tokens are recorded
+(scripts/record_goldens.py, checked against the checkpoint's SHA-256), so the check that steering
+changed the output costs no unsteered run."""
+
+import json
 
 import pytest
 import torch
 from cde.shared.protocol import GenerateRequest, SteeringSpec
 from cde.worker.engine import Engine, EngineArgs
+
+from tests.parity.test_parity import checkpoint_sha256, golden_path
 
 pytestmark = pytest.mark.reference
 
@@ -55,6 +63,16 @@ def reference_steered(gen, prompt: list[int], steering, per_step: int = 1) -> li
     return out.tokens[len(prompt) :].tolist()
 
 
+def golden_unsteered(preset: str, model_dir) -> tuple[list[int], list[int]]:
+    """The preset's 64-token golden prompt and the official generator's unsteered greedy tokens
+    for it (the first N_NEW of the recorded 256: attention is block-causal)."""
+    golden = json.loads(golden_path(preset).read_text())
+    assert golden["safetensors_sha256"] == checkpoint_sha256(model_dir), "re-record: scripts/record_goldens.py"
+    prompt = golden["prompts"][0]
+    assert len(prompt) == 64
+    return prompt, golden["tokens"][0][:N_NEW]
+
+
 # Each recipe at both inject layers, split over the two presets (a reference run costs ~15 s).
 @pytest.mark.parametrize(
     "which,cases",
@@ -65,12 +83,11 @@ def test_steered_greedy_matches_official(which, cases, request):
 
     model_dir = request.getfixturevalue(which)
     gen = official_generator(model_dir)
-    prompt = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompt, plain = golden_unsteered(which.removesuffix("_dir"), model_dir)
     specs = {name: CASES[name]() for name in cases}
     engine = Engine(EngineArgs(str(model_dir)))
     reqs = [GenerateRequest(name, prompt, max_tokens=N_NEW, steering=ours) for name, (ours, _) in specs.items()]
-    reqs.append(GenerateRequest("plain", prompt, max_tokens=N_NEW))
     got = engine.generate(reqs)
     for name, (_, ref) in specs.items():
         assert got[name] == reference_steered(gen, prompt, ref), name
-        assert got[name] != got["plain"], f"{name}: steering had no effect, the test would be vacuous"
+        assert got[name] != plain, f"{name}: steering had no effect, the test would be vacuous"
