@@ -1,7 +1,8 @@
 """Structured outputs through a real `cde serve` of the demo model (cde-reference), with the real
 `openai` client: every constrained answer parses and validates (jsonschema) against its schema,
-plain, streamed, steered, at tokens_per_step 1 and 4; completions' `structured_outputs`; logprobs
-of the tokens a grammar bans; bad schemas are a 400 naming the field. Tools: tests/api/test_api_tools.py."""
+every schema at tokens_per_step 4, one of each kind also at 1, streamed and steered; completions'
+`structured_outputs`; logprobs of the tokens a grammar bans; bad schemas are a 400 naming the
+field. Tools: tests/api/test_api_tools.py."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -43,30 +44,55 @@ def ask(client, schema: dict, stream: bool, **extra) -> tuple[str, str]:
     return text, finish
 
 
+# mode: (streamed, extra body, schemas). Every schema at 4 tokens a step: each pass's first pick under
+# the grammar's bitmask (all that 1 token a step does) and the drafts kept while the grammar accepts
+# them, which is what a schema's shape changes. One pick a pass, the stream's deltas and a steered
+# forward take the same path whatever the schema: one schema of each kind.
+KINDS = [
+    "flat",  # a free string, a bounded integer
+    "string_pattern",
+    "number_bounds",  # a number, multipleOf
+    "const",
+    "optional",  # a field the model may leave out
+    "deep",  # nested objects
+    "array_objects",
+    "tuple",  # a top-level array, prefixItems
+    "any_of_objects",
+]
 MODES = {
-    "plain-k1": (False, {"tokens_per_step": 1}),
-    "plain-k4": (False, {"tokens_per_step": 4}),
-    "streamed-k4": (True, {"tokens_per_step": 4}),
-    "steered-k4": (True, {"tokens_per_step": 4, "steering": {"concepts": [1, 5], "strength": 24.0}}),
+    "plain-k1": (False, {"tokens_per_step": 1}, KINDS),
+    "plain-k4": (False, {"tokens_per_step": 4}, list(SCHEMAS)),
+    "streamed-k4": (True, {"tokens_per_step": 4}, KINDS),
+    "steered-k4": (True, {"tokens_per_step": 4, "steering": {"concepts": [1, 5], "strength": 24.0}}, KINDS),
 }
+
+
+@pytest.fixture(scope="module")
+def schema_answers(client):
+    """A mode's {schema name: (text, finish_reason)}, asked once per module."""
+    done = {}
+
+    def of(mode: str) -> dict[str, tuple[str, str]]:
+        if mode not in done:
+            stream, extra, names = MODES[mode]
+            with ThreadPoolExecutor(len(names)) as pool:  # one batch in the engine
+                done[mode] = dict(zip(names, pool.map(lambda n: ask(client, SCHEMAS[n], stream, **extra), names)))
+        return done[mode]
+
+    return of
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-def test_every_schema_answer_parses_and_validates(client, mode):
-    stream, extra = MODES[mode]
-    with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # one batch in the engine
-        answers = dict(zip(SCHEMAS, pool.map(lambda s: ask(client, s, stream, **extra), SCHEMAS.values())))
-    for name, (text, finish) in answers.items():
+def test_every_schema_answer_parses_and_validates(schema_answers, mode):
+    for name, (text, finish) in schema_answers(mode).items():
         assert finish == "stop", f"{name}: {finish} {text!r}"
         jsonschema.validate(json.loads(text), SCHEMAS[name])
         assert text == text.strip(), f"{name}: whitespace around the JSON {text!r}"
 
 
-def test_steering_changes_a_constrained_answer(client):
-    schema = SCHEMAS["flat"]
-    plain = ask(client, schema, False, tokens_per_step=4)[0]
-    steered = ask(client, schema, False, tokens_per_step=4, steering={"concepts": [1, 5], "strength": 24.0})[0]
+def test_steering_changes_a_constrained_answer(schema_answers):
+    plain, steered = schema_answers("plain-k4")["flat"][0], schema_answers("steered-k4")["flat"][0]
     assert plain != steered  # else the steered mode above would test nothing
 
 
@@ -76,15 +102,18 @@ class Person(BaseModel):
     likes_tea: bool
 
 
-def test_openai_parse_with_a_pydantic_model(client):
-    r = client.chat.completions.parse(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Describe a person."}],
-        response_format=Person,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        extra_body={"tokens_per_step": 4},
-    )
+DESCRIBE = [{"role": "user", "content": "Describe a person."}]
+PARSE_ARGS = dict(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, extra_body={"tokens_per_step": 4})
+
+
+@pytest.fixture(scope="module")
+def parsed(client):
+    """parse()'s answer with the Person model (both tests below read it)."""
+    return client.chat.completions.parse(messages=DESCRIBE, response_format=Person, **PARSE_ARGS)
+
+
+def test_openai_parse_with_a_pydantic_model(parsed):
+    r = parsed
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop" and isinstance(msg.parsed, Person)
     assert msg.parsed == Person.model_validate_json(msg.content)
@@ -92,14 +121,14 @@ def test_openai_parse_with_a_pydantic_model(client):
 
 # The SDK's own dump of the parsed reply warns that `parsed` is typed None there; it sends it right.
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
-def test_parse_replies_fed_back_change_nothing(client):
+def test_parse_replies_fed_back_change_nothing(client, parsed):
     """The SDK's documented loop appends parse()'s message itself: its `parsed` and its calls'
     `function.parsed_arguments` are accepted and ignored, as vLLM does (docs/api.md)."""
-    ask = [{"role": "user", "content": "Describe a person."}]
-    kw = dict(model=MODEL, max_tokens=MAX_TOKENS, temperature=0, extra_body={"tokens_per_step": 4})
-    said = client.chat.completions.parse(messages=ask, response_format=Person, **kw).choices[0].message
+    ask = DESCRIBE
+    said = parsed.choices[0].message
     tool = openai.pydantic_function_tool(Person)
-    called = client.chat.completions.parse(messages=ask, tools=[tool], tool_choice="required", **kw).choices[0].message
+    called = client.chat.completions.parse(messages=ask, tools=[tool], tool_choice="required", **PARSE_ARGS)
+    called = called.choices[0].message
     assert isinstance(said.parsed, Person) and isinstance(called.tool_calls[0].function.parsed_arguments, Person)
     calls = [
         {"id": t.id, "type": "function", "function": t.function.model_dump(include={"name", "arguments"})}
@@ -110,9 +139,9 @@ def test_parse_replies_fed_back_change_nothing(client):
 
     def ids(*history):
         r = client.chat.completions.create(
-            model=MODEL, messages=[*ask, *history], tools=[tool], max_tokens=4, extra_body={"return_token_ids": True}
+            model=MODEL, messages=[*ask, *history], tools=[tool], max_tokens=1, extra_body={"return_token_ids": True}
         )
-        return r.prompt_token_ids
+        return r.prompt_token_ids  # (the prompt's ids: one generated token is enough)
 
     assert ids(said, *after) == ids({"role": "assistant", "content": said.content}, *after)
     assert ids(called, *results) == ids({"role": "assistant", "content": None, "tool_calls": calls}, *results)

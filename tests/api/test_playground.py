@@ -34,6 +34,9 @@ PROMPT = "Write a few sentences."
 # What the page sends for the test's choices: "space" found by name (concept 4 of the demo's catalog),
 # the slider moved from 8 to 24, the demo's documented amplify strength (neutral prompts go on topic).
 STEERING = {"concepts": [4], "preset": "amplify", "strength": 24}
+# The compare run's length (the page's default is 256): the unsteered answer runs to it, past the
+# templated prompt's first block and a whole second one, into a third.
+MAX_TOKENS = 128
 
 # Test-side probe: after every animation frame, how many cells of the steered run are still
 # masks, how many hold tokens, and how many held tokens the server dropped when their block
@@ -93,7 +96,7 @@ def api_choice(server, body: dict, chat: bool = True) -> dict:
 def test_playground_streams_the_denoising_and_matches_the_api(server, browser, shots):
     # The API's answers to the requests the page will make, computed meanwhile.
     pool = ThreadPoolExecutor(2)
-    body = {"prompt": PROMPT, "max_tokens": 256, "tokens_per_step": 2, "attribution": {"top_k": 5}}
+    body = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "tokens_per_step": 2, "attribution": {"top_k": 5}}
     steered = pool.submit(api_choice, server, body | {"steering": STEERING})
     unsteered = pool.submit(api_choice, server, body)
     page = browser.new_page(viewport={"width": 1500, "height": 1150})
@@ -110,6 +113,9 @@ def test_playground_streams_the_denoising_and_matches_the_api(server, browser, s
     page.keyboard.type(PROMPT)
     page.focus("#tokens_per_step")
     page.keyboard.press("ArrowUp")  # 2 tokens per step keeps the CI run short
+    page.focus("#max_tokens")
+    page.keyboard.press("Control+A")
+    page.keyboard.type(str(MAX_TOKENS))
     page.focus("#concept_search")
     page.keyboard.type("space")
     page.wait_for_selector("#concept_results button")

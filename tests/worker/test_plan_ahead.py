@@ -15,12 +15,18 @@ from cde.worker.scheduler import Scheduler
 
 from tests.worker.test_engine import _ids, _values
 
+# r4 (prompt 127, one token a step, streamed steps, logprobs, attribution) generates its first
+# block's one token, whole blocks, then one token of a last block: two whole blocks by default
+# (tests/gpu), one in the CPU tests, where r4 set the number of passes (130 -> 66 without stagger)
+# and had 44% of the logit rows.
+CPU_R4_TOKENS = 66
 
-def _mixed(n: int = 8) -> list[GenerateRequest]:
+
+def _mixed(n: int = 8, r4_tokens: int = 130) -> list[GenerateRequest]:
     """Every per-request feature that plans ahead, at block edges, mid-block ends and 64 tokens a step."""
     rng = random.Random(0)
     prompts = [1, 17, 64, 70, 127, 128, 150, 200, 33, 90]
-    lengths = [40, 5, 70, 20, 130, 1, 140, 12, 64, 100]
+    lengths = [40, 5, 70, 20, r4_tokens, 1, 140, 12, 64, 100]
     return [
         GenerateRequest(
             f"r{i}",
@@ -98,9 +104,9 @@ def _same(ours: list, ref: list, rel: float = 1e-5) -> None:
 
 @pytest.mark.parametrize("stagger", [0, 3])
 def test_results_match_planning_after_the_picks(tiny_dir, stagger):
-    reqs = _mixed(10)
-    ref, sync = _run(tiny_dir, _mixed(10), ahead=False, stagger=stagger, max_running=8)
-    ours, engine = _run(tiny_dir, _mixed(10), ahead=True, stagger=stagger, max_running=8)
+    reqs = _mixed(10, CPU_R4_TOKENS)
+    ref, sync = _run(tiny_dir, _mixed(10, CPU_R4_TOKENS), ahead=False, stagger=stagger, max_running=8)
+    ours, engine = _run(tiny_dir, _mixed(10, CPU_R4_TOKENS), ahead=True, stagger=stagger, max_running=8)
     _same(ours, ref)
     assert sync.passes_planned_ahead == 0
     assert engine.forward_passes == sync.forward_passes
@@ -114,7 +120,7 @@ def test_stop_strings_eot_and_aborts_while_a_pass_is_ahead(tiny_instruct_dir):
     planned ahead are dropped, and the others go on as they would."""
 
     def requests():
-        reqs = _mixed(6)
+        reqs = _mixed(6, CPU_R4_TOKENS)
         reqs[1].logit_bias = {EOT_ID: 30.0}  # ends at its first step, its next pass in flight
         reqs[2].stop = ["e"]
         reqs[3].max_tokens = 200
