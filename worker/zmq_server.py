@@ -72,12 +72,12 @@ _MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
 
 
 def release_free_memory() -> None:
-    """Collect every generation and hand the heap's free pages back to the OS (glibc's
-    malloc_trim; elsewhere only the collection). Called when the worker goes idle: without it,
-    the largest batch's buffers stay resident after it finished, so an idle worker's resident
-    memory (the heartbeat's, which operators and `cde bench soak` watch for leaks) would be its
-    high-water mark, not what it holds."""
-    gc.collect()
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing). Called
+    when the worker goes idle: without it, the buffers of the largest batches stay resident after
+    they finished, so an idle worker's resident memory (the heartbeat's, which operators and
+    `cde bench soak` watch for leaks) would be its high-water mark, not what it holds. No garbage
+    collection here: finalizers would run at whatever moment a request ends, and
+    `collect_garbage` already collects at its own moments."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
