@@ -366,8 +366,8 @@ def test_stream_k_matches_cublas_on_every_sm(n: int, k: int, rows: int) -> None:
 @pytest.fixture
 def autotuner_only():
     """No config pinned by an earlier test's warm-up tuning (the 8b logits' bf16 engine pins c_fc's
-    SwiGLU config, the shape below): calls without a config go to the autotuner. The pins come back
-    afterwards."""
+    SwiGLU config, its fp8 engine the FP8 shapes): calls without a config go to the autotuner, and a
+    test sees only the pins it made. The pins come back afterwards."""
     from cde.kernels import stream_gemm_configs
 
     pinned = stream_gemm_configs.pinned_configs()
@@ -428,7 +428,7 @@ def test_stream_linears_calibrate_and_keep_the_outputs(small_dir) -> None:
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, fused
 
 
-def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir, tmp_path) -> None:
+def test_fp8_gemms_tuned_over_their_layers_keep_the_outputs(small_dir, tmp_path, autotuner_only) -> None:
     """worker/gemm_tuning.py's tune_fp8_linears on the GPU: every FP8 block shape timed over its
     layers and its config pinned; one request's MLP and attention projections with the pinned
     configs within bfloat16 rounding of the autotuner's. A restart pins the kept picks untimed."""
