@@ -23,6 +23,7 @@ from cde.worker import fp8, gemm_tuning, isolation, stream_linear
 from cde.worker.checkpoint import DTYPES, load_checkpoint
 from cde.worker.constraint import Constraint
 from cde.worker.device_clock import DeviceClock
+from cde.worker.devices import resolve_device
 from cde.worker.gemm_tuning_cache import TuningCache
 from cde.worker.input_attribution_runner import InputAttributionRunner
 from cde.worker.model_runner import ModelRunner, Pass
@@ -51,16 +52,6 @@ class EngineStats:
     cache_hit_tokens: int = 0
     cache_evictions: int = 0
     cache_pages: int = 0  # pages the prefix cache holds now, referenced or not
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        # Else torch's own AssertionError ("Torch not compiled with CUDA enabled") at the first tensor.
-        why = "no GPU is visible" if torch.backends.cuda.is_built() else "this torch is a CPU build"
-        raise ValueError(f"--device {device} but torch cannot use a GPU here: {why}")
-    return device
 
 
 class Engine:

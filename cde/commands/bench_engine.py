@@ -37,7 +37,8 @@ from cde.shared.limits import MAX_TOKENS_PER_STEP
 from cde.shared.logs import setup_logging
 from cde.shared.protocol import AttributionSpec, GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import make_model
-from cde.worker.engine import Engine, resolve_device
+from cde.worker.devices import resolve_device
+from cde.worker.engine import Engine
 
 if TYPE_CHECKING:
     from cde.shared.protocol import FlashBlockSpec

@@ -73,7 +73,7 @@ def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
 
 
 def _device(args: argparse.Namespace) -> str:
-    from cde.worker.engine import resolve_device
+    from cde.worker.devices import resolve_device
 
     return resolve_device(args.device)
 

@@ -73,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # torch loads only for the command that needs it: `cde gateway` / `cde serve` stay slim.
     from cde.shared.protocol import BlockResult, GenerateRequest
-    from cde.worker.engine import Engine, resolve_device
+    from cde.worker.devices import resolve_device
+    from cde.worker.engine import Engine
 
     settings = engine_args(args, max_running=1)
     device = resolve_device(settings.device)

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cde.worker.checkpoint import make_model
-    from cde.worker.engine import resolve_device
+    from cde.worker.devices import resolve_device
 
     held = [f.name for f in sorted(Path(args.out).glob("*")) if f.name == "config.json" or ".safetensors" in f.name]
     if held and not args.force:

@@ -68,21 +68,13 @@ def _gpus(device: str) -> list[str]:
         return []
     # Asked even when CUDA_VISIBLE_DEVICES names GPUs: a CPU build of torch (or no driver) cannot
     # use them, and a worker told to would fail its load on torch's AssertionError. Asked in a
-    # child process: the gateway itself never touches torch (its import alone is 250 MB resident).
-    ask = "import torch; c = torch.cuda; print(c.is_available(), torch.backends.cuda.is_built(), c.device_count())"
-    res = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True)
+    # child process: the gateway itself never touches torch.
+    res = subprocess.run([sys.executable, "-m", "cde.worker.devices", device], capture_output=True, text=True)
+    if res.returncode == 2:  # the reason this device cannot be used, one line
+        raise SystemExit(f"cde serve: {res.stderr.strip()}")
     if res.returncode != 0:
         raise SystemExit(f"cde serve: torch could not be imported to look for GPUs: {res.stderr.strip()[-300:]}")
-    available, built, count = res.stdout.split()
-    if available != "True":
-        if device == "cuda":
-            why = "no GPU is visible" if built == "True" else "this torch is a CPU build"
-            raise SystemExit(f"cde serve: --device cuda but torch cannot use a GPU here: {why}")
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:  # each worker gets one of these names (an index or a GPU-UUID)
-        return [g.strip() for g in visible.split(",") if g.strip()]
-    return [str(i) for i in range(int(count))]
+    return res.stdout.split()
 
 
 def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str, procs: list[subprocess.Popen]) -> list[str]:

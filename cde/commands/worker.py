@@ -285,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
         listen(args.bind, None).close()
         served = resolve_model_args(args, "worker")  # the model as a local directory
         settings = worker_settings(args, dataclasses.replace(given, model=args.model), served)
-    from cde.worker.engine import Engine, resolve_device
+    from cde.worker.devices import resolve_device
+    from cde.worker.engine import Engine
     from cde.worker.zmq_server import run_worker
 
     device = resolve_device(settings.engine.device)
