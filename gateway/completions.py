@@ -35,7 +35,7 @@ async def _prompts(prompt: str | list, tokenizer: Tokenizer, info: ModelInfo) ->
 async def create_completion(request: Request) -> Response:
     state, body, info = await open_request(request, CompletionRequest)
     if body.best_of is not None and body.best_of != body.n:
-        raise invalid("best_of must equal n: CDE does not rank candidates", "best_of")
+        raise invalid("best_of must equal n: CDE does not rank candidates", "best_of", "unsupported_value")
     if body.echo and body.logprobs is not None:
         raise invalid(
             "echo with logprobs is not supported: the prompt's tokens have no log-probabilities in a "

@@ -15,6 +15,8 @@ from starlette.responses import JSONResponse
 
 log = logging.getLogger("cde.gateway")
 
+# OpenAI's code for a parameter refused by name: unknown to CDE, or known and not honoured here.
+UNSUPPORTED = "unsupported_parameter"
 _TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 512, 128
 
@@ -85,7 +87,9 @@ def from_validation_error(exc: ValidationError) -> ApiError:
     err = max(exc.errors(include_url=False, include_input=False), key=lambda e: len(e["loc"]))
     param = ".".join(str(p) for p in _field_path(err["loc"])) or None
     if err["type"] == "extra_forbidden":
-        return invalid(f"Unrecognized request argument supplied: {param}", param, "unsupported_parameter")
+        return invalid(f"Unrecognized request argument supplied: {param}", param, UNSUPPORTED)
+    if err["type"] == UNSUPPORTED:  # a field CDE knows and refuses (gateway/schemas.py's `_reject`)
+        return invalid(f"Unsupported parameter: {err['msg']}", param, UNSUPPORTED)
     if err["type"] == "missing":
         return invalid(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
     message = err["msg"].removeprefix("Value error, ")

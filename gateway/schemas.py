@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from cde.gateway.body import Body
+from cde.gateway.errors import UNSUPPORTED
 from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs, ToolCall, ToolChoice, ToolSpec
 from cde.shared.limits import (
     INT_MAX,
@@ -53,6 +54,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
     from pydantic import ValidationInfo
@@ -65,11 +67,12 @@ _Body = Body
 
 def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
     """A validator refusing `fields` whenever `when(value)` holds: an OpenAI field CDE cannot
-    honour is an error, never silently ignored."""
+    honour is an error, never silently ignored; its code is OpenAI's for a parameter it knows and
+    refuses (gateway/errors.py), which clients that drop such a parameter and retry look for."""
 
     def check(cls: type, v: Any, info: ValidationInfo) -> Any:
         if when(v):
-            raise ValueError(f"{info.field_name}{hint} is not supported by CDE")
+            raise PydanticCustomError(UNSUPPORTED, f"'{info.field_name}'{hint} is not supported by CDE")
         return v
 
     return field_validator(*fields)(classmethod(check))
