@@ -37,11 +37,15 @@ class ChatRenderer:
         self.usage = StreamUsage(body)
 
     def opening(self) -> list[ChatCompletionChunk]:
-        """Each choice's role; as vLLM, the prompt's ids on the response's first chunk."""
+        """Each choice's role; as vLLM, the prompt's ids on the response's first chunk. Its content
+        is OpenAI's: "" opens a text answer; with tools the answer may be calls, whose message has
+        no content (null, as unstreamed), so the role goes alone and the text comes with its own
+        first delta (gateway/tool_output.py)."""
+        content = None if self.tools else ""
         chunks = []
         for i in range(self.body.n):
             role = ChatStreamChoice(
-                index=i, delta=ChatDelta(role="assistant", content=""), logprobs=None, finish_reason=None
+                index=i, delta=ChatDelta(role="assistant", content=content), logprobs=None, finish_reason=None
             )
             chunks.append(self._chunk(role, self._prompt_ids() if i == 0 else None))
         return chunks

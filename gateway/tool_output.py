@@ -59,7 +59,9 @@ class StreamedAnswer:
                 return ChatDelta(), None
             text, self.held = self.held, ""
         if not self.calls:
-            return (ChatDelta(content=text) if text else ChatDelta()), finish_reason
+            # An answer that ends before it was known to be text or calls is text, "" included:
+            # its stream then says so, as the unstreamed message's content does.
+            return (ChatDelta(content=text) if text or self.calls is None else ChatDelta()), finish_reason
         parts = self.reader.feed(text)
         if finish_reason is not None and not self.reader.calls:  # no call's name was complete: text
             return ChatDelta(content=self.reader.text), finish_reason

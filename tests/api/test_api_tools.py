@@ -328,6 +328,7 @@ def test_a_reply_the_sdk_stream_built_goes_back_into_the_history(client):
     ) as stream:
         message = stream.get_final_completion().choices[0].message
     (call,) = message.tool_calls
+    assert message.content is None  # as unstreamed (`test_calls_cut_by_max_tokens_are_calls_streamed_or_not`)
     assert call.model_dump()["index"] == 0
     results = [{"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
     for history in ([*ASK, message, *results], [*ASK, message.model_dump(), *results]):

@@ -60,6 +60,7 @@ def test_arguments_go_out_before_the_call_is_closed():
 
 def stream(text_pieces, finish, choice=None):
     answer, deltas = StreamedAnswer(tools=True, choice=choice), []
+    text_pieces = text_pieces or [""]  # no text: the engine's last delta carries the finish alone
     for i, piece in enumerate(text_pieces):
         deltas.append(answer.delta(piece, finish if i == len(text_pieces) - 1 else None))
     return deltas
@@ -87,6 +88,7 @@ def joined(deltas) -> tuple[str | None, list[tuple[str, str]], str | None]:
         '<tool_call>{"arguments":{},"name":"a"}</tool_call>',  # not the grammar's layout: text
         "<tool_c",
         "Hello",
+        "",  # ended before a token: a text answer, "" as unstreamed (a streamed role with tools has no content)
     ],
 )
 @pytest.mark.parametrize("finish", ["stop", "length"])
