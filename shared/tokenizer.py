@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import functools
 
 import tiktoken
@@ -55,6 +56,12 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_so_far(self, ids: list[int]) -> str:
+        """The text a stream of these tokens has shown while more may come (the gateway's
+        detokenizer): a trailing incomplete character is held back, not U+FFFD, since the next
+        token may complete it. Stop strings are found in this text, by the worker as by the gateway."""
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(self.decode_bytes(ids), final=False)
 
     def decode_with_specials(self, ids: list[int]) -> str:
         """Text with the special tokens as their names (`<|eot_id|>`), as vLLM's /detokenize;

@@ -84,7 +84,7 @@ class Engine:
         self.runner = ModelRunner(model, self.cfg, num_pages, args.max_running, args.cuda_graphs, args.kv_splits)
         # Stop strings, attribution records and input attribution (for requests that ask) of each pass.
         inputs = InputAttributionRunner(model, self.cfg, args.input_attribution_tokens, args.input_attribution_share)
-        self.outputs = OutputStage(self.scheduler, self.tokenizer.decode, inputs)
+        self.outputs = OutputStage(self.scheduler, self.tokenizer, inputs)
         if device == "cuda":
             # llguidance's token tables (~0.7 s, once per process) are built beside the warm-up, not
             # in the step of the first constrained request, where they stalled every request (the

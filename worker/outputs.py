@@ -16,7 +16,6 @@ pass computes (the engine calls `finish` after launching it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cde.shared.config import PAGE
@@ -31,6 +30,7 @@ from cde.worker.sequence import Sequence, Status
 from cde.worker.staging import HostCopy
 
 if TYPE_CHECKING:
+    from cde.shared.tokenizer import Tokenizer
     from cde.worker.model_runner import ModelRunner
 
 
@@ -38,11 +38,11 @@ class OutputStage:
     def __init__(
         self,
         scheduler: Scheduler,
-        decode: Callable[[list[int]], str],
+        tokenizer: Tokenizer,
         input_attribution: InputAttributionRunner,
     ) -> None:
         self.scheduler = scheduler
-        self.decode = decode  # token ids -> text, for stop strings
+        self.tokenizer = tokenizer  # for stop strings
         self.input_attribution = input_attribution
         self.block_attribution: dict[str, list[PackedAttribution]] = {}  # request id -> its active block's steps'
         self._blocks: tuple[list[Placed], HostCopy, ModelRunner] | None = None  # started by attribute_blocks
@@ -109,20 +109,19 @@ class OutputStage:
         end the request there."""
         seq, result = p.seq, p.block_result
         assert result is not None
-        generated, new = seq.generated[: p.generated_before], result.token_ids
-        found = find_stop(self.decode(generated + new), seq.req.stop)
-        if found is None:
+        cut = stop_cut(self.tokenizer, seq.generated[: p.generated_before], result.token_ids, seq.req.stop)
+        if cut is None:
             return
-        new = _shortest_prefix_with_stop(self.decode, generated, new, found)
+        new, text_tokens, stop = cut
         if not seq.req.include_stop_str_in_output:
-            seq.text_tokens = _tokens_before(self.decode, generated, new, found[0])
+            seq.text_tokens = text_tokens
         del seq.generated[p.generated_before + len(new) :]
         result.token_ids = new
         if result.logprobs is not None:
             lp, n = result.logprobs, len(new)
             result.logprobs = TokenLogprobs(lp.logprobs[:n], lp.top_ids[:n], lp.top_logprobs[:n])
         self.scheduler.end(seq, "stop")  # False when its length had ended it already: the stop wins
-        result.finished, result.finish_reason, result.stop_str = True, "stop", found[1]
+        result.finished, result.finish_reason, result.stop_str = True, "stop", stop
 
     def _attach(self, p: Placed, packed: PackedAttribution | None) -> None:
         """The step's attribution records (a request that streams the denoising), per kept pick:
@@ -169,20 +168,23 @@ def _commits(p: Placed) -> tuple[list[int], list[int], list[int]]:
     return [t for t, _ in picked], list(p.block_positions), [s - 1 for _, s in picked]
 
 
-def _tokens_before(decode: Callable[[list[int]], str], generated: list[int], new: list[int], chars: int) -> int:
-    """The fewest of `new`'s leading tokens whose text, after `generated`'s, covers the first
-    `chars` characters: the gateway's count of the completion where a stop string starts
-    (gateway/detokenizer.py's _tokens_of: a token holding both the text's end and the stop's
-    start counts)."""
-    return next((n for n in range(len(new) + 1) if len(decode(generated + new[:n])) >= chars), len(new))
-
-
-def _shortest_prefix_with_stop(
-    decode: Callable[[list[int]], str], generated: list[int], new: list[int], found: tuple[int, str]
-) -> list[int]:
-    """Keep the block's tokens up to the one that completes the stop string, so the client's
-    detokenizer sees the same stop at the same place."""
-    for n in range(len(new) + 1):
-        if find_stop(decode(generated + new[:n]), [found[1]]) is not None:
-            return new[:n]
-    return new
+def stop_cut(
+    tokenizer: Tokenizer, generated: list[int], new: list[int], stops: list[str]
+) -> tuple[list[int], int, str] | None:
+    """Where a stop string completes in the block `new` (after `generated`): the block's tokens up
+    to the one that completes it, so that the client's detokenizer sees the same stop at the same
+    place; how many of those the text before the stop covers, as the gateway counts the completion
+    (gateway/detokenizer.py's _tokens_of: a token holding both the text's end and the stop's start
+    counts, a character split across tokens counts the one completing it); and the stop. None
+    where no stop completes. Stops are found in the text as a stream shows it so far
+    (Tokenizer.decode_so_far), as the gateway finds them: a character whose bytes are not all
+    written yet is held back, not U+FFFD."""
+    decode = tokenizer.decode_so_far
+    found = find_stop(decode(generated + new), stops)
+    if found is None:
+        return None
+    stop = found[1]
+    n = next((n for n in range(len(new) + 1) if find_stop(decode(generated + new[:n]), [stop]) is not None), len(new))
+    kept = new[:n]
+    covered = next((n for n in range(len(kept) + 1) if len(decode(generated + kept[:n])) >= found[0]), len(kept))
+    return kept, covered, stop
