@@ -17,7 +17,8 @@ log = logging.getLogger("cde.gateway")
 
 # OpenAI's code for a parameter refused by name: unknown to CDE, or known and not honoured here.
 UNSUPPORTED = "unsupported_parameter"
-_TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+# A 401 is OpenAI's "invalid_request_error" with code "invalid_api_key" (its body for a wrong key).
+_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 512, 128
 
 

@@ -40,7 +40,7 @@ def test_bad_or_missing_key_is_401_in_openai_shape(server, header):
         assert r.json() == {
             "error": {
                 "message": "Incorrect API key provided.",
-                "type": "authentication_error",
+                "type": "invalid_request_error",  # OpenAI's body for a wrong key
                 "param": None,
                 "code": "invalid_api_key",
             }
