@@ -38,6 +38,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        # A command's parser refuses what it does not know itself, naming the command whose --help
+        # lists its flags (argparse hands a subcommand's leftovers to `cde`, whose help does not).
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self.prog != "cde":
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 class _Version(argparse._VersionAction):
     """Looked up only when asked: a source tree run without an install (scripts/gpu_run.sh) has no

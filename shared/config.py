@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,15 @@ END_HEADER_ID = 100282
 EOT_ID = 100283
 BASE_VOCAB = 100281
 INSTRUCT_VOCAB = 100284
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _positive_number(value: object) -> bool:
+    """A finite number above 0 (JSON's NaN and Infinity are not numbers a model can run with)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,15 @@ class ModelConfig:
                 # null top-k (every concept, no sparsity) is the official package's too; not built here
                 unbuilt = " (null: no top-k, which CDE does not implement)" if value is None else ""
                 raise ConfigError(f"config.json: {key} must be a positive integer, got {value!r}{unbuilt}")
+        for key in ("context_len", "pad_multiple", "concept_block_size", "intermediate_size"):
+            value = getattr(self, key)
+            if not (key == "intermediate_size" and value is None) and not _positive_int(value):
+                name = PUBLISHED_CONTEXT_KEY if key == "context_len" else key
+                raise ConfigError(f"config.json: {name} must be a positive integer, got {value!r}")
+        for key in ("norm_eps", "rope_base", "mlp_ratio", "clip_qkv"):
+            value = getattr(self, key)
+            if not (key == "clip_qkv" and value is None) and not _positive_number(value):
+                raise ConfigError(f"config.json: {key} must be a positive number, got {value!r}")
         if self.topk_known_features is not None and self.topk_known_features <= 0:
             raise ConfigError(
                 f"config.json: topk_known_features must be positive or null, got {self.topk_known_features}"

@@ -18,10 +18,12 @@ from tests.api_server import REPO
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def run_cde(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    """One `python -m cde` command, run to its end, its output captured."""
+def run_cde(
+    *args: str, env: dict | None = None, timeout: float = 60, module: str = "cde"
+) -> subprocess.CompletedProcess:
+    """One `python -m cde` command (or `module`'s, tests.faulty_worker), run to its end, its output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "cde", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         capture_output=True,
         text=True,

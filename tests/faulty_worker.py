@@ -1,5 +1,6 @@
 """`python -m tests.faulty_worker ARGS`: `cde worker ARGS` with one planted fault, for the test of
-the worker's engine-failure path (tests/worker/test_worker_step_failure.py).
+the worker's engine-failure path (tests/worker/test_worker_step_failure.py); `python -m
+tests.faulty_worker generate ARGS`: `cde generate ARGS` with the same faults (tests/cli/test_cli_errors.py).
 
 A request whose prompt starts with LAUNCH_FAULT makes the launch of any pass holding one of its
 steps raise (a bug in building the pass); one whose prompt starts with SYNC_FAULT makes reading
@@ -56,4 +57,5 @@ if __name__ == "__main__":
     from cde.cli import main
 
     _plant()
-    sys.exit(main(["worker", *sys.argv[1:]]))
+    args = sys.argv[1:]
+    sys.exit(main(args if args[:1] == ["generate"] else ["worker", *args]))

@@ -25,7 +25,8 @@ def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
     failure is not one request's, and the caller fails them all as before)."""
     slots = {it.slot: it.request.request_id for it in plan.items}
     if len(slots) < 2:  # alone already
-        log.error("request %s fails its pass alone", next(iter(slots.values()), "")[:100])
+        # Called while the launch's exception is handled: its traceback says why.
+        log.error("request %s fails its pass alone:\n%s", next(iter(slots.values()), "")[:100], traceback.format_exc())
         return set(slots)
     seen = runner.seen.clone()
     found = set()

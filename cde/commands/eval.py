@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cde.cli_types import positive_int
@@ -45,17 +47,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=positive_int, default=64, help="with --model: concurrent requests")
     p.add_argument(
         "--limit",
-        type=int,
+        type=positive_int,
         default=100,
         help="held-out problems per family (and a smaller slice of the steering and attribution prompts when under 16)",
     )
-    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated rows of the task table")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
-    p.add_argument("--strengths", default="0,4,8,16,32", help="amplify strengths (0: unsteered)")
+    p.add_argument(
+        "--settings",
+        type=_names(SETTINGS, "setting"),
+        default=",".join(SETTINGS),
+        help="comma-separated rows of the task table",
+    )
+    p.add_argument(
+        "--sections", type=_names(SECTIONS, "section"), default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}"
+    )
+    p.add_argument("--strengths", type=_numbers, default="0,4,8,16,32", help="amplify strengths (0: unsteered)")
     p.add_argument("--seed", type=int, default=0, help="which held-out problems")
     p.add_argument(
         "--json", metavar="PATH", help="write every number (and sample replies) here (default: only the tables)"
     )
+
+
+def _names(known: Iterable[str], what: str) -> Callable[[str], str]:
+    """A comma-separated list of `known` names, checked before anything runs (a long section must
+    not end on a typo), kept as given."""
+
+    def parse(text: str) -> str:
+        wrong = next((n.strip() for n in text.split(",") if n.strip() not in known), None)
+        if wrong is not None:
+            raise argparse.ArgumentTypeError(f"unknown {what} {wrong!r} (choose from {', '.join(known)})")
+        return text
+
+    return parse
+
+
+def _numbers(text: str) -> str:
+    try:
+        [float(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"numbers separated by commas, got {text!r}") from None
+    return text
 
 
 def _backend(args: argparse.Namespace) -> EngineBackend | HttpBackend:
@@ -114,6 +144,8 @@ def _task_table(rows: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
 
     sections = [s.strip() for s in args.sections.split(",")]
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before the run, not after it
+        raise SystemExit(f"cde eval: --json {args.json}: no such directory {str(Path(args.json).parent)!r}")
     backend = _backend(args)
     n_topics = min(16, max(2, args.limit))
     report: dict = {}

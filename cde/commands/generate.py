@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     while engine.has_work():
         for res in engine.step():
             if isinstance(res, BlockResult):
+                if res.finish_reason == "error":  # the engine's log above says why
+                    raise SystemExit(f"cde generate: the request failed: {res.error}")
                 ids += res.token_ids
                 eot_at = res.end_position
                 if res.attribution is not None:

@@ -63,6 +63,11 @@ def check_checkpoint_dir(path: str, command: str) -> None:
     from cde.shared.config import ConfigError, ModelConfig
 
     where = Path(path)
+    if where.is_file():
+        raise SystemExit(
+            f"cde {command}: {path!r} is a file; give the checkpoint directory that holds config.json "
+            "and the *.safetensors weights"
+        )
     if not where.is_dir():
         raise SystemExit(
             f"cde {command}: model directory {path!r} does not exist (give a checkpoint directory, "

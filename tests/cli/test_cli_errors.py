@@ -12,6 +12,7 @@ import pytest
 from cde.worker.checkpoint import make_model
 
 from tests.cde_procs import free_port, run_cde
+from tests.faulty_worker import LAUNCH_FAULT
 
 cde = functools.partial(run_cde, timeout=240)  # a model loads in some cases
 
@@ -50,6 +51,28 @@ def test_a_missing_model_directory(tmp_path):
         extra = ["--prompt", "hi"] if command == "generate" else []
         res = cde(command, "--model", str(tmp_path / "nowhere"), *extra, timeout=60)
         one_line(res, command, "does not exist", str(tmp_path / "nowhere"))
+
+
+def test_a_file_given_as_the_model_directory(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    res = cde("generate", "--model", str(tmp_path / "model.safetensors"), "--prompt", "hi", timeout=60)
+    one_line(res, "generate", "is a file", "the checkpoint directory that holds config.json")
+
+
+@pytest.mark.parametrize("command", ["serve", "bench engine"])
+def test_an_unknown_flag_names_the_command_whose_help_lists_its_flags(command):
+    res = cde(*command.split(), "--bogus", timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert (
+        res.stderr.strip() == f"cde {command}: unrecognized arguments: --bogus (`cde {command} --help` lists the flags)"
+    )
+
+
+def test_a_request_the_engine_fails_is_an_error_not_an_empty_completion(tiny_dir):
+    res = cde("generate", "--model", str(tiny_dir), "--prompt-ids", str(LAUNCH_FAULT), module="tests.faulty_worker")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("cde generate: the request failed: "), res.stderr
+    assert "RuntimeError: planted fault while launching a pass" in res.stderr  # the engine's log: why
 
 
 def test_a_bad_config(tmp_path):

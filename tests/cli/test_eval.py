@@ -163,3 +163,25 @@ def test_an_empty_target_is_refused_with_a_message(flag, capsys):
     assert main(["eval", flag, "", "--limit", "1"]) == 1
     err = capsys.readouterr().err
     assert f"cde eval: {flag} is empty" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["--limit", "0"], "argument --limit: expected a positive integer"),
+        (["--settings", "one token per step,bogus"], "argument --settings: unknown setting 'bogus'"),
+        (["--sections", "tasks,bogus"], "argument --sections: unknown section 'bogus'"),
+        (["--strengths", "0,abc"], "argument --strengths: numbers separated by commas"),
+    ],
+)
+def test_a_flag_a_later_section_reads_is_refused_before_anything_runs(args, says, capsys):
+    """Checked by the parser: the held-out tasks (minutes on a full run) never start only to end
+    on a typo in a flag that the steering section reads."""
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", *args])
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_json_path_in_no_directory_is_refused_before_the_run(tmp_path, capsys):
+    assert main(["eval", "--json", str(tmp_path / "none" / "eval.json"), "--limit", "1"]) == 1
+    assert f"no such directory '{tmp_path / 'none'}'" in capsys.readouterr().err

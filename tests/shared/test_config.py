@@ -170,6 +170,17 @@ def test_unsupported_value_in_nested_block():
         ({"n_unknown_concepts": None}, "n_unknown_concepts must be a positive integer"),
         ({"factorize_rank": 0}, "factorize_rank must be a positive integer"),
         ({"topk_known_features": 0}, "topk_known_features must be positive or null"),
+        # each refused here, by name, rather than as a TypeError, a ZeroDivisionError or NaN
+        # output once a model runs with it (an audit, 2026-12-06)
+        ({"norm_eps": "x"}, "norm_eps must be a positive number, got 'x'"),
+        ({"norm_eps": float("nan")}, "norm_eps must be a positive number, got nan"),
+        ({"rope_base": "x"}, "rope_base must be a positive number"),
+        ({"clip_qkv": 0}, "clip_qkv must be a positive number"),
+        ({"mlp_ratio": 0}, "mlp_ratio must be a positive number"),
+        ({"block_size": "big"}, "block_size must be a positive integer, got 'big'"),
+        ({"pad_multiple": 0}, "pad_multiple must be a positive integer"),
+        ({"intermediate_size": "x"}, "intermediate_size must be a positive integer"),
+        ({"concept_block_size": True}, "concept_block_size must be a positive integer"),
     ],
 )
 def test_invalid_configs(change, msg):
