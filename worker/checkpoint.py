@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from cde.shared.config import ConfigError, ModelConfig, preset
+from cde.shared.weight_files import unreadable
 from cde.worker.model import SteerlingModel
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -132,14 +133,11 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
 
 @contextlib.contextmanager
 def _opened(f: Path) -> Iterator[Any]:
-    """A weight file's header, or an error naming the file: a cut-off download or an HTML error
-    page saved under the name reads as a broken checkpoint, not as a crash in safetensors."""
+    """A weight file's header, or an error naming the file (shared/weight_files.py)."""
     try:
         sf = safe_open(str(f), framework="pt", device="cpu")
     except SafetensorError as exc:
-        raise CheckpointError(
-            f"{f.name} is not a readable safetensors file ({exc}); a download cut short? fetch it again"
-        ) from None
+        raise CheckpointError(unreadable(f.name, exc)) from None
     with sf:
         yield sf
 

@@ -75,6 +75,16 @@ def test_a_request_the_engine_fails_is_an_error_not_an_empty_completion(tiny_dir
     assert "RuntimeError: planted fault while launching a pass" in res.stderr  # the engine's log: why
 
 
+def test_a_weight_file_cut_short_is_refused_before_any_worker_starts(tmp_path):
+    """Its header parses but its tensors' bytes are not all there (a download cut short): `cde
+    serve` says so itself, in one line, rather than through a worker's failed start."""
+    out = make_model("tiny", tmp_path / "tiny")
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    res = cde("serve", "--model", str(out), "--port", str(free_port()), timeout=60)
+    one_line(res, "serve", "model.safetensors is not a readable safetensors file", "fetch it again")
+
+
 def test_a_bad_config(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     one_line(cde("serve", "--model", str(tmp_path), timeout=60), "serve", "config.json", "invalid JSON")
