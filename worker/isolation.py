@@ -25,8 +25,7 @@ def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
     failure is not one request's, and the caller fails them all as before)."""
     slots = {it.slot: it.request.request_id for it in plan.items}
     if len(slots) < 2:  # alone already
-        # Called while the launch's exception is handled: its traceback says why.
-        log.error("request %s fails its pass alone:\n%s", next(iter(slots.values()), "")[:100], traceback.format_exc())
+        _failed_alone(next(iter(slots.values()), ""))  # called while the launch's exception is handled
         return set(slots)
     seen = runner.seen.clone()
     found = set()
@@ -35,8 +34,13 @@ def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
             try:
                 runner.picks(runner.launch(plan.without(set(slots) - {slot})))
             except Exception:
-                log.error("request %s fails its pass alone:\n%s", request_id[:100], traceback.format_exc())
+                _failed_alone(request_id)
                 found.add(slot)
     finally:
         runner.seen.copy_(seen)
     return found
+
+
+def _failed_alone(request_id: str) -> None:
+    """Logged while the exception is handled: its traceback says why."""
+    log.error("request %s fails its pass alone:\n%s", request_id[:100], traceback.format_exc())
