@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable
 
 DEBUG_ENV = "CDE_DEBUG"
@@ -38,6 +39,9 @@ def run_reporting_errors(
     except SystemExit as exc:  # the commands' own checks: a message, named here by the command
         if not isinstance(exc.code, str):
             raise
+        if debugging():  # where the check was made, and what it caught (`from None` or not), above the line
+            exc.__suppress_context__ = False
+            traceback.print_exc()
         text = exc.code.removeprefix("cde: ")
         print(text if text.startswith(f"cde {command}") else f"cde {command}: {text}", file=sys.stderr)
         return 1

@@ -8,6 +8,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from cde.shared.limits import MAX_KV_SPLITS
+
 
 def _number(kind: Callable[[str], float], low: float, high: float, what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
@@ -29,6 +31,7 @@ non_negative_int = _number(int, 0, math.inf, "an integer >= 0")
 positive_seconds = _number(float, math.ulp(0.0), math.inf, "a positive number of seconds")
 non_negative_seconds = _number(float, 0.0, math.inf, "a number of seconds >= 0")
 port = _number(int, 0, 65535, "a port in [0, 65535]")
+kv_splits = _number(int, 0, MAX_KV_SPLITS, f"an integer in [0, {MAX_KV_SPLITS}] (0: chosen per pass)")
 
 ENDPOINT_FORMS = "tcp://HOST:PORT or ipc://PATH"  # the ZeroMQ endpoints of --bind and --worker
 

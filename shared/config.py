@@ -15,6 +15,15 @@ from pathlib import Path
 
 PAGE = 64  # diffusion block = attention tile = KV page
 log = logging.getLogger("cde.config")
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """One process may read a config.json twice (`cde generate`: the CLI's check, then the load)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
 
 # How a forward item attends (FlashBlock): over all its pages at once; split into the cached
 # pages (recomputed, then kept) and its own block, merged by log-sum-exp; or the same split
@@ -135,7 +144,7 @@ class ModelConfig:
             # alone (absent keys take ConceptConfig's defaults), so flat copies beside it are stale.
             stale = sorted(k for k in _CONCEPT_FIELDS if data.pop(k, None) is not None)
             if stale:
-                log.warning("config.json: the nested concept block describes the heads; ignoring flat %s", stale)
+                _warn_once(f"config.json: the nested concept block describes the heads; ignoring flat {stale}")
             for key, value in nested.items():
                 mapped = _NESTED_ALIASES.get(key, key)
                 if mapped not in _IGNORED:
@@ -150,7 +159,7 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:  # e.g. a re-saved config's `use_cache`: the official loader keeps only its own fields too
-            log.warning("config.json: ignoring keys that neither CDE nor the official package reads: %s", unknown)
+            _warn_once(f"config.json: ignoring keys that neither CDE nor the official package reads: {unknown}")
             data = {k: v for k, v in data.items() if k in names}
         if "n_kv_heads" in data and data["n_kv_heads"] is None:  # reference: None = one KV head per head
             data["n_kv_heads"] = data.get("n_head", cls.n_head)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cde.cli_types import kv_splits
 from cde.commands import bench_constrained, bench_flashblock
 from cde.commands.bench_constrained import constrain, group_rates, variants
 from cde.commands.bench_instruments import GcClock, StepClock, profile_steps
@@ -77,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run passes eagerly, without captured graphs")
     p.add_argument(
         "--kv-splits",
-        type=int,
+        type=kv_splits,
         default=0,
         help="split-KV attention ways at batch 1 (as `cde serve --kv-splits`; 0: chosen per pass)",
     )

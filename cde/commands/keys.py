@@ -1,4 +1,4 @@
-"""CURVE key pairs for gateway <-> worker links across machines (see README, Operations).
+"""CURVE key pairs for gateway <-> worker links across machines (docs/operations.md, "Deployment").
 
 `cde keys generate DIR` writes worker.key / worker.key_secret and gateway.key / gateway.key_secret.
 Workers get worker.key_secret and the gateways' *.key; gateways get their .key_secret and worker.key."""

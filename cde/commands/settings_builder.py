@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from cde.shared.limits import MAX_KV_SPLITS, check_flashblock
+from cde.shared.limits import check_flashblock
 from cde.shared.protocol import FlashBlockSpec
 from cde.shared.settings import EngineArgs, WorkerSettings
 
@@ -31,7 +31,7 @@ def engine_args(args: argparse.Namespace, **given: Any) -> EngineArgs:
     if getattr(args, FAIR_SHARE_FLAGS, False):
         fields["max_running_per_client"] = max_running_per_client(args)
     if getattr(args, ATTENTION_FLAGS, False):
-        fields |= {"kv_splits": kv_splits(args), "flashblock": flashblock_default(args)}
+        fields |= {"kv_splits": args.kv_splits, "flashblock": flashblock_default(args)}
     if getattr(args, QUANTIZATION_FLAGS, False):
         fields |= {"quantization": quantization(args), "fp8_weight_only_rows": args.fp8_weight_only_rows}
     if getattr(args, PREFIX_CACHE_FLAGS, False):
@@ -104,9 +104,3 @@ def flashblock_default(args: argparse.Namespace) -> FlashBlockSpec | None:
     except ValueError:
         raise SystemExit("--flashblock-tau and --flashblock-max-reuse must be >= 0") from None
     return spec
-
-
-def kv_splits(args: argparse.Namespace) -> int:
-    if not 0 <= args.kv_splits <= MAX_KV_SPLITS:
-        raise SystemExit(f"--kv-splits must be in [0, {MAX_KV_SPLITS}] (0: chosen per pass)")
-    return args.kv_splits

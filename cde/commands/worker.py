@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from cde.cli_types import ENDPOINT_FORMS, positive_int
+from cde.cli_types import ENDPOINT_FORMS, kv_splits, positive_int
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import (
     ASYNC_SCHEDULING_FLAGS,
@@ -148,7 +148,7 @@ def add_thread_arguments(p: argparse.ArgumentParser, workers: bool = True) -> No
 def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-splits",
-        type=int,  # its range is checked in settings_builder
+        type=kv_splits,
         default=0,
         metavar="S",
         help="CUDA: split each item's cached pages S ways at batch 1 (S/2 at 2, ...) for more parallel "

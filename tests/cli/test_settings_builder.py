@@ -51,7 +51,6 @@ def test_a_command_without_a_flag_group_keeps_the_engine_defaults(monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--kv-splits", "-1"), "--kv-splits must be in [0, 64]"),
         (("--flashblock-tau", "-1"), "must be >= 0"),
         (("--max-running", "2", "--max-running-per-client", "3"), "--max-running-per-client must be in [1"),
         (("--quantization", "fp8", "--dtype", "float32"), "computes in bfloat16"),
