@@ -113,6 +113,7 @@ class GuardedH11Protocol(H11Protocol):
         same = sum(getattr(c, "peer_host", None) == self.peer_host for c in self.connections)
         if len(self.connections) > self.limits.max_connections or same > self.limits.per_client_connections:
             self.app = RequestLog(with_cors(_too_many_connections, self.limits), self.metrics)
+        self.app = self._saying_close(self.app)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -135,6 +136,23 @@ class GuardedH11Protocol(H11Protocol):
             # is of no use, and each byte of it would re-arm uvicorn's keep-alive timer, so a
             # client trickling it held the connection past every timeout.
             self.transport.close()
+
+    def _saying_close(self, app: ASGIApp) -> ASGIApp:
+        """A response that starts before its request's body is in says `Connection: close`, as
+        `on_response_complete` closes the connection after it: a client that kept the connection
+        for its next request would meet a reset there."""
+
+        async def marked_app(scope: Scope, receive: Receive, send: Send) -> None:
+            async def marked(message: Message) -> None:
+                if message["type"] == "http.response.start" and self.conn.their_state is h11.SEND_BODY:
+                    headers = list(message.get("headers", []))
+                    if all(name.lower() != b"connection" for name, _ in headers):
+                        message = {**message, "headers": [*headers, (b"connection", b"close")]}
+                await send(message)
+
+            await app(scope, receive, marked)
+
+        return marked_app
 
     def _arm(self) -> None:
         self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timeout)

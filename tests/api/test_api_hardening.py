@@ -172,8 +172,9 @@ def test_an_early_answer_closes_a_connection_whose_body_trickles(server, auth):
     the client still sends (each byte used to re-arm the keep-alive timer: held for ever)."""
     with connect(server) as s:
         s.sendall(b"POST /v1/nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Content-Length: 100000\r\n\r\n{")
-        status, _headers, _body = read_reply(s)
+        status, headers, _body = read_reply(s)
         assert status == (404 if auth else 401)
+        assert headers["connection"] == "close"  # a client must not keep it for its next request
         t0 = time.monotonic()
         with pytest.raises(OSError):  # the server closed: a reset, or a broken pipe, as bytes go on
             while time.monotonic() - t0 < HEADER_TIMEOUT + BODY_TIMEOUT + 5:
@@ -181,6 +182,20 @@ def test_an_early_answer_closes_a_connection_whose_body_trickles(server, auth):
                 if select.select([s], [], [], 0.3)[0] and s.recv(100) == b"":
                     raise ConnectionResetError("closed")
         assert time.monotonic() - t0 < 3
+
+
+def test_an_answer_after_the_whole_body_keeps_the_connection(server):
+    """Only an early answer closes: one given after its body was read (a 200, or a 401 whose
+    small body came with its head) leaves the connection to the client's next request."""
+    body = b'{"model": "tiny", "prompt": "hi"}'
+    head = b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n" % len(body)
+    with connect(server) as s:
+        for auth in (b"Authorization: Bearer " + KEY.encode() + b"\r\n", b""):
+            s.sendall(head + auth + b"\r\n" + body)
+            status, headers, _body = read_reply(s)
+            assert status == (200 if auth else 401) and "connection" not in headers, headers
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_reply(s)[0] == 200
 
 
 @pytest.mark.parametrize("size", [60_000, 15_000])
