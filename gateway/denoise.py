@@ -36,13 +36,22 @@ class DenoiseView:
         self.index, self.req, self.tokenizer = index, req, tokenizer
         self.labels, self.n_known = labels, n_known
         self.prompt_len = len(req.prompt_ids)
+        # The tokens that end the answer where they land (as the worker's scheduler rules): its
+        # chunk ends before the first of them, as the final attribution's does.
+        ends = set(req.stop_token_ids)
+        if tokenizer.eot_id is not None and not req.ignore_eos:
+            ends.add(tokenizer.eot_id)
+        self.ending_ids = frozenset(ends)
         self.block = -1
         self.records: list[dict] = []
+        self.end = 0  # where the active block's chunk ends, absolute
 
     def step(self, res: StepResult) -> StepDelta:
+        base = res.block * PAGE
         if res.block != self.block:
             self.block, self.records = res.block, []
-        base = res.block * PAGE
+            self.end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
+        self.end = min([self.end, *(p for p, t in zip(res.positions, res.token_ids) if t in self.ending_ids)])
         spec = self.req.attribution
         if spec is not None:
             self.records += res.attribution or []
@@ -59,8 +68,7 @@ class DenoiseView:
         return StepDelta(self.index, payload)
 
     def _attribution(self, res: StepResult, base: int, top_k: int, per_token: bool) -> StepAttribution:
-        start = max(base, self.prompt_len)
-        end = min(base + PAGE, self.prompt_len + self.req.max_tokens)
+        start, end = max(base, self.prompt_len), self.end
         concepts, eps_pct = chunk_concepts(self.records, start, end, self.labels.labels, self.n_known, top_k)
         out: StepAttribution = {
             "chunk": {

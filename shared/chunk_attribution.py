@@ -130,6 +130,8 @@ def chunk_concepts(
     sort over (known by id, then discovered by id), and only the top_k entries are labelled."""
     a = packed(records).arrays()
     inside = np.flatnonzero((a["positions"] >= start) & (a["positions"] < end))
+    # Token order whatever the records' (a running view keeps them in commit order): same doubles.
+    inside = inside[np.argsort(a["positions"][inside], kind="stable")]
     mass = _mass(a, inside)
     n = end - start
     ids, kinds, totals = [], [], []

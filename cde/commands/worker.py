@@ -107,7 +107,7 @@ def add_async_scheduling_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", "on", "off"],
         help="plan each forward pass before the last one's picks reach the host, so the GPU never waits "
-        "for the scheduler (worker/plan_ahead.py); same outputs. auto: on with CUDA, off on the CPU (where a "
+        "for the scheduler (worker/plan_ahead.py); the same tokens. auto: on with CUDA, off on the CPU (where a "
         "pass planned ahead only delays each result by a pass)",
     )
     p.set_defaults(**{ASYNC_SCHEDULING_FLAGS: True})
