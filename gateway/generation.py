@@ -137,11 +137,12 @@ class Generation:
                     new, skip, final = res.token_ids, 0, False
                     block_fed += len(new)
                 else:
+                    if res.finish_reason == "error":  # no block: no latency sample, a failure counted
+                        m.finished.labels("error").inc()
+                        raise GenerationError(res.error or "generation failed")
                     now = time.monotonic()
                     (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
                     last = now
-                    if res.finish_reason == "error":
-                        raise GenerationError(res.error or "generation failed")
                     if res.attribution is not None:
                         blocks.append(res.attribution)
                     eot_at = res.end_position

@@ -89,6 +89,12 @@ def resident_bytes() -> int:
         return 0
 
 
+def _log_finished(request_id: str, finish_reason: str | None) -> None:
+    """Every admitted request's last line, however it ends: a block that finished it, the abort of
+    its sender (a hang-up, a rolled-back `n`), or a failed pass."""
+    log.info("request finished", extra={"request_id": clip(request_id, 100), "finish_reason": finish_reason})
+
+
 class Listener:
     """The worker's ROUTER socket, bound (`cde worker` tries its endpoint with one before the model
     loads: `cde.commands.worker.listen`)."""
@@ -232,6 +238,7 @@ class WorkerServer:
             if self.owner.get(msg.request_id) == peer:  # only its sender stops a request
                 self.engine.abort(msg.request_id)
                 del self.owner[msg.request_id]
+                _log_finished(msg.request_id, "abort")
         elif isinstance(msg, ConceptQuery):
             self._send(peer, self._concept_info(msg))
 
@@ -282,7 +289,7 @@ class WorkerServer:
             if isinstance(res, BlockResult) and res.finished:
                 finished = True
                 self.owner.pop(res.request_id, None)
-                log.info("request finished", extra={"request_id": res.request_id, "finish_reason": res.finish_reason})
+                _log_finished(res.request_id, res.finish_reason)
             if peer is not None:
                 peers.append(peer)
                 msgs.append(res)
@@ -296,6 +303,7 @@ class WorkerServer:
         for rid, peer in list(self.owner.items()):
             self.engine.abort(rid)
             self._send(peer, BlockResult(rid, [], True, "error", error=message))
+            _log_finished(rid, "error")
         self.owner.clear()
         self._refresh_heartbeat(force=True)
 

@@ -77,8 +77,8 @@ def max_running_per_client(args: argparse.Namespace) -> int:
     n = args.max_running_per_client
     if n is None:
         return default_per_client(args.max_running)
-    if not 1 <= n <= args.max_running:
-        raise SystemExit(f"--max-running-per-client must be in [1, --max-running ({args.max_running})]")
+    if n > args.max_running:
+        raise SystemExit(f"--max-running-per-client must be at most --max-running ({args.max_running})")
     return n
 
 

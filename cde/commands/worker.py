@@ -126,7 +126,7 @@ def add_prefix_cache_arguments(p: argparse.ArgumentParser) -> None:
 def add_fair_share_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-running-per-client",
-        type=int,
+        type=positive_int,  # at most --max-running: checked with it, in settings_builder
         metavar="N",
         help="slots one client (API key or address) may hold, so that others find one free "
         "(default: 3/4 of --max-running); admission is round-robin over clients",

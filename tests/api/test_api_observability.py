@@ -53,6 +53,21 @@ def test_request_id_ties_header_body_and_logs(server):
     assert bad.status_code == 400 and bad.headers["x-request-id"].startswith("req-")
 
 
+def test_a_request_its_client_leaves_has_its_last_worker_line(server):
+    """A hang-up mid-stream aborts the request on the worker, whose log ends it as every other."""
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 256, "tokens_per_step": 1, "stream": True}
+    with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        next(line for line in r.iter_lines() if line.startswith("data: "))  # the first block, then gone
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ends = [e for e in json_logs(server) if e["msg"] == "request finished" and e["request_id"].startswith(rid)]
+        if ends:
+            break
+        time.sleep(0.1)
+    assert [e["finish_reason"] for e in ends] == ["abort"]
+
+
 def _gauges(server) -> dict[str, float]:
     m = server.metrics()
     return {g: m[f'{g}{{worker="worker-0"}}'] for g in GAUGES}

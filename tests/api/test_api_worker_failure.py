@@ -91,7 +91,8 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
                 return "alive", 0.0, nxt["choices"][0]["text"]
 
         killed = asyncio.Event()
-        seen = server.metrics()["cde_time_to_first_block_seconds_count"]
+        before = server.metrics()
+        seen = before["cde_time_to_first_block_seconds_count"]
         tasks = [asyncio.create_task(one()) for _ in range(4)]
         # Every stream has its first block: the least-loaded routing put two on each worker.
         while server.metrics()["cde_time_to_first_block_seconds_count"] < seen + 4:
@@ -112,6 +113,8 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
     assert "exited" in health["workers"][0]["reason"]
     m = server.metrics()
     assert m['cde_worker_up{worker="worker-0"}'] == 0 and m['cde_worker_up{worker="worker-1"}'] == 1
+    failed = 'cde_requests_finished_total{finish_reason="error"}'  # streams' failures are seen too
+    assert m[failed] - before.get(failed, 0) == 2
     for _ in range(3):  # everything now lands on the survivor
         r = client.completions.create(
             model="tiny", prompt="still there?", max_tokens=8, temperature=0, extra_body={"tokens_per_step": 8}

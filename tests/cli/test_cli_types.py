@@ -15,6 +15,7 @@ from tests.cde_procs import run_cde
         ("serve", "--max-running", "0"),
         ("serve", "--max-model-len", "-5"),
         ("serve", "--kv-splits", "65"),
+        ("serve", "--max-running-per-client", "0"),
         ("serve", "--heartbeat-timeout", "0"),
         ("serve", "--heartbeat-timeout", "nan"),
         ("serve", "--max-request-bytes", "0"),

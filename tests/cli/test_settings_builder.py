@@ -52,7 +52,7 @@ def test_a_command_without_a_flag_group_keeps_the_engine_defaults(monkeypatch):
     ("flags", "message"),
     [
         (("--flashblock-tau", "-1"), "must be >= 0"),
-        (("--max-running", "2", "--max-running-per-client", "3"), "--max-running-per-client must be in [1"),
+        (("--max-running", "2", "--max-running-per-client", "3"), "must be at most --max-running"),
         (("--quantization", "fp8", "--dtype", "float32"), "computes in bfloat16"),
     ],
 )
