@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 from cde.shared.config import preset
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker.checkpoint import load_checkpoint
@@ -123,8 +125,6 @@ def test_help_shows_defaults_and_never_the_api_key():
 
 
 def _prompt() -> list[int]:
-    import torch
-
     return torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
@@ -207,10 +207,19 @@ def test_generate_attribution_matches_official_chunks(made):
         ("--attribution", "{top_k: 5}", ["cde generate: --attribution is not JSON"]),
     ],
 )
-def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messages):
-    res = cde("generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "4", flag, value)
-    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    assert all(m in res.stderr for m in messages), res.stderr
+def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messages, capsys):
+    """In this process, through the CLI's entry point (the model loads, the request is refused)."""
+    from cde.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        with mock.patch.dict(os.environ):  # the CLI's defaults for compile caches stay out of this process
+            rc = main(["generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "4", flag, value])
+    finally:
+        torch.set_num_threads(threads)  # `cde generate` sets the CPU threads for its process
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err, err
+    assert all(m in err for m in messages), err
 
 
 def test_bench_engine_defaults_to_the_demo_model(tmp_path):
