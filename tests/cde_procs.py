@@ -10,12 +10,31 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 
 import httpx
 
 from tests.api_server import REPO
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cde_in_process(*args: str) -> int:
+    """`cde ARGS` through the CLI's entry point, in this process (for commands whose work is their
+    parser or an early check): its exit status, the parser's refusals included. What the CLI sets
+    for its process is put back: its environment defaults (compile caches) and torch's threads."""
+    import torch
+
+    from cde.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        with mock.patch.dict(os.environ):
+            return main(list(args))
+    except SystemExit as exc:  # the parser's refusals
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_cde(

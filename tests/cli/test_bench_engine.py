@@ -10,11 +10,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from cde.cli import main
+from tests.cde_procs import cde_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,7 +146,6 @@ def test_tokens_per_step_must_be_integers_in_range(capsys) -> None:
     """The command's own check, before any checkpoint or engine: run as `cde bench engine` runs it
     (the CLI's parser and error reporting), in this process."""
     for bad in ("0", "1,x", "65"):
-        with mock.patch.dict(os.environ):  # the CLI's defaults for compile caches stay out of this process
-            rc = main(["bench", "engine", "--preset", "tiny", "--tokens-per-step", bad])
+        rc = cde_in_process("bench", "engine", "--preset", "tiny", "--tokens-per-step", bad)
         err = capsys.readouterr().err
         assert rc == 1 and "--tokens-per-step" in err and "Traceback" not in err, err

@@ -6,18 +6,16 @@ prints for a real `cde bench engine --json` run."""
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from cde.shared.config import ModelConfig, preset
 
-from cde.cli import main
 from cde.commands import bench_roofline
 from cde.commands.bench_roofline import pass_flops, shape, weight_bytes
+from tests.cde_procs import cde_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,8 +50,7 @@ def test_the_table_of_a_real_engine_run(tiny_dir, tmp_path, capsys):
     args = ["--bandwidth", "1e-6", "--peak", "1e-6"]  # a slow imaginary device: the limits are in range of the CPU's
     # The command as the CLI runs it (its parser, its run), in this process.
     capsys.readouterr()
-    with mock.patch.dict(os.environ):  # the CLI's defaults for compile caches stay out of this process
-        assert main(["bench", "roofline", str(bench), *args]) == 0
+    assert cde_in_process("bench", "roofline", str(bench), *args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("run | ms/pass | tok/s | weight-read limit ms | tensor-core limit ms | of roofline")
     after, ahead = json.loads(bench.read_text())["results"]

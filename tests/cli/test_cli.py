@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
 from cde.shared.config import preset
 from cde.shared.tokenizer import get_tokenizer
 from cde.worker.checkpoint import load_checkpoint
+
+from tests.cde_procs import cde_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,14 +210,7 @@ def test_generate_attribution_matches_official_chunks(made):
 )
 def test_generate_rejects_bad_steering_and_attribution(made, flag, value, messages, capsys):
     """In this process, through the CLI's entry point (the model loads, the request is refused)."""
-    from cde.cli import main
-
-    threads = torch.get_num_threads()
-    try:
-        with mock.patch.dict(os.environ):  # the CLI's defaults for compile caches stay out of this process
-            rc = main(["generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "4", flag, value])
-    finally:
-        torch.set_num_threads(threads)  # `cde generate` sets the CPU threads for its process
+    rc = cde_in_process("generate", "--model", str(made), "--prompt-ids", "1,2,3", "--max-tokens", "4", flag, value)
     err = capsys.readouterr().err
     assert rc == 1 and "Traceback" not in err, err
     assert all(m in err for m in messages), err

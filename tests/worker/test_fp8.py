@@ -22,6 +22,7 @@ from cde.worker.checkpoint import make_model
 from cde.worker.engine import Engine, EngineArgs
 
 from tests.api_server import ServerProcess
+from tests.cde_procs import cde_in_process
 
 # e4m3: 3 mantissa bits, so a normal value rounds to within 2^-4 of itself; the smallest
 # subnormal step is 2^-9 (in units of the row's scale), half of it the worst absolute rounding.
@@ -347,9 +348,7 @@ def test_flag_validation(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_cli_refuses_fp8_with_float32_and_bad_rows(tiny_dir: Path, capsys) -> None:
     """Refused by the parser or the flags' checks, before any model loads: in this process, through
     the CLI's entry point; `cde serve` (which sets its logging first) as a process of its own."""
-    from unittest import mock
 
-    from cde.cli import main
     from tests.api_server import REPO
 
     for command, extra, message in (
@@ -367,12 +366,7 @@ def test_cli_refuses_fp8_with_float32_and_bad_rows(tiny_dir: Path, capsys) -> No
             )
             rc, err = res.returncode, res.stderr
         else:
-            with mock.patch.dict("os.environ"):  # the CLI's defaults for compile caches stay out of this process
-                try:
-                    rc = main(args)
-                except SystemExit as exc:  # the parser's refusals
-                    rc = exc.code
-            err = capsys.readouterr().err
+            rc, err = cde_in_process(*args), capsys.readouterr().err
         assert rc != 0 and message in err, (command, extra, err[-2000:])
         assert "Traceback" not in err
 
