@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v1")
 
 
+def metrics_at(url: str) -> dict[str, float]:
+    """The /metrics samples of the server at `url` by `name{labels}`, and each name's sum over its
+    labels by plain `name`."""
+    return metric_samples(httpx.get(url + "/metrics", timeout=10).text)
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -73,8 +79,7 @@ class ServerProcess:
         return [w["pid"] for w in self.health()[1]["workers"]]
 
     def metrics(self) -> dict[str, float]:
-        """Samples by `name{labels}`, and each name's sum over its labels by plain `name`."""
-        return metric_samples(httpx.get(self.url + "/metrics", timeout=10).text)
+        return metrics_at(self.url)
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

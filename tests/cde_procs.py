@@ -14,7 +14,7 @@ from unittest import mock
 
 import httpx
 
-from tests.api_server import REPO
+from tests.api_server import REPO, metrics_at
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -122,6 +122,9 @@ class Gateway(CdeProcess):
     def health(self) -> tuple[int, dict]:
         r = httpx.get(self.url + "/health", timeout=10)
         return r.status_code, r.json()
+
+    def metrics(self) -> dict[str, float]:
+        return metrics_at(self.url)
 
     def wait_health(self, status: int, timeout: float = 30.0) -> dict:
         deadline = time.monotonic() + timeout

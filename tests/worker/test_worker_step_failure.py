@@ -15,7 +15,6 @@ import httpx
 import pytest
 import torch
 
-from cde.commands.load_client import metric_samples
 from tests.cde_procs import CdeProcess, Gateway, free_port
 from tests.faulty_worker import ADMIT_FAULT, LAUNCH_FAULT, SYNC_FAULT
 
@@ -49,10 +48,6 @@ def cluster(tiny_dir):
         for p in (gateway, worker):
             if p is not None:
                 p.stop()
-
-
-def gateway_metrics(gateway: Gateway) -> dict[str, float]:
-    return metric_samples(httpx.get(gateway.url + "/metrics", timeout=10).text)
 
 
 def _official(tiny_dir, per_step: int) -> list[int]:
@@ -131,7 +126,7 @@ async def test_a_request_whose_admission_fails_gets_an_error_not_a_hang(cluster,
     KeyError once) answers that request with an error at once; the worker goes on serving."""
     worker, gateway = cluster
     url = gateway.url + "/v1/completions"
-    before = gateway_metrics(gateway)
+    before = gateway.metrics()
     async with httpx.AsyncClient(timeout=60) as http:
         faulty = await http.post(url, json=body([ADMIT_FAULT, 1, 2], 16))
         after = await http.post(url, json=body(PROMPT, N_NEW, tokens_per_step=PER_STEP, return_token_ids=True))
@@ -139,7 +134,7 @@ async def test_a_request_whose_admission_fails_gets_an_error_not_a_hang(cluster,
     worker.wait_for("admission failed", 10)
     assert after.status_code == 200 and after.json()["choices"][0]["token_ids"] == official_tokens
     # The failure is counted as one, and it had no first block: the latency samples are `after`'s.
-    m, failed = gateway_metrics(gateway), 'cde_requests_finished_total{finish_reason="error"}'
+    m, failed = gateway.metrics(), 'cde_requests_finished_total{finish_reason="error"}'
     first = "cde_time_to_first_block_seconds_count"
     assert m[failed] - before.get(failed, 0) == 1 and m[first] - before.get(first, 0) == 1
 
@@ -170,7 +165,7 @@ async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_se
         assert r.json()["choices"][0]["token_ids"] == official_tokens
     # Every page back (the gateway learns it from the next heartbeats).
     deadline = time.monotonic() + 10
-    while (m := gateway_metrics(gateway))["cde_worker_kv_pages_used"]:
+    while (m := gateway.metrics())["cde_worker_kv_pages_used"]:
         assert time.monotonic() < deadline, m
         time.sleep(0.2)
     assert m["cde_worker_running_requests"] == 0
