@@ -27,6 +27,7 @@ timeout, a snippet no longer found exactly once) is BROKEN, and fails the run as
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -108,14 +109,35 @@ def env_for(tree: Path) -> dict[str, str]:
     }
 
 
-def check_isolation(tree: Path) -> None:
-    code = f"import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in {MODULES!r}))"
-    got = subprocess.run(
-        [sys.executable, "-c", code], cwd=tree, env=env_for(tree), check=True, capture_output=True, text=True
-    ).stdout.split()
+def _enter_copy(tree: str, log: str) -> None:
+    """In a child of the fork server: output to `log`, and the scratch copy's environment with the
+    copy first on the import path (where PYTHONPATH puts it in a fresh interpreter). The server
+    imported nothing of the repository's own packages, so the child imports those from the copy."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(tree)
+    os.environ.update(env_for(Path(tree)))  # for the processes the tests start
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, tree)
+
+
+def _module_files(tree: str, log: str) -> None:
+    _enter_copy(tree, log)
+    import importlib
+
+    print("\n".join(importlib.import_module(m).__file__ or "" for m in MODULES), flush=True)
+
+
+def check_isolation(ctx: multiprocessing.context.BaseContext, tree: Path) -> None:
+    log = tree / ".modules.txt"
+    child = ctx.Process(target=_module_files, args=(str(tree), str(log)))
+    child.start()
+    child.join()
+    got = log.read_text().split()
     outside = [f for f in got if not Path(f).resolve().is_relative_to(tree.resolve())]
-    if outside:
-        raise SystemExit(f"the scratch copy does not shadow the installed package: {outside}")
+    if child.exitcode != 0 or outside or not got:
+        raise SystemExit(f"the scratch copy does not shadow the installed package: {outside or got}")
 
 
 def mutate(tree: Path, c: Canary) -> None:
@@ -164,39 +186,63 @@ def load_factor() -> float:
     return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
-def pytest(tree: Path, tests: list[str], timeout_s: float) -> Run:
+def _run_pytest(tree: str, args: list[str], log: str) -> None:
+    """A canary's pytest, in a child of the fork server (`_forkserver`). Its exit status is
+    pytest's; in a python without pytest, the import error's (1), with no report."""
+    _enter_copy(tree, log)
+    import pytest as _pytest
+
+    sys.exit(int(_pytest.main(args)))
+
+
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """Children forked from one process that imported torch and pytest: each canary's run then
+    starts without their ~3 s of imports (63 canaries, two at a time, on CI's two cores). The
+    server starts with the canaries' environment, so torch reads OMP_NUM_THREADS=1 as it imports."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "pytest"])  # a module that is not installed is skipped
+    return ctx
+
+
+def pytest(ctx: multiprocessing.context.BaseContext, tree: Path, tests: list[str], timeout_s: float) -> Run:
     timeout_s *= load_factor()
-    report = tree / REPORT
+    report, log = tree / REPORT, tree / ".canary-output.txt"
     report.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--show-capture=no"]
-    cmd += ["-p", "no:xdist", "-p", "no:xdist.looponfail"]  # one process: ~0.3 s of each start
-    cmd += [f"--junitxml={report}", *tests]
-    try:
-        res = subprocess.run(cmd, cwd=tree, env=env_for(tree), capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    args = ["-x", "-q", "-p", "no:cacheprovider", "--show-capture=no"]
+    args += ["-p", "no:xdist", "-p", "no:xdist.looponfail"]  # one process: ~0.3 s of each start
+    args += [f"--junitxml={report}", *tests]
+    child = ctx.Process(target=_run_pytest, args=(str(tree), args, str(log)))
+    child.start()
+    child.join(timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
         return Run(None, None, f"tests ran past {timeout_s:.0f} s")
-    tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+    output = log.read_text(errors="replace") if log.exists() else ""
+    tail = "\n".join(output.strip().splitlines()[-15:])
     try:
         cases = ET.parse(report).getroot().findall(".//testcase")
     except (OSError, ET.ParseError):
         cases = None
-    return Run(res.returncode, cases, tail)
+    return Run(child.exitcode, cases, tail)
 
 
-def run_one(files: list[str], c: Canary, keep: bool, baseline: bool) -> Outcome:
+def run_one(
+    ctx: multiprocessing.context.BaseContext, files: list[str], c: Canary, keep: bool, baseline: bool
+) -> Outcome:
     t0 = time.monotonic()
     tree = Path(tempfile.mkdtemp(prefix="cde-canary-"))
     try:
         copy_tree(files, tree)
         if baseline:
-            verdict, detail = pytest(tree, c.tests, c.timeout_s).verdict()
+            verdict, detail = pytest(ctx, tree, c.tests, c.timeout_s).verdict()
             if verdict != "SURVIVED":  # unmutated, the tests must run and pass
                 return Outcome(c, "BROKEN", time.monotonic() - t0, f"without the mutation: {verdict}\n{detail}")
         try:
             mutate(tree, c)
         except LookupError as exc:
             return Outcome(c, "BROKEN", time.monotonic() - t0, str(exc))
-        verdict, detail = pytest(tree, c.tests, c.timeout_s).verdict()
+        verdict, detail = pytest(ctx, tree, c.tests, c.timeout_s).verdict()
         return Outcome(c, verdict, time.monotonic() - t0, detail)
     finally:
         if keep:
@@ -228,13 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no canary matches {args.match!r}", file=sys.stderr)
         return 2
     files = repo_files()
+    os.environ["OMP_NUM_THREADS"] = "1"  # the fork server's, before it imports torch
+    ctx = _forkserver()
     with tempfile.TemporaryDirectory(prefix="cde-canary-probe-") as probe:
         copy_tree([f for f in files if f.split("/")[0] in PACKAGES], Path(probe))
-        check_isolation(Path(probe))
+        check_isolation(ctx, Path(probe))
     t0 = time.monotonic()
     failed = 0
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for o in pool.map(lambda c: run_one(files, c, args.keep, args.baseline), canaries):
+        for o in pool.map(lambda c: run_one(ctx, files, c, args.keep, args.baseline), canaries):
             failed += o.verdict != "caught"
             print(f"{o.verdict:8} {o.seconds:6.1f}s  {o.canary.name}", flush=True)
             if o.verdict != "caught" or args.verbose:
