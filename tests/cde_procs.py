@@ -114,6 +114,17 @@ class CdeProcess:
             return self.proc.wait()
 
 
+class TinyWorker(CdeProcess):
+    """`cde worker` (or `module`'s, tests.faulty_worker) serving `model_dir` as "tiny" on the CPU at
+    `endpoint`, a free loopback port unless `port` names one; `extra` flags after those."""
+
+    def __init__(self, model_dir, *extra: str, port: int | None = None, module: str = "cde"):
+        self.endpoint = f"tcp://127.0.0.1:{port or free_port()}"
+        command = ("worker",) if module == "cde" else ()
+        flags = ("--model", str(model_dir), "--bind", self.endpoint, "--device", "cpu", "--served-model-name", "tiny")
+        super().__init__(*command, *flags, *extra, module=module)
+
+
 class Gateway(CdeProcess):
     def __init__(self, *args: str):
         super().__init__("gateway", "--port", "0", "--log-level", "info", *args)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.cde_procs import CdeProcess, Gateway, free_port
+from tests.cde_procs import CdeProcess, TinyWorker
 
 
 @pytest.fixture(scope="module")
@@ -23,34 +23,16 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker(tiny_dir, keys):
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    w = CdeProcess(
-        "worker",
-        "--model",
-        str(tiny_dir),
-        "--bind",
-        endpoint,
-        "--device",
-        "cpu",
-        "--served-model-name",
-        "tiny",
+    w = TinyWorker(
+        tiny_dir,
         "--curve-secret-key",
         str(keys / "worker.key_secret"),
         "--curve-authorized-keys",
         str(keys / "allowed"),
     )
     w.wait_for("worker ready .*CURVE")
-    w.endpoint = endpoint
     yield w
     assert w.stop() == 0
-
-
-@pytest.fixture
-def gateways():
-    started = []
-    yield lambda *args: started.append(Gateway(*args)) or started[-1]
-    for g in started:
-        g.stop()
 
 
 def test_keys_files(keys):

@@ -4,21 +4,11 @@ what NAME resolves to, serves through it, and lives through the worker going awa
 
 import re
 
-from tests.cde_procs import CdeProcess, Gateway, free_port
+from tests.cde_procs import Gateway, TinyWorker, free_port
 
 
-def start_worker(tiny_dir, port) -> CdeProcess:
-    w = CdeProcess(
-        "worker",
-        "--model",
-        str(tiny_dir),
-        "--bind",
-        f"tcp://127.0.0.1:{port}",
-        "--device",
-        "cpu",
-        "--served-model-name",
-        "tiny",
-    )
+def start_worker(tiny_dir, port) -> TinyWorker:
+    w = TinyWorker(tiny_dir, port=port)
     w.wait_for("worker ready")
     return w
 

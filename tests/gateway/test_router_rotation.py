@@ -8,7 +8,7 @@ from cde.gateway.router import Router
 from cde.shared.protocol import GenerateRequest
 from cde.shared.wire import encode
 
-from tests.cde_procs import CdeProcess, free_port
+from tests.cde_procs import TinyWorker
 
 
 async def collect(handle) -> list:
@@ -16,12 +16,8 @@ async def collect(handle) -> list:
 
 
 async def test_equally_loaded_workers_take_turns(tiny_dir):
-    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    workers = [
-        CdeProcess("worker", "--model", str(tiny_dir), "--bind", ep, "--device", "cpu", "--max-running", "2")
-        for ep in endpoints
-    ]
-    router = Router(endpoints)
+    workers = [TinyWorker(tiny_dir, "--max-running", "2") for _ in range(2)]
+    router = Router([w.endpoint for w in workers])
     try:
         for w in workers:
             w.wait_for("worker ready")

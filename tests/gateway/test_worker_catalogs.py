@@ -10,7 +10,7 @@ import pytest
 from cde.shared.catalog import write_catalog
 
 from tests.catalog_fixture import NAMED, catalog_rows
-from tests.cde_procs import CdeProcess, Gateway, free_port
+from tests.cde_procs import CdeProcess, Gateway, TinyWorker
 
 
 @pytest.fixture(scope="module")
@@ -43,26 +43,12 @@ def workers(tiny_dir, catalogs, keys):
     ]
     started = {}
     for name, catalog, extra in (("a", catalogs[0], []), ("a_curve", catalogs[0], curve), ("b", catalogs[1], [])):
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
-        w = CdeProcess(
-            "worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu", "--served-model-name", "tiny",
-            "--concept-labels", str(catalog), *extra,
-        )  # fmt: skip
-        w.endpoint = endpoint
-        started[name] = w
+        started[name] = TinyWorker(tiny_dir, "--concept-labels", str(catalog), *extra)
     for w in started.values():
         w.wait_for("worker ready", timeout=180)
     yield started
     for w in started.values():
         w.stop()
-
-
-@pytest.fixture
-def gateways():
-    started = []
-    yield lambda *args: started.append(Gateway(*args)) or started[-1]
-    for g in started:
-        g.stop()
 
 
 def official(parquet):

@@ -21,27 +21,13 @@ from cde.shared.protocol import (
 )
 from cde.shared.wire import MAX_FRAME_BYTES, MAX_WIRE_ITEMS, decode, encode
 
-from tests.cde_procs import CdeProcess, free_port
+from tests.cde_procs import TinyWorker
 
 
 @pytest.fixture(scope="module")
 def worker(tiny_dir):
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    w = CdeProcess(
-        "worker",
-        "--model",
-        str(tiny_dir),
-        "--bind",
-        endpoint,
-        "--device",
-        "cpu",
-        "--served-model-name",
-        "tiny",
-        "--max-running",
-        "4",
-    )
+    w = TinyWorker(tiny_dir, "--max-running", "4")
     w.wait_for("worker ready")
-    w.endpoint = endpoint
     yield w
     assert w.stop() == 0, w.output[-4000:]
 

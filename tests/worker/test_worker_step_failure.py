@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from tests.cde_procs import CdeProcess, Gateway, free_port
+from tests.cde_procs import Gateway, TinyWorker
 from tests.faulty_worker import ADMIT_FAULT, LAUNCH_FAULT, SYNC_FAULT
 
 N_NEW, PER_STEP = 64, 8
@@ -24,24 +24,11 @@ PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed
 
 @pytest.fixture(scope="module")
 def cluster(tiny_dir):
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    worker = CdeProcess(
-        "--model",
-        str(tiny_dir),
-        "--bind",
-        endpoint,
-        "--device",
-        "cpu",
-        "--served-model-name",
-        "tiny",
-        "--max-running",
-        "4",
-        module="tests.faulty_worker",
-    )
+    worker = TinyWorker(tiny_dir, "--max-running", "4", module="tests.faulty_worker")
     gateway = None
     try:
         worker.wait_for("worker ready")
-        gateway = Gateway("--worker", endpoint, "--heartbeat-timeout", "5")
+        gateway = Gateway("--worker", worker.endpoint, "--heartbeat-timeout", "5")
         gateway.wait_health(200)
         yield worker, gateway
     finally:
