@@ -1,8 +1,9 @@
 """Compatibility with OpenAI and vLLM clients, on a real `cde serve` of the demo instruct model
-(`cde-reference`, whose `<|eot_id|>` ends its replies): docs/api.md's compatibility table row by
-row, a history rebuilt with the openai SDK's `model_dump()`, vLLM's POST /tokenize and
-/detokenize against the official tokenizer, model cards' root/parent, chat prompt_token_ids on
-the response, and min_tokens, ignore_eos and logit_bias through the openai client."""
+(`cde-reference`, tests/api/conftest.py's shared `server`, whose `<|eot_id|>` ends its replies):
+docs/api.md's compatibility table row by row, a history rebuilt with the openai SDK's
+`model_dump()`, vLLM's POST /tokenize and /detokenize against the official tokenizer, model cards'
+root/parent, chat prompt_token_ids on the response, and min_tokens, ignore_eos and logit_bias
+through the openai client."""
 
 from pathlib import Path
 
@@ -13,25 +14,11 @@ from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from cde.shared.config import END_HEADER_ID, EOT_ID, START_HEADER_ID
 from openai.types.chat import ChatCompletionMessage
 
-from tests.api_server import REPO, ServerProcess
+from tests.api_server import REPO
 from tests.oracle import offline_tiktoken_cache
 
 MODEL = "cde-reference"
 ASK = [{"role": "user", "content": "Reverse the order of these words: ice key map cloud"}]  # a short reply
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CDE_HOME", str(tmp_path_factory.mktemp("cde-home")))
-        srv = ServerProcess(None, workers=1)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
