@@ -198,10 +198,14 @@ class ModelConfig:
             value = getattr(self, key)
             if not (key == "clip_qkv" and value is None) and not _positive_number(value):
                 raise ConfigError(f"config.json: {key} must be a positive number, got {value!r}")
-        if self.topk_known_features is not None and self.topk_known_features <= 0:
+        if self.topk_known_features is not None and not _positive_int(self.topk_known_features):
             raise ConfigError(
-                f"config.json: topk_known_features must be positive or null, got {self.topk_known_features}"
+                f"config.json: topk_known_features must be positive or null, got {self.topk_known_features!r}"
             )
+        for key in ("use_qk_norm", "weight_sharing", "instruct"):
+            value = getattr(self, key)
+            if not isinstance(value, bool):  # a string "false" would read as true
+                raise ConfigError(f"config.json: {key} must be true or false, got {value!r}")
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_heads:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from cde.shared.config import ConfigError, ModelConfig, preset
-from cde.shared.weight_files import unreadable
+from cde.shared.weight_files import INDEX, unreadable, weight_files
 from cde.worker.model import SteerlingModel
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 TIED = "transformer.lm_head.weight"
 EMBEDDING = "transformer.tok_emb.weight"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-INDEX = "model.safetensors.index.json"  # a sharded checkpoint's tensor -> file map
 _STORED = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 log = logging.getLogger("cde.checkpoint")
@@ -45,20 +44,10 @@ def load_config(path: str | Path) -> ModelConfig:
 
 
 def _weight_files(path: Path) -> list[Path]:
-    index = path / INDEX
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
-        missing = [n for n in names if not (path / n).is_file()]
-        if missing:
-            raise CheckpointError(f"{index.name} names shard(s) that are not on disk: {missing}")
-        return [path / n for n in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no *.safetensors files in {path}")
-    return files
+    try:
+        return weight_files(path)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def load_checkpoint(
@@ -119,6 +108,8 @@ def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path
             for name in sf.keys():  # noqa: SIM118 -- safe_open has keys() but no __iter__
                 if name not in expected:
                     raise CheckpointError(f"{f.name}: unexpected tensor {name!r} (not part of this architecture)")
+                if name in plan:  # which copy is meant is anyone's guess: the official loader takes the last
+                    raise CheckpointError(f"tensor {name!r} is stored twice, in {plan[name][0].name} and {f.name}")
                 meta = sf.get_slice(name)
                 shape, stored = tuple(meta.get_shape()), _STORED.get(meta.get_dtype())
                 if shape != expected[name]:

@@ -87,7 +87,7 @@ def known_topk(model: SteerlingModel, cfg: ModelConfig, hidden: torch.Tensor) ->
     idx, logits = streaming_topk(
         hidden, weight, cfg.n_concepts, cfg.known_topk_features, cfg.concept_block_size, by_sigmoid=True
     )
-    if cfg.known_topk_features > cfg.topk_known:
+    if idx.shape[-1] > cfg.topk_known:
         _, sel = logits.topk(cfg.topk_known, dim=-1)
         idx, logits = idx.gather(-1, sel), logits.gather(-1, sel)
     return idx, logits
@@ -146,8 +146,9 @@ def attribute(
 
 
 def head_widths(cfg: ModelConfig) -> tuple[int, int]:
-    """The concepts a position reports per head: (known, discovered)."""
-    return min(cfg.topk_known, cfg.known_topk_features), min(cfg.unknown_topk, cfg.n_unknown_concepts)
+    """The concepts a position reports per head: (known, discovered); a top-k wider than its
+    head takes every concept, as `streaming_topk` does."""
+    return min(cfg.topk_known, cfg.known_topk_features, cfg.n_concepts), min(cfg.unknown_topk, cfg.n_unknown_concepts)
 
 
 def width(cfg: ModelConfig) -> int:

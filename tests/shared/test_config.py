@@ -181,6 +181,11 @@ def test_unsupported_value_in_nested_block():
         ({"pad_multiple": 0}, "pad_multiple must be a positive integer"),
         ({"intermediate_size": "x"}, "intermediate_size must be a positive integer"),
         ({"concept_block_size": True}, "concept_block_size must be a positive integer"),
+        # a string where JSON has true/false would read as true (weight_sharing "false" tied the
+        # embedding to the LM head: an audit, 2026-12-06)
+        ({"weight_sharing": "false"}, "weight_sharing must be true or false, got 'false'"),
+        ({"use_qk_norm": "false"}, "use_qk_norm must be true or false"),
+        ({"instruct": 1}, "instruct must be true or false, got 1"),
     ],
 )
 def test_invalid_configs(change, msg):

@@ -47,3 +47,39 @@ def test_batched_chunk_topk_equals_the_official_heads(small_dir, monkeypatch, gr
     assert torch.equal(ours_unknown, ref_unknown[0])
     assert torch.allclose(ours_unknown_logits, ref_unknown_logits[0], atol=1e-5)
     assert torch.equal(ours_short, ref_short[0])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"topk_known": 200, "topk_known_features": 200},
+        {"topk_known": 4, "topk_known_features": 120},
+        {"unknown_topk": 300},
+    ],
+    ids=["known-wider-than-its-head", "features-wider-than-the-head", "discovered-wider-than-its-head"],
+)
+def test_a_top_k_wider_than_its_head_takes_every_concept_as_the_official_heads(tmp_path, overrides):
+    """The heads' top-k widths are config values: one wider than its head selects every concept,
+    as the official heads do, and attribution reports that many (it once packed the config's
+    width, and the first attributed block failed)."""
+    from cde.shared.protocol import AttributionSpec, GenerateRequest
+    from cde.worker.checkpoint import make_model
+    from cde.worker.engine import Engine, EngineArgs
+
+    model_dir = make_model("tiny", tmp_path / "wide", seed=1, overrides=overrides)
+    cfg, model = load_checkpoint(str(model_dir), dtype=torch.float32, device="cpu")
+    official, _ = official_model(model_dir)
+    hidden = torch.randn(5, cfg.n_embd, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        known, _ = known_topk(model, cfg, hidden)
+        unknown, _ = unknown_topk(model, cfg, hidden)
+        ref_unknown, _ = official._compute_unknown_topk(hidden[None], cfg.unknown_topk)
+        assert torch.equal(known, official.known_head(hidden[None]).topk_indices[0])
+    assert torch.equal(unknown, ref_unknown[0])
+    engine = Engine(EngineArgs(str(model_dir)))
+    engine.add_request(GenerateRequest("a", [1] * 64, max_tokens=8, tokens_per_step=8, attribution=AttributionSpec()))
+    records = []
+    while engine.has_work():
+        records += [r for res in engine.step() for r in res.attribution]
+    assert len(records) == 8
+    assert {(len(r["known"]), len(r["discovered"])) for r in records} == {(known.shape[1], unknown.shape[1])}

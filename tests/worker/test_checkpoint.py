@@ -167,6 +167,38 @@ def test_sharded_checkpoint_loads_identically(tiny, tmp_path):
         load_checkpoint(tmp_path / "sharded")
 
 
+def test_the_index_decides_which_files_are_read(tiny, tmp_path):
+    """A sharded checkpoint's files are the shards its index names: a stray unreadable file beside
+    them is not read (by the loader, nor by the CLI's check before a worker starts); a tensor
+    stored in two of them, or a shard outside the directory, is refused by name."""
+    from cde.shared.weight_files import check_headers
+
+    cfg, model = load_checkpoint(tiny)
+    out = tmp_path / "sharded"
+    save_checkpoint(model, cfg, out, max_shard_bytes=1 << 16)
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    (out / "old-consolidated.safetensors").write_bytes(b"<!DOCTYPE html>")
+    check_headers(out)
+    assert_same_weights(load_checkpoint(out)[1], model.state_dict())
+
+    first, second = sorted(set(index["weight_map"].values()))[:2]
+    in_second = load_file(str(out / second))
+    save_file({**in_second, EMB: torch.zeros_like(model.state_dict()[EMB])}, str(out / second))
+    with pytest.raises(CheckpointError, match=f"'{EMB}' is stored twice, in {first} and {second}"):
+        load_checkpoint(out)
+    save_file(in_second, str(out / second))
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(out / first, elsewhere / first)
+    moved = {name: (f"../elsewhere/{first}" if f == first else f) for name, f in index["weight_map"].items()}
+    index_path.write_text(json.dumps({**index, "weight_map": moved}))
+    for check in (load_checkpoint, check_headers):
+        with pytest.raises(ValueError, match=f"outside the model directory: .*elsewhere/{first}"):
+            check(out)
+
+
 def test_untied_lm_head_only_loads(tiny, tmp_path):
     """lm_head present and tok_emb absent is the same tied tensor under its other name."""
     state = tensors_of(tiny)
