@@ -96,7 +96,7 @@ async def playground(request: Request) -> Response:
 
 
 async def generation_error_handler(request: Request, exc: GenerationError) -> Response:
-    return ApiError(500, str(exc), code="generation_failed").response()
+    return exc.error.response()
 
 
 async def client_gone_handler(request: Request, exc: ClientDisconnect) -> Response:

@@ -65,9 +65,8 @@ async def create_chat_completion(request: Request) -> Response:
     chat_id = response_id(request, "chatcmpl")
     content = ContentLog(state.log_requests, chat_id)
     content.asked(messages=[m.model_dump(exclude_none=True) for m in body.messages])
-    grammar = constraint[0] if constraint else None
     gen = await start_generation(
-        state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request), grammar
+        state, body, [prompt], max_tokens, info, tok, chat_id, client_identity(request), constraint
     )
     head = ResponseHead(chat_id, int(time.time()), state.api_name(info))
     return await answer(request, body, gen, content, ChatRenderer(body, head, prompt, bool(tools), tok))

@@ -77,10 +77,12 @@ async def start_generation(
     tokenizer: Tokenizer,
     response_id: str,
     client: str,
-    grammar: str | None = None,
+    constraint: tuple[str, str] | None = None,
 ) -> Generation:
     """The engine requests of every (prompt, choice) of `client` (gateway/client_identity.py),
-    submitted to the workers; `grammar` constrains them all (gateway/structured.py)."""
+    submitted to the workers; `constraint`, (grammar, the field it came from), constrains them all
+    (gateway/structured.py)."""
+    grammar, grammar_param = constraint or (None, None)
     reqs = generate_requests(body, prompts, max_tokens, info, state.labels, response_id, client, grammar)
     frames = await encode_requests(reqs)
     gen = Generation(
@@ -93,6 +95,7 @@ async def start_generation(
         body.include_stop_str_in_output,
         renderer(reqs, tokenizer, state.labels, info),
         denoise_views(reqs, tokenizer, state.labels, info),
+        grammar_param,
     )
     state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
     return gen

@@ -54,9 +54,8 @@ async def create_completion(request: Request) -> Response:
     constraint = format_grammar(None, body.structured_outputs)
     if constraint is not None:
         await check_grammar(*constraint, info)
-    grammar = constraint[0] if constraint else None
     gen = await start_generation(
-        state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), grammar
+        state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), constraint
     )
     head = ResponseHead(cmpl_id, int(time.time()), state.api_name(info))
     return await answer(request, body, gen, content, CompletionRenderer(body, head, prompts, tok))

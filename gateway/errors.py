@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from cde.shared.limits import clip
+from cde.shared.protocol import GRAMMAR_DEAD_END
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -52,7 +53,15 @@ class ApiError(Exception):
 
 
 class GenerationError(Exception):
-    """A request failed after it was accepted (its worker died, the engine failed)."""
+    """A request failed after it was accepted: a 500 `generation_failed` (its worker died, the
+    engine failed), or a 400 naming `grammar_param` when its grammar met a dead end."""
+
+    def __init__(self, message: str, grammar_param: str | None = None):
+        super().__init__(message)
+        if message == GRAMMAR_DEAD_END and grammar_param is not None:
+            self.error = ApiError(400, f"{grammar_param}: {message}", grammar_param, "grammar_dead_end")
+        else:
+            self.error = ApiError(500, message, code="generation_failed")
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:

@@ -84,12 +84,14 @@ class Generation:
         include_stop: bool,
         render_attribution: Render,
         denoise_views: list[DenoiseView | None],
+        grammar_param: str | None = None,
     ) -> None:
         self.metrics = metrics
         self._render = render_attribution
         self._decode = tokenizer.decode
         self._views = denoise_views
         self._reqs = reqs
+        self._grammar_param = grammar_param  # the field a grammar's dead end is blamed on
         self.started = time.monotonic()
         self.completion_tokens = 0
         self._cached = [0] * len(reqs)  # per choice: prompt tokens its worker found cached
@@ -139,7 +141,7 @@ class Generation:
                 else:
                     if res.finish_reason == "error":  # no block: no latency sample, a failure counted
                         m.finished.labels("error").inc()
-                        raise GenerationError(res.error or "generation failed")
+                        raise GenerationError(res.error or "generation failed", self._grammar_param)
                     now = time.monotonic()
                     (m.ttfb if last is None else m.inter_block).observe(now - (last or self.started))
                     last = now

@@ -41,7 +41,7 @@ async def events(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
         async for chunk in chunks:
             yield event(chunk.data, chunk.kind) if isinstance(chunk, SseEvent) else event(chunk)
     except GenerationError as exc:
-        yield event(ApiError(500, str(exc), code="generation_failed").body())
+        yield event(exc.error.body())
     except Exception:
         log.exception("stream failed")
         yield event(ApiError(500, "internal server error").body())

@@ -23,6 +23,7 @@ from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, sche
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN
 from cde.shared.grammar import closed_objects, json_options, lark_grammar
+from cde.shared.schema_finite import check_finite
 
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 _DEFINITIONS = ("$defs", "definitions")  # where pointers in a tool's parameters look
@@ -87,7 +88,12 @@ def _params(tool: ToolSpec) -> dict[str, Any]:
     """A tool's `parameters`, closed (shared/grammar.py). Left out or `{}`: no arguments, as the
     openai SDK documents an omitted `parameters` and vLLM reads both (not any value, or any keys
     written until max_tokens)."""
-    return closed_objects(tool.function.parameters or _NO_ARGUMENTS)
+    params = tool.function.parameters or _NO_ARGUMENTS
+    try:
+        check_finite(params)
+    except ValueError as exc:
+        raise invalid(f"tools: function {tool.function.name!r}'s parameters: {exc}", "tools") from None
+    return closed_objects(params)
 
 
 def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[str, str] | None:
@@ -124,7 +130,7 @@ def tools_grammar(
         if answer is None:
             lark.append(r"TEXT: /[^<](.|\n)*/")
         else:
-            schema, answer_strict = answer
+            schema, answer_strict = answer  # checked as response_format (format_grammar)
             lark.append(
                 f"answer: %json {schema_text({**closed_objects(schema), **json_x(answer_strict)}, 'response_format')}"
             )

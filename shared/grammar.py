@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cde.shared.config import EOS_ID, EOT_ID
 from cde.shared.limits import MAX_GRAMMAR_CHARS
+from cde.shared.schema_finite import check_finite
 from cde.shared.tokenizer import get_tokenizer
 
 if TYPE_CHECKING:
@@ -65,7 +66,9 @@ def json_options(strict: bool) -> JsonCompileOptions:
 
 
 def json_schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
-    """ValueError for a schema llguidance refuses (under `json_options(strict)`)."""
+    """ValueError for a schema llguidance refuses (under `json_options(strict)`), or one with a
+    part no finite value fits (shared/schema_finite.py)."""
+    check_finite(schema)
     return LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=json_options(strict))
 
 

@@ -145,6 +145,12 @@ class PrefixResult:
     cached_tokens: int = 0
 
 
+# BlockResult.error of a request whose grammar allowed no token mid-answer: it entered a part that
+# never ends (a Lark rule that only recurses; JSON schemas are checked before they run). The
+# gateway answers it as the request's fault, a 400 naming the grammar's field.
+GRAMMAR_DEAD_END = "the grammar allows no token here: the answer entered a part of it that never ends"
+
+
 @dataclass
 class BlockResult:
     """One completed 64-token block of one request (or its end)."""

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
-from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, PrefixResult, StepResult
+from cde.shared.protocol import (
+    GRAMMAR_DEAD_END,
+    BlockResult,
+    EngineResult,
+    GenerateRequest,
+    PrefixResult,
+    StepResult,
+)
 from cde.worker.fair_share import FairShare
 from cde.worker.flashblock_policy import FlashBlockPolicy
 from cde.worker.kv_pages import PageAllocator
@@ -209,7 +216,7 @@ class Scheduler:
             ended_by_eot = seq.place(positions, tokens)
             self.flashblock.unmasked(seq.slot, seq.last_unmasked)
             if positions and seq.last_unmasked == 0:  # a grammar refused its own bitmask's pick
-                refused = BlockResult(seq.id, [], True, "error", error="the grammar refused the constrained pick")
+                refused = BlockResult(seq.id, [], True, "error", error=GRAMMAR_DEAD_END)
                 placed.append(Placed(n, seq, 0, [refused]))
                 self._finish(seq, "error")
                 continue

@@ -18,6 +18,7 @@ from openai.types.completion_choice import Logprobs
 from pydantic import BaseModel, Field
 
 from tests.api.json_schema_cases import SCHEMAS
+from tests.shared.test_schema_finite import SELF_KEY
 
 MODEL = "cde-reference"
 MAX_TOKENS = 96
@@ -284,10 +285,18 @@ def test_logprobs_of_tokens_a_grammar_bans_are_numbers(server, case, stream):
         ),
         ("structured_outputs", {"json": {}, "regex": "a"}, "structured_outputs"),
         ("structured_outputs", {}, "structured_outputs"),
+        # a key whose value never ends: the answer met a dead end mid-way (was a 500 from the worker)
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": SELF_KEY}},
+            "response_format",
+        ),
+        ("structured_outputs", {"json": SELF_KEY}, "structured_outputs"),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": SELF_KEY}}], "tools"),
     ],
 )
 def test_a_bad_constraint_is_a_400_naming_it(client, field, value, param):
-    body = {field: value} if field == "response_format" else {"extra_body": {field: value}}
+    body = {field: value} if field in ("response_format", "tools") else {"extra_body": {field: value}}
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, **body)
     assert e.value.body["param"].startswith(param), e.value.body
@@ -302,3 +311,27 @@ def test_response_format_and_structured_outputs_together_are_refused(client):
             extra_body={"structured_outputs": {"choice": ["a"]}},
         )
     assert e.value.body["param"] == "structured_outputs"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_that_meets_a_dead_end_is_a_400_naming_it(server, stream):
+    """A Lark rule that only recurses passes the first mask ("a" can start the answer); after "a"
+    no token continues it. That is the request's fault: a 400 naming the field (streamed: the
+    error event), not a 500 a client retries (the openai SDK sends it three times)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 8,
+        "structured_outputs": {"grammar": 'start: "a" x\nx: x "b"'},
+        "stream": stream,
+    }
+    r = httpx.post(server.base_url + "/chat/completions", json=body, timeout=120)
+    if stream:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        error = events[-1]["error"]
+    else:
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+    assert error["param"] == "structured_outputs" and error["code"] == "grammar_dead_end", error
+    assert error["type"] == "invalid_request_error"
