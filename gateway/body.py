@@ -23,10 +23,11 @@ def _nullable_in_schema(schema: dict[str, Any], cls: type[BaseModel]) -> None:
 
 @functools.cache
 def _defaulted(cls: type[BaseModel]) -> frozenset[str]:
-    """The fields with a default other than null and a type without null: an explicit null leaves
-    them at that default (a field whose type has null gives it a meaning of its own)."""
+    """The fields with a default other than null and a type without null, by their names on the
+    wire (`schema` for `schema_`): an explicit null leaves them at that default (a field whose type
+    has null gives it a meaning of its own)."""
     return frozenset(
-        name
+        field.alias or name
         for name, field in cls.model_fields.items()
         if not field.is_required()
         and (field.default is not None or field.default_factory is not None)

@@ -29,7 +29,7 @@ async def create_chat_completion(request: Request) -> Response:
         )
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise invalid("set max_tokens or max_completion_tokens, not both", "max_completion_tokens")
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs and not body.logprobs:  # 0 asks for nothing (vLLM refuses above 0 only)
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     tok = get_tokenizer(True)
     tools = active_tools(body)

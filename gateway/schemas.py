@@ -229,7 +229,7 @@ class SamplingParams(_Body):
     user: str | None = None
     metadata: dict[_MetadataKey, _MetadataValue] | None = Field(None, max_length=MAX_METADATA_PAIRS)
     store: bool | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # CDE / vLLM extensions
@@ -252,6 +252,10 @@ class SamplingParams(_Body):
     )
     stream_denoise: bool = Field(False, description="with stream: also an SSE `step` event per denoising step")
     ignore_eos: bool = Field(False, description="EOT does not end the sequence (vLLM)")
+    # vLLM's, accepted at the values that change nothing here: special tokens never reach the text,
+    # and min_p 0 keeps every token
+    skip_special_tokens: bool = Field(True, **only(True))
+    min_p: float | None = Field(None, **only(None, 0))
     min_tokens: int = Field(0, ge=0, le=INT_MAX, description="EOT and stop_token_ids banned before this many (vLLM)")
     stream_granularity: Literal["token", "block"] | None = Field(
         None,
@@ -265,6 +269,9 @@ class SamplingParams(_Body):
     def logprob_alternatives(self) -> int | None:
         """Top alternatives per generated token that the request asks for; None: no logprobs."""
         return None
+
+    _special_tokens_kept = _reject("skip_special_tokens", when=lambda v: v is False, hint=" false")
+    _min_p = _reject("min_p", when=lambda v: v not in (None, 0), hint=" above 0")
 
     @field_validator("stop")
     @classmethod
@@ -323,7 +330,7 @@ _ContentPart = Annotated[TextPart | RefusalPart, Discriminator("type")]  # anoth
 
 
 # What the openai SDK's `message.model_dump()` carries back into a history as null: nothing to render.
-_DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls"})
+_DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls", "reasoning_content"})
 
 
 class ChatMessage(_Body):
@@ -386,7 +393,7 @@ class ChatCompletionRequest(SamplingParams):
     function_call: Any = Field(None, **only(None))
     audio: dict[str, Any] | None = Field(None, **only(None))
     web_search_options: dict[str, Any] | None = Field(None, **only(None))
-    reasoning_effort: str | None = Field(None, **only(None))
+    reasoning_effort: str | None = Field(None, **only(None, "none"))
     verbosity: str | None = Field(None, **only(None))
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -401,7 +408,9 @@ class ChatCompletionRequest(SamplingParams):
     _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
     _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
     _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")
-    _no_reasoning = _reject("reasoning_effort", when=_given, hint=" (Steerling has no reasoning mode)")
+    _no_reasoning = _reject(
+        "reasoning_effort", when=lambda v: v not in (None, "none"), hint=" (Steerling has no reasoning mode)"
+    )
     _no_verbosity = _reject("verbosity", when=_given, hint=" (no control of the answer's length but max_tokens)")
 
     def logprob_alternatives(self) -> int | None:

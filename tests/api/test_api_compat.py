@@ -422,3 +422,44 @@ def test_unknown_fields_are_still_refused_by_name(server):
         assert r.json()["error"]["code"] == "unsupported_parameter"
     r = post(server, "/v1/chat/completions", body_for("chat/completions", {"stream": True, "stream_options": {"x": 1}}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.x"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"skip_special_tokens": True},
+        {"min_p": 0},
+        {"reasoning_effort": "none"},
+        {"service_tier": "fast"},
+        {"top_logprobs": 0},  # without logprobs: asks for nothing (vLLM refuses above 0 only)
+        {"messages": [{**ASK[0]}, {"role": "assistant", "content": "ok", "reasoning_content": None}, ASK[0]]},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": None}}},
+    ],
+    ids=[
+        "skip_special_tokens",
+        "min_p",
+        "reasoning_effort",
+        "service_tier",
+        "top_logprobs",
+        "reasoning_content",
+        "schema",
+    ],
+)
+def test_what_clients_send_that_changes_nothing_is_accepted(server, extra):
+    """Values real clients send (vLLM's defaults, the openai SDK's newer enums, a vLLM reply's
+    null reasoning in a history, a pydantic dump's null schema) answer as without them."""
+    base = body_for("chat/completions", {"messages": extra["messages"]} if "messages" in extra else {})
+    if "response_format" in extra:  # its default, an empty schema: any JSON value
+        base["response_format"] = {"type": "json_schema", "json_schema": {"name": "x"}}
+    r = post(server, "/v1/chat/completions", {**base, **extra})
+    assert r.status_code == 200, r.text
+    without = post(server, "/v1/chat/completions", base).json()
+    assert r.json()["choices"][0]["token_ids"] == without["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("extra", [{"skip_special_tokens": False}, {"min_p": 0.1}, {"reasoning_effort": "low"}])
+def test_what_would_change_the_output_is_refused_by_name(server, extra):
+    r = post(server, "/v1/chat/completions", body_for("chat/completions", extra))
+    (field,) = extra
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert r.json()["error"]["code"] == "unsupported_parameter", r.text
