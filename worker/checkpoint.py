@@ -102,7 +102,7 @@ def load_checkpoint(
 
 def _plan(files: list[Path], expected: dict[str, tuple]) -> dict[str, tuple[Path, torch.dtype, int]]:
     """name -> (file, stored dtype, bytes), from the headers alone; rejects what does not fit."""
-    plan = {}
+    plan: dict[str, tuple[Path, torch.dtype, int]] = {}
     for f in files:
         with _opened(f) as sf:
             for name in sf.keys():  # noqa: SIM118 -- safe_open has keys() but no __iter__
