@@ -49,8 +49,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """The API's messages as the chat template takes them (a developer message is a system one; an
     assistant's tool calls follow its content, gateway/tools.py)."""
     return [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text() + calls_text(m, i)}
-        for i, m in enumerate(messages)
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text() + calls_text(m)} for m in messages
     ]
 
 

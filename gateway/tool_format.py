@@ -5,9 +5,7 @@ gateway/tool_stream.py): `<tool_call>{"name":"NAME","arguments":{...}}</tool_cal
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
-
-from cde.gateway.errors import invalid
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from cde.gateway.schemas import ChatMessage
@@ -15,20 +13,17 @@ if TYPE_CHECKING:
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
-def calls_text(m: ChatMessage, index: int) -> str:
-    """A message's tool calls in the call format (400 naming an argument that is not JSON)."""
+def calls_text(m: ChatMessage) -> str:
+    """A message's tool calls in the call format, their arguments as compact JSON; arguments that
+    are not JSON (a call cut by max_tokens, `finish_reason: "length"`, sent back as the answer had
+    it) as written: OpenAI takes `arguments` as an opaque string."""
     out = []
-    for j, call in enumerate(m.tool_calls or []):
+    for call in m.tool_calls or []:
+        # A call without arguments may come back as "" or null (vLLM's chat_utils reads both as {})
+        text = call.function.arguments or "{}"
         try:
-            # A call without arguments may come back as "" or null (vLLM's chat_utils reads both as {})
-            args = json.loads(call.function.arguments or "{}")
+            args = json.dumps(json.loads(text), separators=(",", ":"))
         except ValueError:
-            raise invalid(
-                "arguments must be a JSON object", f"messages.{index}.tool_calls.{j}.function.arguments"
-            ) from None
-        out.append(CALL_OPEN + _call_json(call.function.name, args) + CALL_CLOSE)
+            args = text
+        out.append(f'{CALL_OPEN}{{"name":{json.dumps(call.function.name)},"arguments":{args}}}{CALL_CLOSE}')
     return "".join(out)
-
-
-def _call_json(name: str, arguments: Any) -> str:
-    return json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
