@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from cde.gateway.chat_render import ChatRenderer
@@ -33,7 +34,10 @@ async def create_chat_completion(request: Request) -> Response:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     tok = get_tokenizer(True)
     tools = active_tools(body)
-    constraint = chat_grammar(body, tools)
+    # A schema's checks and llguidance's conversion take tens of ms at the 32 Ki-character bound:
+    # on a thread, as long prompts are tokenized (docs/security.md).
+    asks = tools or body.response_format is not None or body.structured_outputs is not None
+    constraint = await asyncio.to_thread(chat_grammar, body, tools) if asks else None
     if constraint is not None:
         if body.continue_final_message:
             raise invalid(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from cde.gateway.client_identity import client_identity
@@ -51,7 +52,11 @@ async def create_completion(request: Request) -> Response:
     cmpl_id = response_id(request, "cmpl")
     content = ContentLog(state.log_requests, cmpl_id)
     content.asked(prompt=body.prompt)
-    constraint = format_grammar(None, body.structured_outputs)
+    constraint = (  # on a thread, as in gateway/chat.py
+        await asyncio.to_thread(format_grammar, None, body.structured_outputs)
+        if body.structured_outputs is not None
+        else None
+    )
     if constraint is not None:
         await check_grammar(*constraint, info)
     gen = await start_generation(

@@ -21,29 +21,36 @@ def infinite_part(schema: Any) -> str | None:
     """The JSON pointer of a part of `schema` a value may enter that has no finite value (the
     root is "#"); None when every such part has one. Only local `$ref`s ("#/...") are followed."""
     nodes = dict(_subschemas(schema, "#"))
+    needs = {pointer: _needs(pointer, node, nodes) for pointer, node in nodes.items()}
+    needed_by: dict[str, list[str]] = {}
+    for pointer, parts in needs.items():
+        for part in parts:
+            needed_by.setdefault(part, []).append(pointer)
+    # The least fixpoint, by a worklist: a part is re-checked only when one it needs turns finite.
     finite: set[str] = set()
-    changed = True
-    while changed:  # the least fixpoint: a part is finite once what it needs is
-        changed = False
-        for pointer, node in nodes.items():
-            if pointer not in finite and _finite_given(pointer, node, finite, nodes):
-                finite.add(pointer)
-                changed = True
-    for pointer in _entered(schema, "#", nodes, set()):
+    work = list(nodes)
+    while work:
+        pointer = work.pop()
+        if pointer not in finite and _finite_given(pointer, nodes[pointer], finite, nodes):
+            finite.add(pointer)
+            work.extend(needed_by.get(pointer, ()))
+    for pointer in _entered(schema, nodes):
         if pointer not in finite:
             return pointer
     return None
 
 
-def _subschemas(node: Any, pointer: str) -> Iterator[tuple[str, Any]]:
-    """Every dict or bool schema under `node`, by JSON pointer."""
-    if not isinstance(node, dict | bool):
-        return
-    yield pointer, node
-    if isinstance(node, bool):
-        return
-    for key, value in _children(node):
-        yield from _subschemas(value, f"{pointer}/{key}")
+def _subschemas(schema: Any, root: str) -> Iterator[tuple[str, Any]]:
+    """Every dict or bool schema under `schema`, by JSON pointer, parents first (a loop, not
+    recursion: a schema may nest as deep as its 32 Ki characters allow)."""
+    stack = [(root, schema)]
+    while stack:
+        pointer, node = stack.pop()
+        if not isinstance(node, dict | bool):
+            continue
+        yield pointer, node
+        if isinstance(node, dict):
+            stack.extend(reversed([(f"{pointer}/{key}", value) for key, value in _children(node)]))
 
 
 def _children(node: dict) -> Iterator[tuple[str, Any]]:
@@ -70,6 +77,23 @@ def _target(node: dict) -> str | None:
     if not isinstance(ref, str) or not ref.startswith("#"):
         return None
     return ref.rstrip("/") or "#"
+
+
+def _needs(pointer: str, node: Any, nodes: dict[str, Any]) -> list[str]:
+    """The parts whose finiteness `node`'s depends on (what `_finite_given` reads)."""
+    if not isinstance(node, dict):
+        return []
+    lists = {
+        key: node[key]
+        for key in ("allOf", "anyOf", "oneOf", "prefixItems", "required")
+        if isinstance(node.get(key), list)
+    }
+    parts = [f"{pointer}/{key}/{n}" for key, members in lists.items() if key != "required" for n in range(len(members))]
+    parts += [f"{pointer}/properties/{_escape(name)}" for name in lists.get("required", []) if isinstance(name, str)]
+    target = _target(node)
+    if target is not None and target in nodes:
+        parts.append(target)
+    return [*parts, f"{pointer}/items"]
 
 
 def _finite_given(pointer: str, node: Any, finite: set[str], nodes: dict[str, Any]) -> bool:
@@ -100,22 +124,25 @@ def _finite_given(pointer: str, node: Any, finite: set[str], nodes: dict[str, An
     return True
 
 
-def _entered(node: Any, pointer: str, nodes: dict[str, Any], seen: set[str]) -> Iterator[str]:
-    """The pointers of the parts a value may enter from `node`: `$defs` only through a `$ref`."""
-    if pointer in seen or not isinstance(node, dict | bool):
-        return
-    seen.add(pointer)
-    if node is False:
-        return
-    yield pointer
-    if node is True:
-        return
-    target = _target(node)
-    if target is not None and target in nodes:
-        yield from _entered(nodes[target], target, nodes, seen)
-    for key, value in _children(node):
-        if not key.startswith(("$defs/", "definitions/", "not")):
-            yield from _entered(value, f"{pointer}/{key}", nodes, seen)
+def _entered(schema: Any, nodes: dict[str, Any]) -> Iterator[str]:
+    """The pointers of the parts a value may enter, parents first: `$defs` only through a `$ref`."""
+    stack, seen = [("#", schema)], set()
+    while stack:
+        pointer, node = stack.pop()
+        if pointer in seen or not isinstance(node, dict | bool) or node is False:
+            continue
+        seen.add(pointer)
+        yield pointer
+        if node is True:
+            continue
+        nexts = []
+        target = _target(node)
+        if target is not None and target in nodes:
+            nexts.append((target, nodes[target]))
+        for key, value in _children(node):
+            if not key.startswith(("$defs/", "definitions/", "not")):
+                nexts.append((f"{pointer}/{key}", value))
+        stack.extend(reversed(nexts))
 
 
 def check_finite(schema: Any) -> None:

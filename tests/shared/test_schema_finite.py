@@ -64,3 +64,16 @@ def test_parts_without_a_finite_value_are_named(schema, pointer):
 )  # fmt: skip
 def test_recursion_with_a_way_out_is_kept(schema):
     assert infinite_part(schema) is None
+
+
+def test_a_long_chain_of_definitions_is_followed_without_recursion():
+    """900 definitions each requiring the next (76 KB of JSON, flat): the walk is a loop, where
+    recursion through the `$ref`s overflowed Python's stack (a 500 from a 2-level-deep body)."""
+    n = 900
+    chain = {
+        f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["x"]}
+        for i in range(n)
+    }
+    assert infinite_part({"$defs": {**chain, f"d{n}": {"type": "string"}}, "$ref": "#/$defs/d0"}) is None
+    looped = {"$defs": {**chain, f"d{n}": {"$ref": "#/$defs/d0"}}, "$ref": "#/$defs/d0"}
+    assert infinite_part(looped) == "#"
