@@ -278,3 +278,16 @@ def test_steered_attribution_equals_official_and_engine(client, official, tiny_d
     assert [r["position"] - len(ids) for r in records] == [t["offset"] for t in api["tokens"]]
     for r, t in zip(records, api["tokens"]):
         assert_same(from_api(t), from_engine(r), {"rtol": 1e-6, "atol": 1e-7}, t["offset"])
+
+
+def test_streamed_attribution_is_the_unstreamed_one_in_the_finish_event(client):
+    """docs/api.md: streamed, the choice's whole attribution object comes with its finish_reason
+    (a chunk counts from the completion's start and may span two decode blocks), equal to the
+    unstreamed answer's; no earlier event carries one."""
+    args = dict(model="tiny", prompt=[PROMPT], max_tokens=2 * 64, temperature=0)
+    extra = {"tokens_per_step": 8, "attribution": {"top_k": 3}}
+    whole = client.completions.create(**args, extra_body=extra).choices[0].model_extra["attribution"]
+    events = [c.choices[0] for c in client.completions.create(**args, stream=True, extra_body=extra) if c.choices]
+    carrying = [n for n, c in enumerate(events) if (c.model_extra or {}).get("attribution")]
+    assert carrying == [len(events) - 1] and events[-1].finish_reason == "length"
+    assert events[-1].model_extra["attribution"] == whole and len(whole["chunks"]) == 2
