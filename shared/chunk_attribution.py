@@ -4,7 +4,8 @@ the `PackedAttribution` of a completion's blocks with this (numpy over the packe
 per-token record dicts of tests are packed first).
 
 A token's attribution holds every concept the heads reported (not cut to a top-k), so chunk sums
-are the reference's exactly.
+add the reference's terms in the reference's order; in float64, where the reference adds in
+float32, so the two differ in the last float32 bits (~1e-6 relative; the parity tests allow 1e-4).
 
 Chunk semantics follow the reference: per position, contributions are divided by the total
 absolute mass (known + discovered + |epsilon|); each concept's chunk contribution is the sum of
@@ -137,7 +138,7 @@ def chunk_concepts(
     ids, kinds, totals = [], [], []
     for head in HEADS:
         uniq, where = np.unique(a[f"{head}_ids"][inside].ravel(), return_inverse=True)
-        # bincount adds in index order, one after another: the reference loop's sums exactly.
+        # bincount adds in index order, one after another: the reference loop's order of terms.
         normalised = (a[f"{head}_contributions"][inside] / mass[:, None]).ravel()
         ids.append(uniq)
         kinds.append(np.full(len(uniq), head == "discovered"))
