@@ -5,6 +5,7 @@ broken one the same way (worker/checkpoint.py)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -32,10 +33,12 @@ def weight_files(directory: Path) -> list[Path]:
                 raise TypeError("a weight_map value is not a file name")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
-        root = directory.resolve()
-        outside = [n for n in names if not (directory / n).resolve().is_relative_to(root)]
+        # As written, not resolved: a Hub snapshot's shards are links into its cache's blobs.
+        outside = [n for n in names if Path(n).is_absolute() or os.path.normpath(n).startswith("..")]
         if outside:
             raise ValueError(f"{index.name} names shard(s) outside the model directory: {outside}")
+        if not names:
+            raise ValueError(f"{index.name} names no shard")
         missing = [n for n in names if not (directory / n).is_file()]
         if missing:
             raise ValueError(f"{index.name} names shard(s) that are not on disk: {missing}")

@@ -173,11 +173,17 @@ def test_the_index_decides_which_files_are_read(tiny, tmp_path):
     stored in two of them, or a shard outside the directory, is refused by name."""
     from cde.shared.weight_files import check_headers
 
+    from tests.hub_cache import cache_repo
+
     cfg, model = load_checkpoint(tiny)
     out = tmp_path / "sharded"
     save_checkpoint(model, cfg, out, max_shard_bytes=1 << 16)
     index_path = out / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
+    # a Hub snapshot: every file a link into the cache's blobs, outside the snapshot's directory
+    snapshot = cache_repo(tmp_path / "hf", "acme/sharded", out, "0" * 40)
+    check_headers(snapshot)
+    assert_same_weights(load_checkpoint(snapshot)[1], model.state_dict())
     (out / "old-consolidated.safetensors").write_bytes(b"<!DOCTYPE html>")
     check_headers(out)
     assert_same_weights(load_checkpoint(out)[1], model.state_dict())
