@@ -36,8 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     tools = active_tools(body)
     # A schema's checks and llguidance's conversion take tens of ms at the 32 Ki-character bound:
     # on a thread, as long prompts are tokenized (docs/security.md).
-    asks = tools or body.response_format is not None or body.structured_outputs is not None
-    constraint = await asyncio.to_thread(chat_grammar, body, tools) if asks else None
+    constraint = await asyncio.to_thread(chat_grammar, body, tools)
     if constraint is not None:
         if body.continue_final_message:
             raise invalid(

@@ -100,7 +100,7 @@ def from_validation_error(exc: ValidationError) -> ApiError:
         return invalid(f"Unrecognized request argument supplied: {param}", param, UNSUPPORTED)
     if err["type"] == UNSUPPORTED:  # a field CDE knows and refuses (gateway/schemas.py's `_reject`)
         return invalid(f"Unsupported parameter: {err['msg']}", param, UNSUPPORTED)
-    if err["type"] == "union_tag_invalid":  # a kind CDE does not take: an image content part, a yaml format
+    if err["type"] == "union_tag_invalid":  # a content part of a type CDE does not take (an image)
         tag, expected = err.get("ctx", {}).get("tag"), err.get("ctx", {}).get("expected_tags")
         return invalid(f"Unsupported value: {param} of type {tag!r} (CDE takes {expected})", param, "unsupported_value")
     if err["type"] == "missing":

@@ -271,7 +271,7 @@ class SamplingParams(_Body):
         return None
 
     _special_tokens_kept = _reject("skip_special_tokens", when=lambda v: v is False, hint=" false")
-    _min_p = _reject("min_p", when=lambda v: v not in (None, 0), hint=" above 0")
+    _min_p = _reject("min_p", when=lambda v: v not in (None, 0), hint=" other than 0")
 
     @field_validator("stop")
     @classmethod

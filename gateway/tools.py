@@ -88,12 +88,7 @@ def _params(tool: ToolSpec) -> dict[str, Any]:
     """A tool's `parameters`, closed (shared/grammar.py). Left out or `{}`: no arguments, as the
     openai SDK documents an omitted `parameters` and vLLM reads both (not any value, or any keys
     written until max_tokens)."""
-    params = tool.function.parameters or _NO_ARGUMENTS
-    try:
-        check_finite(params)
-    except ValueError as exc:
-        raise invalid(f"tools: function {tool.function.name!r}'s parameters: {exc}", "tools") from None
-    return closed_objects(params)
+    return closed_objects(tool.function.parameters or _NO_ARGUMENTS)
 
 
 def chat_grammar(body: ChatCompletionRequest, tools: list[ToolSpec]) -> tuple[str, str] | None:
@@ -116,6 +111,13 @@ def tools_grammar(
     """The grammar of an answer that may (auto) or must (required, named) call `tools`. `answer`:
     the JSON schema of a non-call answer under auto (a response_format) and whether it is strict,
     None for free text. The calls' schemas are strict when a tool asks for it."""
+    for tool in tools:  # bounded in size first: the check is linear in the schema
+        params = tool.function.parameters or _NO_ARGUMENTS
+        schema_text(params, "tools")
+        try:
+            check_finite(params)
+        except ValueError as exc:
+            raise invalid(f"tools: function {tool.function.name!r}'s parameters: {exc}", "tools") from None
     named = isinstance(body.tool_choice, NamedToolChoice)
     single = named or not body.parallel_tool_calls
     strict = any(t.function.strict for t in tools)

@@ -27,9 +27,11 @@ timeout, a snippet no longer found exactly once) is BROKEN, and fails the run as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,9 +115,11 @@ def _enter_copy(tree: str, log: str) -> None:
     """In a child of the fork server: output to `log`, and the scratch copy's environment with the
     copy first on the import path (where PYTHONPATH puts it in a fresh interpreter). The server
     imported nothing of the repository's own packages, so the child imports those from the copy."""
+    os.setsid()  # its own process group: a timeout kills the servers its tests started too
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    os.close(fd)
     os.chdir(tree)
     os.environ.update(env_for(Path(tree)))  # for the processes the tests start
     sys.dont_write_bytecode = True
@@ -130,14 +134,21 @@ def _module_files(tree: str, log: str) -> None:
 
 
 def check_isolation(ctx: multiprocessing.context.BaseContext, tree: Path) -> None:
+    """Every package imports from the copy, both where a canary's pytest runs (a child of the fork
+    server) and in a fresh interpreter with the copy's PYTHONPATH (the processes its tests start)."""
     log = tree / ".modules.txt"
     child = ctx.Process(target=_module_files, args=(str(tree), str(log)))
     child.start()
-    child.join()
-    got = log.read_text().split()
-    outside = [f for f in got if not Path(f).resolve().is_relative_to(tree.resolve())]
-    if child.exitcode != 0 or outside or not got:
-        raise SystemExit(f"the scratch copy does not shadow the installed package: {outside or got}")
+    child.join(60)
+    forked = log.read_text().split() if log.exists() and child.exitcode == 0 else []
+    code = f"import importlib; print('\\n'.join(importlib.import_module(m).__file__ for m in {MODULES!r}))"
+    fresh = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=env_for(tree), check=False, capture_output=True, text=True
+    ).stdout.split()
+    for got in (forked, fresh):
+        outside = [f for f in got if not Path(f).resolve().is_relative_to(tree.resolve())]
+        if outside or len(got) != len(MODULES):
+            raise SystemExit(f"the scratch copy does not shadow the installed package: {outside or got}")
 
 
 def mutate(tree: Path, c: Canary) -> None:
@@ -215,7 +226,8 @@ def pytest(ctx: multiprocessing.context.BaseContext, tree: Path, tests: list[str
     child.start()
     child.join(timeout_s)
     if child.is_alive():
-        child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # pytest and every process its tests started
         child.join()
         return Run(None, None, f"tests ran past {timeout_s:.0f} s")
     output = log.read_text(errors="replace") if log.exists() else ""

@@ -1,10 +1,12 @@
 """Whether a JSON schema's parts all have a finite value, before llguidance runs it.
 
 llguidance lets a model begin any property a schema declares: it writes the key, then finds the
-value's grammar. A part with no finite value (a `$ref` cycle without a base case, such as
-`{"$defs": {"a": {"$ref": "#/$defs/a"}}}`, or an object that requires itself) compiles and
-masks its first tokens; the answer then meets a dead end mid-way, where no token continues it.
-Such a schema is refused up front, naming the part.
+value's grammar. A part with no finite value compiles and masks its first tokens, and then the
+answer cannot end: after the key of a `$ref` cycle without a base case (`{"$defs": {"a": {"$ref":
+"#/$defs/a"}}}`) no token continues it (a dead end mid-answer), and an object that requires
+itself nests until max_tokens. Such a schema is refused up front, naming the part. The rule is
+knowingly stricter than what can go wrong: an `anyOf` member without a finite value is refused
+too, though llguidance never enters one that cannot write a first token.
 """
 
 from __future__ import annotations
@@ -21,19 +23,7 @@ def infinite_part(schema: Any) -> str | None:
     """The JSON pointer of a part of `schema` a value may enter that has no finite value (the
     root is "#"); None when every such part has one. Only local `$ref`s ("#/...") are followed."""
     nodes = dict(_subschemas(schema, "#"))
-    needs = {pointer: _needs(pointer, node, nodes) for pointer, node in nodes.items()}
-    needed_by: dict[str, list[str]] = {}
-    for pointer, parts in needs.items():
-        for part in parts:
-            needed_by.setdefault(part, []).append(pointer)
-    # The least fixpoint, by a worklist: a part is re-checked only when one it needs turns finite.
-    finite: set[str] = set()
-    work = list(nodes)
-    while work:
-        pointer = work.pop()
-        if pointer not in finite and _finite_given(pointer, nodes[pointer], finite, nodes):
-            finite.add(pointer)
-            work.extend(needed_by.get(pointer, ()))
+    finite = _finite_parts(nodes)
     for pointer in _entered(schema, nodes):
         if pointer not in finite:
             return pointer
@@ -79,49 +69,59 @@ def _target(node: dict) -> str | None:
     return ref.rstrip("/") or "#"
 
 
-def _needs(pointer: str, node: Any, nodes: dict[str, Any]) -> list[str]:
-    """The parts whose finiteness `node`'s depends on (what `_finite_given` reads)."""
-    if not isinstance(node, dict):
-        return []
-    lists = {
-        key: node[key]
-        for key in ("allOf", "anyOf", "oneOf", "prefixItems", "required")
-        if isinstance(node.get(key), list)
-    }
-    parts = [f"{pointer}/{key}/{n}" for key, members in lists.items() if key != "required" for n in range(len(members))]
-    parts += [f"{pointer}/properties/{_escape(name)}" for name in lists.get("required", []) if isinstance(name, str)]
+def _conditions(pointer: str, node: dict, nodes: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """What `node` needs to have a finite value: parts that must all have one (its `$ref`, every
+    `allOf` member, its required properties, its first minItems items) and groups of which one
+    member must (`anyOf`, `oneOf`). A part that is no schema here is not ours to judge."""
+    every: list[str] = []
     target = _target(node)
-    if target is not None and target in nodes:
-        parts.append(target)
-    return [*parts, f"{pointer}/items"]
-
-
-def _finite_given(pointer: str, node: Any, finite: set[str], nodes: dict[str, Any]) -> bool:
-    """Whether `node` has a finite value when the parts in `finite` have one: its `$ref`, every
-    `allOf` member, one `anyOf`/`oneOf` member, its required properties, its first minItems items."""
-    if isinstance(node, bool):
-        return node  # `false` admits nothing; a value never enters it
-    target = _target(node)
-    if target is not None and target in nodes and target not in finite:  # one that resolves nowhere: not ours
-        return False
-    members = {key: node[key] for key in ("allOf", "anyOf", "oneOf") if isinstance(node.get(key), list)}
-    ok = {key: [f"{pointer}/{key}/{n}" in finite for n in range(len(m))] for key, m in members.items()}
-    if not all(ok.get("allOf", [])) or not all(any(ok[key]) for key in ("anyOf", "oneOf") if key in ok):
-        return False
-    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    required = node.get("required") if isinstance(node.get("required"), list) else []
-    for name in required:
-        if isinstance(name, str) and name in properties and f"{pointer}/properties/{_escape(name)}" not in finite:
-            return False
+    if target is not None:
+        every.append(target)
+    lists = {key: node[key] for key in ("allOf", "anyOf", "oneOf", "prefixItems") if isinstance(node.get(key), list)}
+    every += [f"{pointer}/allOf/{n}" for n in range(len(lists.get("allOf", [])))]
+    properties, required = node.get("properties"), node.get("required")
+    properties = properties if isinstance(properties, dict) else {}
+    required = required if isinstance(required, list) else []
+    every += [f"{pointer}/properties/{_escape(n)}" for n in required if isinstance(n, str) and n in properties]
     min_items = node.get("minItems", 0)
     if isinstance(min_items, int) and not isinstance(min_items, bool) and min_items > 0:
-        prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
-        needed = [f"{pointer}/prefixItems/{n}" for n in range(min(min_items, len(prefix)))]
-        if min_items > len(prefix) and isinstance(node.get("items"), dict | bool):
-            needed.append(f"{pointer}/items")
-        if not all(p in finite for p in needed):
-            return False
-    return True
+        prefix = lists.get("prefixItems", [])
+        every += [f"{pointer}/prefixItems/{n}" for n in range(min(min_items, len(prefix)))]
+        if min_items > len(prefix):
+            every.append(f"{pointer}/items")
+    groups = [[f"{pointer}/{key}/{n}" for n in range(len(lists[key]))] for key in ("anyOf", "oneOf") if key in lists]
+    return [p for p in every if p in nodes], [[p for p in g if p in nodes] for g in groups]
+
+
+def _finite_parts(nodes: dict[str, Any]) -> set[str]:
+    """The parts that have a finite value: the least fixpoint of their conditions, each part's
+    unmet conditions counted down as the parts they wait on turn finite (linear in the schema)."""
+    unmet: dict[str, int] = {}
+    waiting: dict[str, list[tuple[str, int]]] = {}  # part -> (node, group index or -1 for "every")
+    for pointer, node in nodes.items():
+        if isinstance(node, bool):
+            unmet[pointer] = 0 if node else 1  # `false` admits nothing; a value never enters it
+            continue
+        every, groups = _conditions(pointer, node, nodes)
+        unmet[pointer] = len(every) + len(groups)
+        for part in every:
+            waiting.setdefault(part, []).append((pointer, -1))
+        for g, members in enumerate(groups):
+            for part in members:
+                waiting.setdefault(part, []).append((pointer, g))
+    finite = {pointer for pointer, n in unmet.items() if n == 0}
+    work, met_groups = list(finite), set()
+    while work:
+        for pointer, group in waiting.get(work.pop(), ()):
+            if pointer in finite or (pointer, group) in met_groups:
+                continue
+            if group >= 0:  # one member is enough
+                met_groups.add((pointer, group))
+            unmet[pointer] -= 1
+            if unmet[pointer] == 0:
+                finite.add(pointer)
+                work.append(pointer)
+    return finite
 
 
 def _entered(schema: Any, nodes: dict[str, Any]) -> Iterator[str]:

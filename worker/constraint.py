@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from cde.shared.config import PAGE
 from cde.shared.grammar import ll_tokenizer, new_matcher, slow_mask_error
+from cde.shared.protocol import GRAMMAR_DEAD_END
 from llguidance import LLMatcher
 
 if TYPE_CHECKING:
@@ -41,6 +42,14 @@ class Constraint:
     def accept(self, tokens: list[int]) -> int:
         """Consume the longest valid prefix of `tokens` (leftmost first); returns its length."""
         return self.matcher.try_consume_tokens(tokens)
+
+    def refusal(self) -> str:
+        """Why the grammar refused its own mask's pick: a dead end (llguidance's NoExtensionBias:
+        no token continues the answer), else the matcher's own error (a per-mask limit)."""
+        error = self.matcher.get_error() if self.matcher.is_error() else ""
+        if not error or error.startswith("NoExtensionBias"):
+            return GRAMMAR_DEAD_END
+        return "grammar: " + error.splitlines()[0]
 
     @property
     def complete(self) -> bool:

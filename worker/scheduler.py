@@ -14,14 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
-from cde.shared.protocol import (
-    GRAMMAR_DEAD_END,
-    BlockResult,
-    EngineResult,
-    GenerateRequest,
-    PrefixResult,
-    StepResult,
-)
+from cde.shared.protocol import BlockResult, EngineResult, GenerateRequest, PrefixResult, StepResult
 from cde.worker.fair_share import FairShare
 from cde.worker.flashblock_policy import FlashBlockPolicy
 from cde.worker.kv_pages import PageAllocator
@@ -216,7 +209,8 @@ class Scheduler:
             ended_by_eot = seq.place(positions, tokens)
             self.flashblock.unmasked(seq.slot, seq.last_unmasked)
             if positions and seq.last_unmasked == 0:  # a grammar refused its own bitmask's pick
-                refused = BlockResult(seq.id, [], True, "error", error=GRAMMAR_DEAD_END)
+                assert seq.constraint is not None  # only a grammar keeps fewer picks than it got
+                refused = BlockResult(seq.id, [], True, "error", error=seq.constraint.refusal())
                 placed.append(Placed(n, seq, 0, [refused]))
                 self._finish(seq, "error")
                 continue

@@ -1,6 +1,7 @@
 """worker/constraint.py: a grammar whose token masks cost the engine thread more than their bound
 fails its own request, at the first such mask, while the others run on."""
 
+import torch
 from cde.shared.config import BASE_VOCAB
 from cde.shared.grammar import MASK_CPU_BUDGET_S, grammar_error, json_schema_grammar, ll_tokenizer
 from cde.shared.protocol import BlockResult, GenerateRequest
@@ -31,3 +32,21 @@ def test_a_grammar_with_slow_masks_fails_alone(tiny_dir):
     # the gateway's check of the first mask passes it: only the worker's bound catches it
     assert grammar_error(json_schema_grammar(SLOW_LATER), ll_tokenizer(False, BASE_VOCAB)) == ""
     assert ends["plain"].finish_reason == "length" and tokens["plain"] == 16
+
+
+def test_a_refused_pick_names_a_dead_end_only_when_it_is_one():
+    """After "a", `x: x "b"` allows no token (llguidance's NoExtensionBias): the dead end the
+    gateway answers as the request's fault. Any other matcher error is passed on as it is."""
+    from cde.shared.grammar import lark_grammar
+    from cde.shared.protocol import GRAMMAR_DEAD_END
+    from cde.shared.tokenizer import get_tokenizer
+    from cde.worker.constraint import Constraint
+
+    enc = get_tokenizer(False).enc
+    dead = Constraint(lark_grammar('start: "a" x\nx: x "b"'), False, BASE_VOCAB)
+    assert dead.accept(enc.encode("a")) == 1
+    dead.fill(torch.zeros(-(-BASE_VOCAB // 32), dtype=torch.int32))
+    assert dead.refusal() == GRAMMAR_DEAD_END
+    other = Constraint(lark_grammar('start: "a"'), False, BASE_VOCAB)
+    assert not other.matcher.consume_tokens(enc.encode("zz"))
+    assert other.refusal().startswith("grammar: Parser Error") and other.refusal() != GRAMMAR_DEAD_END
