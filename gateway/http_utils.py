@@ -16,9 +16,9 @@ from starlette.responses import Response
 
 M = TypeVar("M", bound=BaseModel)
 
-# A JSON escape of a UTF-16 surrogate: the only way a lone surrogate (which no UTF-8 encoder,
-# tokenizer or JSON response can carry) gets into a parsed body.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A JSON escape of a UTF-16 surrogate: once the body's bytes are decoded strictly, the only way a
+# lone surrogate (which no UTF-8 encoder, tokenizer or JSON response can carry) gets into it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_json_body(raw: bytes, content_type: str, from_a_page: bool) -> object:
@@ -33,12 +33,14 @@ def parse_json_body(raw: bytes, content_type: str, from_a_page: bool) -> object:
             "unsupported_content_type",
         )
     try:
-        data = json.loads(raw)
+        # Strictly, where json.loads(bytes) would let the bytes of a lone surrogate through.
+        text = raw.decode(json.detect_encoding(raw))
+        data = json.loads(text)
     except RecursionError:
         raise invalid("Malformed JSON body: nested too deeply", None, "invalid_json") from None
     except ValueError as exc:  # bad syntax, bad UTF-8, an integer of more than 4300 digits
         raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from None
-    if _SURROGATE_ESCAPE.search(raw):
+    if _SURROGATE_ESCAPE.search(text):
         _check_unicode(data, [])
     return data
 

@@ -191,6 +191,29 @@ def test_lone_surrogates_are_400(server, path, raw, param):
     assert_error(raw_post(server, raw, path), 400, param, "invalid_json")
 
 
+@pytest.mark.parametrize(
+    "raw,param",
+    [
+        # U+D800's bytes as UTF-8 would write them, in a string each layer reads differently.
+        (b'{"model": "tiny", "prompt": "a\xed\xa0\x80b"}', None),
+        (b'{"model": "tiny", "prompt": "x", "stop": ["\xed\xa0\x80"]}', None),
+        (b'{"model": "tiny\xed\xb0\x80", "prompt": "x"}', None),
+        # A UTF-16 body (json.detect_encoding's other reading): an escaped and a bare surrogate.
+        ('{"model": "tiny", "prompt": "a\\ud800"}'.encode("utf-16-le"), "prompt"),
+        (b'{\x00"\x00p\x00"\x00:\x00"\x00\x00\xd8"\x00}\x00', None),
+    ],
+    ids=["utf8-prompt", "utf8-stop", "utf8-model", "utf16-escaped", "utf16-bare"],
+)
+def test_lone_surrogates_in_the_bytes_are_400_and_the_connection_lives(server, raw, param):
+    """Not only as JSON escapes: raw bytes that Python's json would decode to a surrogate, which
+    no later layer (the tokenizer, the wire, a response) can encode; one connection carries the
+    next request, so the error left it usable."""
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        r = client.post("/completions", content=raw, headers={"Content-Type": "application/json"})
+        assert_error(r, 400, param, "invalid_json")
+        assert client.post("/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1}).status_code == 200
+
+
 # ---- meaning -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prompt", [[-1], [100284], [10**30], [[5], [-3]], [1, "2"], [True]])
 def test_token_ids_out_of_range_are_400(server, prompt):
