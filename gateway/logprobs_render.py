@@ -7,6 +7,7 @@ goes out through `_number`."""
 
 from __future__ import annotations
 
+import codecs
 from typing import TYPE_CHECKING
 
 from cde.gateway.generation import TokenLogprob
@@ -28,8 +29,23 @@ def _number(logprob: float) -> float:
 
 
 def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
+    if token_id in tokenizer.special_ids:  # no bytes in the text: OpenAI's null, and the name as vLLM
+        return {"token": tokenizer.token_str(token_id), "logprob": _number(logprob), "bytes": None}
     raw = tokenizer.decode_bytes([token_id])
     return {"token": raw.decode("utf-8", errors="replace"), "logprob": _number(logprob), "bytes": list(raw)}
+
+
+def _legacy_token(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token as the legacy object writes it, which has no `bytes`: its text, a special's name,
+    and bytes that are not whole characters as `bytes:\\xf0\\x9f` (OpenAI's form), so that two
+    alternatives never share a key of `top_logprobs`."""
+    if token_id in tokenizer.special_ids:
+        return tokenizer.token_str(token_id)
+    raw = tokenizer.decode_bytes([token_id])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> ChatLogprobs:
@@ -41,25 +57,27 @@ def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLo
 
 
 class CompletionLogprobsRenderer:
-    """One choice's legacy logprobs, chunk after chunk: `text_offset` counts on from the text of
-    the tokens before (the completion's characters; echo with logprobs is refused)."""
+    """One choice's legacy logprobs, chunk after chunk: `text_offset` is where each token's text
+    starts in the completion's text, in characters (a character split over tokens starts at the
+    first; echo with logprobs is refused)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.offset = 0
+        self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.offset = 0  # characters of the completion's text so far, a held-back partial one not yet
 
     def render(self, token_ids: list[int], rows: list[TokenLogprob]) -> CompletionLogprobs:
         out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for token_id, (logprob, top_ids, top_logprobs) in zip(token_ids, rows):
-            token = self.tokenizer.decode_bytes([token_id]).decode("utf-8", errors="replace")
+            token = _legacy_token(self.tokenizer, token_id)
             out.tokens.append(token)
             out.token_logprobs.append(_number(logprob))
             # OpenAI's "always the logprob of the sampled token" (up to logprobs + 1 entries), first
-            # as in vLLM; then the alternatives, best first (two ids can share a text).
+            # as in vLLM; then the alternatives, best first.
             top: dict[str, float] = {token: _number(logprob)}
             for t, lp in zip(top_ids, top_logprobs):
-                top.setdefault(self.tokenizer.decode_bytes([t]).decode("utf-8", errors="replace"), _number(lp))
+                top.setdefault(_legacy_token(self.tokenizer, t), _number(lp))
             out.top_logprobs.append(top)
             out.text_offset.append(self.offset)
-            self.offset += len(token)
+            self.offset += len(self.text.decode(self.tokenizer.decode_bytes([token_id])))
         return out

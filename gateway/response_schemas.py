@@ -125,7 +125,7 @@ class CompletionChunk(ResponseModel):
 class TopLogprob(TypedDict):
     token: str
     logprob: float
-    bytes: list[int]  # the token's UTF-8 bytes (a token may hold part of a character)
+    bytes: list[int] | None  # the token's UTF-8 bytes (a token may hold part of a character); a special's: null
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -163,6 +163,49 @@ def test_completions_top_logprobs_hold_the_sampled_token(client, alternatives):
     assert alternatives == 0 or outside > 0  # temperature 2 sampled some token outside the top 2
 
 
+EMOJI = [76460, 222]  # 😀's two tokens: b"\xf0\x9f\x98" and b"\x80", neither a whole character
+
+
+def test_tokens_inside_a_character_and_specials_keep_their_own_logprobs_entries(client):
+    """Both halves of 😀 as the two best alternatives: the legacy object (no `bytes` field) writes
+    them as their bytes, two keys, where both decode to U+FFFD alone; `text_offset` counts the
+    completion's characters. Chat has `bytes` for them, and an end of turn its name and no bytes."""
+    bias = {str(t): 30 for t in EMOJI}
+    r = client.completions.create(
+        model="cde-reference",
+        prompt="Hello",
+        max_tokens=4,
+        temperature=0,
+        logprobs=3,
+        logit_bias=bias,
+        extra_body={"return_token_ids": True},
+    )
+    lp, ids = r.choices[0].logprobs, r.choices[0].model_extra["token_ids"]
+    assert set(ids) <= set(EMOJI) and len(ids) == 4, ids  # the bias forced every token
+    assert lp.tokens == ["bytes:\\xf0\\x9f\\x98" if t == EMOJI[0] else "bytes:\\x80" for t in ids]
+    for top in lp.top_logprobs:
+        assert {"bytes:\\xf0\\x9f\\x98", "bytes:\\x80"} <= set(top) and len(top) == 3
+    assert lp.text_offset == [len(TOK.decode_so_far(ids[:n])) for n in range(len(ids))]
+
+    r = client.chat.completions.create(
+        model="cde-reference",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=64,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "logit_bias": bias},
+    )
+    content = r.choices[0].logprobs.content
+    first = {t.bytes[0] if t.bytes else None: t for t in content[0].top_logprobs}
+    assert first[0xF0].token == first[0x80].token == "\ufffd" and first[0xF0].bytes == [0xF0, 0x9F, 0x98]
+    r = client.chat.completions.create(
+        **{**CHAT, "max_tokens": 64}, logprobs=True, extra_body={"ignore_eos": True, "return_token_ids": True}
+    )
+    eot = [t for i, t in zip(r.choices[0].model_extra["token_ids"], r.choices[0].logprobs.content) if i == TOK.eot_id]
+    assert eot and all(t.token == "<|eot_id|>" and t.bytes is None for t in eot)
+
+
 def test_completions_logprobs_streamed_and_not_with_a_stop(client, greedy):
     text, ids, boundary = greedy
     stop = text[boundary - 2 : boundary + 2]
