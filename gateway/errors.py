@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from cde.shared.limits import clip
-from cde.shared.protocol import GRAMMAR_DEAD_END
+from cde.shared.protocol import grammar_fault
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -54,12 +54,14 @@ class ApiError(Exception):
 
 class GenerationError(Exception):
     """A request failed after it was accepted: a 500 `generation_failed` (its worker died, the
-    engine failed), or a 400 naming `grammar_param` when its grammar met a dead end."""
+    engine failed), or a 400 naming `grammar_param` when its grammar failed it (a dead end, a
+    token mask too slow)."""
 
     def __init__(self, message: str, grammar_param: str | None = None):
         super().__init__(message)
-        if message == GRAMMAR_DEAD_END and grammar_param is not None:
-            self.error = ApiError(400, f"{grammar_param}: {message}", grammar_param, "grammar_dead_end")
+        code = grammar_fault(message)
+        if code is not None and grammar_param is not None:
+            self.error = ApiError(400, f"{grammar_param}: {message}", grammar_param, code)
         else:
             self.error = ApiError(500, message, code="generation_failed")
 

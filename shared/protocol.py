@@ -146,9 +146,22 @@ class PrefixResult:
 
 
 # BlockResult.error of a request whose grammar allowed no token mid-answer: it entered a part that
-# never ends (a Lark rule that only recurses; JSON schemas are checked before they run). The
-# gateway answers it as the request's fault, a 400 naming the grammar's field.
+# never ends (a Lark rule that only recurses; JSON schemas are checked before they run).
 GRAMMAR_DEAD_END = "the grammar allows no token here: the answer entered a part of it that never ends"
+# How BlockResult.error begins for a request whose grammar's token mask took the engine thread
+# past its CPU bound mid-answer (a long const escapes llguidance's fuel after a cheap start).
+GRAMMAR_TOO_SLOW = "grammar too slow: "
+
+
+def grammar_fault(error: str) -> str | None:
+    """The error code of a generation error that is its grammar's fault (the gateway answers it as
+    the request's fault, a 400 naming the grammar's field, never a 500 a client retries); None for
+    any other error."""
+    if error == GRAMMAR_DEAD_END:
+        return "grammar_dead_end"
+    if error.startswith(GRAMMAR_TOO_SLOW):
+        return "grammar_too_slow"
+    return None
 
 
 @dataclass

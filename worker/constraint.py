@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from cde.shared.config import PAGE
 from cde.shared.grammar import ll_tokenizer, new_matcher, slow_mask_error
-from cde.shared.protocol import GRAMMAR_DEAD_END
+from cde.shared.protocol import GRAMMAR_DEAD_END, GRAMMAR_TOO_SLOW
 from llguidance import LLMatcher
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ class Constraint:
         engine thread computes it before the pass launches, so every request waits on it."""
         started = time.thread_time()
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
-        self.too_slow = self.too_slow or slow_mask_error(time.thread_time() - started)
+        if not self.too_slow and (why := slow_mask_error(time.thread_time() - started)):
+            self.too_slow = GRAMMAR_TOO_SLOW + why
 
     def accept(self, tokens: list[int]) -> int:
         """Consume the longest valid prefix of `tokens` (leftmost first); returns its length."""

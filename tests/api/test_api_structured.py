@@ -313,16 +313,38 @@ def test_response_format_and_structured_outputs_together_are_refused(client):
     assert e.value.body["param"] == "structured_outputs"
 
 
+# Cheap masks for `{"b":1,` (the gateway's first-mask check passes it), then one of ~140 ms:
+# a 20,000-character const escapes llguidance's fuel (tests/worker/test_constraint.py).
+SLOW_LATER = {
+    "type": "object",
+    "properties": {"b": {"enum": [1, 2]}, "a": {"const": "a" * 20_000}},
+    "required": ["b", "a"],
+}
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_grammar_that_meets_a_dead_end_is_a_400_naming_it(server, stream):
+@pytest.mark.parametrize(
+    "field,constraint,code",
+    [
+        ("structured_outputs", {"grammar": 'start: "a" x\nx: x "b"'}, "grammar_dead_end"),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "slow", "schema": SLOW_LATER}},
+            "grammar_too_slow",
+        ),
+    ],
+    ids=["dead_end", "too_slow"],
+)
+def test_a_grammar_that_fails_mid_answer_is_a_400_naming_it(server, stream, field, constraint, code):
     """A Lark rule that only recurses passes the first mask ("a" can start the answer); after "a"
-    no token continues it. That is the request's fault: a 400 naming the field (streamed: the
-    error event), not a 500 a client retries (the openai SDK sends it three times)."""
+    no token continues it. A schema whose first masks are cheap reaches a const whose mask takes
+    the engine thread past its bound. Both are the request's fault: a 400 naming the field
+    (streamed: the error event), not a 500 a client retries (the openai SDK sends it three times)."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "x"}],
-        "max_tokens": 8,
-        "structured_outputs": {"grammar": 'start: "a" x\nx: x "b"'},
+        "max_tokens": 16,
+        field: constraint,
         "stream": stream,
     }
     r = httpx.post(server.base_url + "/chat/completions", json=body, timeout=120)
@@ -333,5 +355,5 @@ def test_a_grammar_that_meets_a_dead_end_is_a_400_naming_it(server, stream):
     else:
         assert r.status_code == 400, r.text
         error = r.json()["error"]
-    assert error["param"] == "structured_outputs" and error["code"] == "grammar_dead_end", error
+    assert error["param"] == field and error["code"] == code, error
     assert error["type"] == "invalid_request_error"
