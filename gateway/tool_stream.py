@@ -44,7 +44,7 @@ class CallReader:
     calls: list[ReadCall] = field(default_factory=list)
     broken: bool = False
     _pos: int = 0  # text before it is read
-    _stage: str = "head"  # head, name, args, tail
+    _stage: str = "head"  # head, name, sep (before the arguments), args, tail
     _depth: int = 0  # in the arguments: open brackets, inside a string, after a backslash
     _in_string: bool = False
     _escaped: bool = False
@@ -58,7 +58,13 @@ class CallReader:
         """Appends `text`; returns what it completed: new calls (id, name) and arguments' text."""
         self.text += text
         parts: list[CallPart] = []
-        read = {"head": self._read_head, "name": self._read_name, "args": self._read_args, "tail": self._read_tail}
+        read = {
+            "head": self._read_head,
+            "name": self._read_name,
+            "sep": self._read_sep,
+            "args": self._read_args,
+            "tail": self._read_tail,
+        }
         while not self.broken and self._pos < len(self.text):
             before = (self._pos, self._stage)
             read[self._stage](parts)
@@ -78,13 +84,11 @@ class CallReader:
         self._expect(_HEAD, "name")
 
     def _read_name(self, parts: list[CallPart]) -> None:
+        """A call begins once its name's string is closed: a call cut by max_tokens right after it
+        is a call with no arguments yet, never text holding the call's layout."""
         end = _string_end(self.text, self._pos)
         if end is None:
             self.broken = not self.text.startswith('"', self._pos)
-            return
-        after = self.text[end : end + len(_ARGS)]
-        if after != _ARGS:
-            self.broken = not _ARGS.startswith(after)
             return
         try:
             name = json.loads(self.text[self._pos : end])
@@ -94,7 +98,10 @@ class CallReader:
         call = ReadCall(f"call_{uuid.uuid4().hex[:24]}", name)
         self.calls.append(call)
         parts.append(CallPart(len(self.calls) - 1, id=call.id, name=name))
-        self._pos, self._stage = end + len(_ARGS), "args"
+        self._pos, self._stage = end, "sep"
+
+    def _read_sep(self, parts: list[CallPart]) -> None:
+        self._expect(_ARGS, "args")
 
     def _read_args(self, parts: list[CallPart]) -> None:
         """A JSON object or array, read up to where it is written: its text goes out as it comes

@@ -84,6 +84,8 @@ def joined(deltas) -> tuple[str | None, list[tuple[str, str]], str | None]:
         '<tool_call>{"name":"a","arguments":{"x":1',  # cut inside the arguments
         '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_call>{"name":"b","',  # the second cut before its name
         '<tool_call>{"name":"a","arguments":{}}</tool_call><tool_c',  # a second call cut at its start
+        '<tool_call>{"name":"a"',  # cut right after its name: a call with no arguments yet
+        '<tool_call>{"name":"a","argu',  # cut inside the layout between the name and the arguments
         '<tool_call>{"na',  # cut before a name is complete: text
         '<tool_call>{"arguments":{},"name":"a"}</tool_call>',  # not the grammar's layout: text
         "<tool_c",
@@ -129,6 +131,11 @@ def test_calls_cut_short_end_as_the_engine_ended_them():
     message, finish = answer_message(cut, "length", tools=True)
     assert finish == "length" and message.content is None
     assert [(t.function.name, t.function.arguments) for t in message.tool_calls] == [("get_weather", '{"city":"Pa')]
+    # cut once the name is complete: a call, whose arguments are still to come
+    for at_name in ('<tool_call>{"name":"get_weather"', '<tool_call>{"name":"get_weather","arguments'):
+        message, finish = answer_message(at_name, "length", tools=True)
+        assert finish == "length" and message.content is None
+        assert [(t.function.name, t.function.arguments) for t in message.tool_calls] == [("get_weather", "")]
 
 
 def test_text_answers_go_out_as_text():
