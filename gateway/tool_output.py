@@ -37,10 +37,11 @@ class StreamedAnswer:
     """One choice's stream of deltas from its text deltas, whatever their size. Without tools the
     text goes out as it comes. With tools, text is held while it could still be the start of a
     call; an answer of calls goes out as it is written (gateway/tool_stream.py): each call's id and
-    name once the name is complete, then its arguments' text, finishing "tool_calls", or as the
-    engine finished ("stop") under a `choice` that names the function. Calls cut short
-    (max_tokens) end with the engine's finish reason, "length"; cut before a name was complete,
-    they go out as text."""
+    name once the name is complete, then its arguments' text, finishing "tool_calls" (also where
+    a stop string cut only the layout after the last call's arguments, as vLLM reports parsed
+    calls), or as the engine finished ("stop") under a `choice` that names the function. Calls cut
+    short (max_tokens, a stop string inside their arguments) end with the engine's finish reason;
+    cut before a name was complete, they go out as text."""
 
     def __init__(self, tools: bool, choice: ToolChoice | None = None) -> None:
         self.held = ""
@@ -65,7 +66,7 @@ class StreamedAnswer:
         parts = self.reader.feed(text)
         if finish_reason is not None and not self.reader.calls:  # no call's name was complete: text
             return ChatDelta(content=self.reader.text), finish_reason
-        if finish_reason is not None and self.reader.complete and self.chosen:
+        if finish_reason == "stop" and self.reader.calls_whole and self.chosen:
             finish_reason = "tool_calls"
         return ChatDelta(tool_calls=_joined(parts) or None), finish_reason
 

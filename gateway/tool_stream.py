@@ -50,9 +50,10 @@ class CallReader:
     _escaped: bool = False
 
     @property
-    def complete(self) -> bool:
-        """Every call begun is closed and nothing follows: an answer made of calls."""
-        return not self.broken and bool(self.calls) and self._stage == "head" and self._pos == len(self.text)
+    def calls_whole(self) -> bool:
+        """Every call read has its whole arguments, and nothing but the layout follows them: an
+        answer of calls (a stop string may have cut its closing tag, or the next call's start)."""
+        return not self.broken and bool(self.calls) and self._stage in ("head", "tail")
 
     def feed(self, text: str) -> list[CallPart]:
         """Appends `text`; returns what it completed: new calls (id, name) and arguments' text."""

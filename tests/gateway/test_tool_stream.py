@@ -39,7 +39,7 @@ def test_calls_read_in_any_pieces_are_the_calls_read_at_once(seed):
                 assert part.index == len(names) and part.index not in args  # a name before its arguments
                 names[part.index], ids[part.index] = part.name, part.id
             args[part.index] = args.get(part.index, "") + part.arguments
-    assert reader.complete and not reader.broken
+    assert reader.calls_whole and not reader.broken
     assert [names[i] for i in range(3)] == NAMES and [args[i] for i in range(3)] == ARGS
     whole = answer_message(ANSWER, "stop", tools=True)[0].tool_calls
     assert [(c.function.name, c.function.arguments) for c in whole] == list(zip(NAMES, ARGS))
@@ -53,9 +53,9 @@ def test_arguments_go_out_before_the_call_is_closed():
     assert (head.index, head.name, head.arguments) == (0, "get_weather", "") and head.id.startswith("call_")
     assert (first.index, first.name, first.arguments) == (0, None, '{"ci')
     (more,) = reader.feed('ty":"Pa')
-    assert more.arguments == 'ty":"Pa' and not reader.complete
+    assert more.arguments == 'ty":"Pa' and not reader.calls_whole
     (last,) = reader.feed('ris"}}</tool_call>')
-    assert last.arguments == 'ris"}' and reader.complete
+    assert last.arguments == 'ris"}' and reader.calls_whole
 
 
 def stream(text_pieces, finish, choice=None):
@@ -136,6 +136,17 @@ def test_calls_cut_short_end_as_the_engine_ended_them():
         message, finish = answer_message(at_name, "length", tools=True)
         assert finish == "length" and message.content is None
         assert [(t.function.name, t.function.arguments) for t in message.tool_calls] == [("get_weather", "")]
+
+
+def test_calls_whose_closing_layout_a_stop_string_cut_finish_as_calls():
+    """A stop string that cut only the layout after a call's arguments (`</tool_call>`, the next
+    call's start) leaves whole calls: "tool_calls", as vLLM reports the calls it parsed; one that
+    cut inside the arguments leaves the engine's "stop"."""
+    call = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}'
+    for text in (call, call + "}", call + "}</tool", call + "}</tool_call><tool_c"):
+        assert answer_message(text, "stop", tools=True)[1] == "tool_calls"
+        assert answer_message(text, "length", tools=True)[1] == "length"
+    assert answer_message(call[:-3], "stop", tools=True)[1] == "stop"
 
 
 def test_text_answers_go_out_as_text():
