@@ -93,12 +93,18 @@ def check_context(
     """The prompt and the tokens to generate must fit the model's context. The error names the
     field to change: the prompt when it alone fills the context, else `max_tokens_param`."""
     if prompt_len + max_tokens > context_len:
-        asked = f" + {max_tokens_param} ({max_tokens})" if max_tokens else ""  # /tokenize generates nothing
-        lower = f" or lower {max_tokens_param}" if max_tokens else ""
+        start = f"This model's maximum context length is {context_len} tokens; the prompt ({prompt_len} tokens)"
+        if prompt_len >= context_len:  # the prompt alone: max_tokens (perhaps not sent) is beside the point
+            room = ", leaving no room to generate" if prompt_len == context_len else ""
+            raise LimitError(
+                f"{start} {'fills' if room else 'exceeds'} the context{room}. Shorten the prompt.",
+                prompt_param,
+                "context_length_exceeded",
+            )
         raise LimitError(
-            f"This model's maximum context length is {context_len} tokens; the prompt ({prompt_len} tokens)"
-            f"{asked} exceeds the context. Shorten the prompt{lower}.",
-            prompt_param if prompt_len >= context_len else max_tokens_param,
+            f"{start} + {max_tokens_param} ({max_tokens}) exceeds the context. Shorten the prompt or lower "
+            f"{max_tokens_param}.",
+            max_tokens_param,
             "context_length_exceeded",
         )
 

@@ -201,3 +201,7 @@ def test_the_context_error_names_what_to_change():
     with pytest.raises(LimitError) as e:  # /tokenize: nothing to generate, only the prompt to shorten
         check_context(13, 0, 12)
     assert e.value.param == "prompt" and "max_tokens" not in str(e.value)
+    # A prompt that fills the context, max_tokens null (defaulted to 1): the prompt alone is named
+    with pytest.raises(LimitError, match=r"fills the context, leaving no room to generate") as e:
+        check_context(12, 1, 12, "messages", "max_completion_tokens")
+    assert e.value.param == "messages" and "max_completion_tokens" not in str(e.value)
