@@ -37,15 +37,28 @@ def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
 
 def _legacy_token(tokenizer: Tokenizer, token_id: int) -> str:
     """A token as the legacy object writes it, which has no `bytes`: its text, a special's name,
-    and bytes that are not whole characters as `bytes:\\xf0\\x9f` (OpenAI's form), so that two
-    alternatives never share a key of `top_logprobs`."""
+    bytes that are not whole characters as `bytes:\\xf0\\x9f` (OpenAI's form), and an id with
+    neither bytes nor a name as `token_id:100256` (vLLM's form), so that two alternatives never
+    share a key of `top_logprobs`."""
     if token_id in tokenizer.special_ids:
         return tokenizer.token_str(token_id)
     raw = tokenizer.decode_bytes([token_id])
+    if not raw:
+        return f"token_id:{token_id}"
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def _continues(held: bytes, first: bytes) -> bool:
+    """Whether the byte `first` continues the start of a character `held` (else `held` is given up,
+    as U+FFFD, before it)."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(held + first)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], rows: list[TokenLogprob]) -> ChatLogprobs:
@@ -78,6 +91,9 @@ class CompletionLogprobsRenderer:
             for t, lp in zip(top_ids, top_logprobs):
                 top.setdefault(_legacy_token(self.tokenizer, t), _number(lp))
             out.top_logprobs.append(top)
-            out.text_offset.append(self.offset)
-            self.offset += len(self.text.decode(self.tokenizer.decode_bytes([token_id])))
+            raw = self.tokenizer.decode_bytes([token_id])
+            held = self.text.getstate()[0]
+            given_up = held and raw and not _continues(held, raw[:1])
+            out.text_offset.append(self.offset + (len(held.decode("utf-8", errors="replace")) if given_up else 0))
+            self.offset += len(self.text.decode(raw))
         return out

@@ -39,9 +39,10 @@ class StreamedAnswer:
     call; an answer of calls goes out as it is written (gateway/tool_stream.py): each call's id and
     name once the name is complete, then its arguments' text, finishing "tool_calls" (also where
     a stop string cut only the layout after the last call's arguments, as vLLM reports parsed
-    calls), or as the engine finished ("stop") under a `choice` that names the function. Calls cut
-    short (max_tokens, a stop string inside their arguments) end with the engine's finish reason;
-    cut before a name was complete, they go out as text."""
+    calls; also where max_tokens ended the answer after a closed call), or as the engine finished
+    ("stop") under a `choice` that names the function. Calls cut short (max_tokens, a stop string
+    inside their arguments) end with the engine's finish reason; cut before a name was complete,
+    they go out as text."""
 
     def __init__(self, tools: bool, choice: ToolChoice | None = None) -> None:
         self.held = ""
@@ -66,7 +67,9 @@ class StreamedAnswer:
         parts = self.reader.feed(text)
         if finish_reason is not None and not self.reader.calls:  # no call's name was complete: text
             return ChatDelta(content=self.reader.text), finish_reason
-        if finish_reason == "stop" and self.reader.calls_whole and self.chosen:
+        # Calls that were all closed, or whose closing layout a stop string cut: "tool_calls".
+        as_calls = self.reader.complete or (finish_reason == "stop" and self.reader.calls_whole)
+        if finish_reason in ("stop", "length") and as_calls and self.chosen:
             finish_reason = "tool_calls"
         return ChatDelta(tool_calls=_joined(parts) or None), finish_reason
 

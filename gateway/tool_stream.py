@@ -38,7 +38,7 @@ class ReadCall:
 @dataclass
 class CallReader:
     """An answer's calls as its text grows (`feed`): `calls` read so far, `complete` once the text
-    is whole calls and nothing else."""
+    is whole calls and nothing else, `calls_whole` once no call read lacks part of its arguments."""
 
     text: str = ""
     calls: list[ReadCall] = field(default_factory=list)
@@ -50,10 +50,15 @@ class CallReader:
     _escaped: bool = False
 
     @property
+    def complete(self) -> bool:
+        """Every call begun is closed and nothing follows: an answer made of calls."""
+        return self.calls_whole and self._stage == "head" and self._pos == len(self.text)
+
+    @property
     def calls_whole(self) -> bool:
-        """Every call read has its whole arguments, and nothing but the layout follows them: an
-        answer of calls (a stop string may have cut its closing tag, or the next call's start)."""
-        return not self.broken and bool(self.calls) and self._stage in ("head", "tail")
+        """Every call read has its whole arguments; what follows them (if anything) is the layout,
+        up to a next call's name not yet closed, so not yet a call: where a stop string may cut."""
+        return not self.broken and bool(self.calls) and self._stage in ("head", "name", "tail")
 
     def feed(self, text: str) -> list[CallPart]:
         """Appends `text`; returns what it completed: new calls (id, name) and arguments' text."""

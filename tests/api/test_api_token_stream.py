@@ -168,8 +168,8 @@ EMOJI = [76460, 222]  # 😀's two tokens: b"\xf0\x9f\x98" and b"\x80", neither 
 
 def test_tokens_inside_a_character_and_specials_keep_their_own_logprobs_entries(client):
     """Both halves of 😀 as the two best alternatives: the legacy object (no `bytes` field) writes
-    them as their bytes, two keys, where both decode to U+FFFD alone; `text_offset` counts the
-    completion's characters. Chat has `bytes` for them, and an end of turn its name and no bytes."""
+    them as their bytes, two keys, where both decode to U+FFFD alone (their `text_offset`:
+    tests/gateway/test_logprobs_render.py). Chat has `bytes` for them, and an end of turn its name and no bytes."""
     bias = {str(t): 30 for t in EMOJI}
     r = client.completions.create(
         model="cde-reference",
@@ -185,7 +185,6 @@ def test_tokens_inside_a_character_and_specials_keep_their_own_logprobs_entries(
     assert lp.tokens == ["bytes:\\xf0\\x9f\\x98" if t == EMOJI[0] else "bytes:\\x80" for t in ids]
     for top in lp.top_logprobs:
         assert {"bytes:\\xf0\\x9f\\x98", "bytes:\\x80"} <= set(top) and len(top) == 3
-    assert lp.text_offset == [len(TOK.decode_so_far(ids[:n])) for n in range(len(ids))]
 
     r = client.chat.completions.create(
         model="cde-reference",

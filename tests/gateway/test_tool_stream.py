@@ -143,10 +143,15 @@ def test_calls_whose_closing_layout_a_stop_string_cut_finish_as_calls():
     call's start) leaves whole calls: "tool_calls", as vLLM reports the calls it parsed; one that
     cut inside the arguments leaves the engine's "stop"."""
     call = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}'
-    for text in (call, call + "}", call + "}</tool", call + "}</tool_call><tool_c"):
-        assert answer_message(text, "stop", tools=True)[1] == "tool_calls"
-        assert answer_message(text, "length", tools=True)[1] == "length"
-    assert answer_message(call[:-3], "stop", tools=True)[1] == "stop"
+    nxt = call + "}</tool_call><tool_c"
+    for text in (call, call + "}", call + "}</tool", nxt, nxt + 'all>{"na', nxt + 'all>{"name":"ge'):
+        assert answer_message(text, "stop", tools=True)[1] == "tool_calls", text
+        assert answer_message(text, "length", tools=True)[1] == "length", text
+    # A next call whose name is closed is a call, its arguments still to come; one cut inside them too.
+    for text in (nxt + 'all>{"name":"get_weather"', call[:-3]):
+        assert answer_message(text, "stop", tools=True)[1] == "stop", text
+    # max_tokens that ended the answer right after a closed call: an answer of calls.
+    assert answer_message(call + "}</tool_call>", "length", tools=True)[1] == "tool_calls"
 
 
 def test_text_answers_go_out_as_text():
