@@ -12,6 +12,7 @@ Requests without a grammar are not touched: no bitmask, no host work.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,10 @@ from llguidance import LLMatcher
 
 if TYPE_CHECKING:
     from cde.worker.sampler import SamplingBatch
+
+
+# llguidance's words for a step over its limits (shared/grammar.py's limits): parser items, lexer fuel.
+_OVER_LIMITS = re.compile(r"Too many items|fuel exhausted|lex fuel")
 
 
 class Constraint:
@@ -46,11 +51,13 @@ class Constraint:
 
     def refusal(self) -> str:
         """Why the grammar refused its own mask's pick: a dead end (llguidance's NoExtensionBias:
-        no token continues the answer), else the matcher's own error (a per-mask limit)."""
+        no token continues the answer), a step over llguidance's per-token limits (the grammar's
+        work, as a mask over its CPU bound), else the matcher's own error as it is."""
         error = self.matcher.get_error() if self.matcher.is_error() else ""
         if not error or error.startswith("NoExtensionBias"):
             return GRAMMAR_DEAD_END
-        return "grammar: " + error.splitlines()[0]
+        first = error.splitlines()[0]
+        return (GRAMMAR_TOO_SLOW if _OVER_LIMITS.search(first) else "grammar: ") + first
 
     @property
     def complete(self) -> bool:

@@ -50,3 +50,25 @@ def test_a_refused_pick_names_a_dead_end_only_when_it_is_one():
     other = Constraint(lark_grammar('start: "a"'), False, BASE_VOCAB)
     assert not other.matcher.consume_tokens(enc.encode("zz"))
     assert other.refusal().startswith("grammar: Parser Error") and other.refusal() != GRAMMAR_DEAD_END
+
+
+def test_a_step_over_the_grammars_limits_is_its_fault(monkeypatch):
+    """Mid-answer, a step over llguidance's per-token limits (here few parser items, so that a
+    small schema reaches them) is the grammar's work, as a mask over its CPU bound: the gateway
+    answers it as the request's fault, never a 500 a client retries."""
+    import cde.shared.grammar
+    from cde.shared.protocol import grammar_fault
+    from cde.shared.tokenizer import get_tokenizer
+    from cde.worker.constraint import Constraint
+    from llguidance import LLParserLimits
+
+    monkeypatch.setattr(cde.shared.grammar, "limits", lambda: LLParserLimits(step_max_items=60))
+    keys = {f"k{i}": {"type": "string"} for i in range(30)}
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object", "properties": keys}}}}
+    con = Constraint(json_schema_grammar(schema), False, BASE_VOCAB)
+    row = torch.zeros(-(-BASE_VOCAB // 32), dtype=torch.int32)
+    for token in get_tokenizer(False).encode('{"a":[{"k1":"x"},'):
+        con.fill(row)
+        if not con.accept([token]):
+            break
+    assert "Too many items" in con.refusal() and grammar_fault(con.refusal()) == "grammar_too_slow"
