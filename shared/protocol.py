@@ -148,8 +148,9 @@ class PrefixResult:
 # BlockResult.error of a request whose grammar allowed no token mid-answer: it entered a part that
 # never ends (a Lark rule that only recurses; JSON schemas are checked before they run).
 GRAMMAR_DEAD_END = "the grammar allows no token here: the answer entered a part of it that never ends"
-# How BlockResult.error begins for a request whose grammar's token mask took the engine thread
-# past its CPU bound mid-answer (a long const escapes llguidance's fuel after a cheap start).
+# How BlockResult.error begins for a request whose grammar's work for one token passed its bounds
+# mid-answer: a mask past its CPU bound (a long const escapes llguidance's fuel after a cheap
+# start), or a step past llguidance's own per-token limits (worker/constraint.py).
 GRAMMAR_TOO_SLOW = "grammar too slow: "
 
 
