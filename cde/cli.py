@@ -5,7 +5,9 @@ Only the chosen command's module is imported, so `cde gateway` and `cde serve` n
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -80,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     # large CPU tensors come in huge pages.
     use_compile_caches()
     use_huge_pages()
+    # `kill -USR1 PID` writes every thread's Python stack to stderr and the process runs on: how
+    # a worker or gateway that seems stuck shows where it is (docs/operations.md, "Errors").
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser, module = build_parser(chosen)
     args = parser.parse_args(argv)

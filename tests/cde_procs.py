@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -79,7 +80,8 @@ class CdeProcess:
         )
         self.lines: list[str] = []
         self._new_line = threading.Condition()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         for line in self.proc.stdout:
@@ -105,13 +107,20 @@ class CdeProcess:
                 self._new_line.wait(min(left, 1.0))
 
     def stop(self) -> int:
+        """SIGTERM, and the exit status; a process still running 30 s later first writes its
+        threads' stacks into `output` (SIGUSR1, cde/cli.py), then is killed (-9)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(30)
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2)  # time to write the stacks
             self.proc.kill()
-            return self.proc.wait()
+            status = self.proc.wait()
+            self._drainer.join(5)  # the stacks, read into `output`
+            return status
 
 
 class TinyWorker(CdeProcess):

@@ -168,6 +168,8 @@ class WorkerServer:
         busy = False
         try:
             while not self.stopping:
+                if not io.is_alive():  # deaf and mute, yet holding the device: exit, so it is seen
+                    raise RuntimeError("the worker's I/O thread failed (its error is logged above)")
                 self._receive(block=not self.engine.has_work())
                 if self.engine.has_work():
                     self._step()
@@ -323,15 +325,19 @@ class WorkerServer:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._out_pull, zmq.POLLIN)
-        while not self._io_done:
-            events = dict(poller.poll(100))
-            if self.sock in events:
-                self._read_requests()
-            if self._out_pull in events:
-                self._forward_results()
-        self._forward_results()  # the shutdown errors
-        for s in (self.sock, self._out_pull, self._out_push):
-            s.close()
+        try:
+            while not self._io_done:
+                events = dict(poller.poll(100))
+                if self.sock in events:
+                    self._read_requests()
+                if self._out_pull in events:
+                    self._forward_results()
+            self._forward_results()  # the shutdown errors
+        except Exception:
+            log.critical("the I/O thread failed:\n%s", traceback.format_exc())
+        finally:  # even after a bug here: an open socket would hang the engine thread's ctx.term()
+            for s in (self.sock, self._out_pull, self._out_push):
+                s.close()
 
     def _read_requests(self) -> None:
         while True:

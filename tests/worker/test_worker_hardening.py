@@ -3,6 +3,7 @@ no frame stops it answering Pings and serving requests, a heavy frame does not d
 a request id already in flight is refused alone; an idle worker hands back its batches' memory."""
 
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -276,3 +277,10 @@ def test_an_idle_worker_hands_back_what_its_batches_used(worker, peers):
     peak = int(re.search(r"VmHWM:\s+(\d+) kB", (proc / "status").read_text()).group(1)) << 10
     assert peak - after > (32 << 20), (before, peak, after)  # handed back once idle
     assert after - before < (16 << 20), (before, peak, after)  # all of it
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_worker_serves_on(worker, peers):
+    worker.proc.send_signal(signal.SIGUSR1)
+    worker.wait_for(r"Thread 0x[0-9a-f]+ \(most recent call first\)", timeout=30)
+    worker.wait_for(r'File ".*zmq_server\.py", line \d+ in _io_loop', timeout=30)
+    assert heartbeat(peers()).model == "tiny"

@@ -116,3 +116,32 @@ def test_abort_frees_pages(dealer):
 def test_garbage_frames_are_dropped(dealer):
     dealer.send(b"\xc1not msgpack")
     assert heartbeat(dealer).running == 0
+
+
+def test_a_failed_io_thread_ends_the_worker_instead_of_leaving_it_deaf(tiny_dir, tmp_path, monkeypatch):
+    """A bug in the I/O thread closes its sockets and the engine thread raises at once: the
+    process exits (seen by `cde serve` and probes) rather than holding the device, deaf."""
+    endpoint = f"ipc://{tmp_path}/w"
+    server = WorkerServer(Engine(EngineArgs(str(tiny_dir), max_running=4)), endpoint, "tiny")
+
+    def bug() -> None:
+        raise RuntimeError("a bug in reading")
+
+    monkeypatch.setattr(server, "_read_requests", bug)
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.serve_forever()
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sock.send(encode(Ping(time.time())))
+    thread.join(30)
+    sock.close()
+    assert not thread.is_alive() and "I/O thread failed" in str(failed[0])
