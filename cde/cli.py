@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     use_huge_pages()
     # `kill -USR1 PID` writes every thread's Python stack to stderr and the process runs on: how
     # a worker or gateway that seems stuck shows where it is (docs/operations.md, "Errors").
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser, module = build_parser(chosen)
     args = parser.parse_args(argv)

@@ -120,7 +120,12 @@ class Engine:
             req.seed = random.getrandbits(32)
         # Built before the request queues: a grammar the worker cannot use refuses it alone.
         constraint = Constraint(req.grammar, self.cfg.instruct, self.cfg.vocab_size) if req.grammar else None
-        self.outputs.track(self.scheduler.add(req, constraint))
+        seq = self.scheduler.add(req, constraint)
+        try:
+            self.outputs.track(seq)
+        except BaseException:  # refused whole: not left queued with no output stage behind it
+            self.abort(req.request_id)
+            raise
 
     def abort(self, request_id: str) -> bool:
         dropped = self.outputs.abort(request_id)
@@ -148,10 +153,16 @@ class Engine:
         Only then does the output stage finish this pass's results: stop strings, and the
         attribution that ran on a side stream. When that means waiting for completed blocks'
         attribution, the pass after the next one is launched first, so two passes are queued."""
-        with self.runner.on_stream():
-            results = self._step()
-        failed, self._failed = self._failed, []
-        return [*results, *failed]  # a failed request's last block, if it sent one, before its end
+        try:
+            with self.runner.on_stream():
+                results = self._step()
+        finally:  # a step that raises fails every request (the worker's answer): none stays due later
+            failed, self._failed = self._failed, []
+        # A request whose block ended it (a stop string found once the next pass, which then failed
+        # for it, was launched) has its end already.
+        ended = {r.request_id for r in results if isinstance(r, BlockResult) and r.finished}
+        # A failed request's last block, if it sent one, before its end.
+        return [*results, *(f for f in failed if f.request_id not in ended)]
 
     def _step(self) -> list[EngineResult]:
         current = self._in_flight or self._launch()

@@ -6,7 +6,8 @@ every request in flight, the engine launches each request's items alone: the one
 launch raises are the culprits, failed alone, and the pass is launched again without them. The
 probes cost one solo pass per request of the batch, only on a failure; a culprit does not come
 back. Nothing a probe changes outlives it: the K/V it writes are the values the real pass writes
-again (the same inputs), and the repetition-penalty rows it marks are restored.
+again (the same inputs), and the penalties' rows it marks (repetition, frequency, presence) are
+restored.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import traceback
 
+import torch
 from cde.worker.model_runner import ModelRunner
 from cde.worker.plan import StepPlan
 
@@ -28,6 +30,7 @@ def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
         _failed_alone(next(iter(slots.values()), ""))  # called while the launch's exception is handled
         return set(slots)
     seen = runner.seen.clone()
+    counts = runner.rules.counts.clone() if runner.rules.counts is not None else None
     found = set()
     try:
         for slot, request_id in slots.items():
@@ -37,7 +40,10 @@ def culprits(runner: ModelRunner, plan: StepPlan) -> set[int]:
                 _failed_alone(request_id)
                 found.add(slot)
     finally:
-        runner.seen.copy_(seen)
+        with torch.inference_mode():  # the counts were made in it (the runner's start)
+            runner.seen.copy_(seen)
+            if counts is not None and runner.rules.counts is not None:
+                runner.rules.counts.copy_(counts)
     return found
 
 

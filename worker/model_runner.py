@@ -31,7 +31,7 @@ from cde.worker.plan import NewRequest, Picks, PlannedItem, StepPlan
 from cde.worker.sampler import adjust_logits, select_and_sample_adjusted
 from cde.worker.staging import HostCopy, Staging, to_host
 from cde.worker.steering import SteeringState, alpha_now, prepare_steering
-from cde.worker.step_inputs import StepInputBuilder, eligible_rows
+from cde.worker.step_inputs import StepInputBuilder, StepInputs, eligible_rows
 
 Items = tuple[PlannedItem, ...]  # a plan's items
 
@@ -191,17 +191,6 @@ class ModelRunner:
         logits = self._logits(hidden, inp.rows)
         adjusted = adjust_logits(logits, sb)
         positions, chosen, valid = select_and_sample_adjusted(adjusted, sb)
-        # The penalties count what a request unmasks. A grammar keeps a prefix of its request's
-        # picks, which only the host learns (worker/constraint.py): those are counted once placed.
-        counted = valid
-        constrained = [n for n, it in enumerate(step_items) if it.request.constrained]
-        if constrained and (sb.rep_penalty is not None or sb.rules is not None):
-            counted = valid.clone()
-            counted[constrained] = False
-        if sb.rep_penalty is not None:
-            slots = torch.where(counted, inp.slots[:, None], self.max_running)
-            self.seen[slots, chosen] = True
-        self.rules.record(sb.rules, inp.slots, chosen, counted)
         p = Pass(
             plan,
             steps,
@@ -223,7 +212,24 @@ class ModelRunner:
             p.attribution = self._attribute(
                 hidden, [steps[n] for n in p.attributed], p.attributed, logits, sb.grid, positions, chosen
             )
+        self._count_picks(step_items, inp, chosen, valid)  # last: a launch that raises counts nothing
         return p
+
+    def _count_picks(
+        self, step_items: list[PlannedItem], inp: StepInputs, chosen: torch.Tensor, valid: torch.Tensor
+    ) -> None:
+        """The penalties count what a request unmasks. A grammar keeps a prefix of its request's
+        picks, which only the host learns (worker/constraint.py): those are counted once placed."""
+        sb = inp.sampling
+        counted = valid
+        constrained = [n for n, it in enumerate(step_items) if it.request.constrained]
+        if constrained and (sb.rep_penalty is not None or sb.rules is not None):
+            counted = valid.clone()
+            counted[constrained] = False
+        if sb.rep_penalty is not None:
+            slots = torch.where(counted, inp.slots[:, None], self.max_running)
+            self.seen[slots, chosen] = True
+        self.rules.record(sb.rules, inp.slots, chosen, counted)
 
     def picks(self, p: Pass) -> list[Picks]:
         """Per step item of the pass: the positions it unmasked and their tokens. Waits for its selection."""

@@ -61,30 +61,35 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}  # the running requests
+        self._live: dict[str, Sequence] = {}  # the waiting and running requests, by id
         self._free_slots = list(range(max_running - 1, -1, -1))
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest, constraint: Constraint | None = None) -> Sequence:
-        """Queue a request (constraint: its grammar's matcher, when constrained)."""
+        """Queue a request (constraint: its grammar's matcher, when constrained). An id in flight is
+        refused: a second request under it would share the first one's pages and results."""
+        if req.request_id in self._live:
+            raise ValueError(f"request id {req.request_id[:100]!r} is already in flight")
         seq = Sequence(req, None if req.ignore_eos else self.eot_id, constraint)  # ignore_eos: EOT is a plain token
         if seq.n_blocks > self.pages.num_pages:
             raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
         if self.prefix_cache is not None:
             seq.page_keys = self.prefix_cache.keys(req.prompt_ids)
         self.waiting.append(seq)
+        self._live[seq.id] = seq
         return seq
 
     def abort(self, request_id: str) -> bool:
-        for seq in list(self.waiting):
-            if seq.id == request_id:
-                self.waiting.remove(seq)
-                seq.status = Status.FINISHED
-                return True
-        for seq in self.running:
-            if seq.id == request_id:
-                self._finish(seq, "abort")
-                return True
-        return False
+        seq = self._live.get(request_id)
+        if seq is None:
+            return False
+        if seq.status is Status.RUNNING:
+            self._finish(seq, "abort")
+        else:
+            self.waiting.remove(seq)
+            seq.status = Status.FINISHED
+            del self._live[request_id]
+        return True
 
     def end(self, seq: Sequence, reason: str) -> bool:
         """End a running request now (an error, a stop string found after its next pass was
@@ -102,20 +107,29 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def may_admit(self) -> bool:
-        """A waiting request may take a free slot at the next schedule."""
-        return bool(self.waiting and self._free_slots)
+        """The next schedule admits a waiting request (as things stand: a request that ends frees
+        its slot and pages only once its picks are placed)."""
+        return self._next_admission() is not None
 
     # ---- schedule -------------------------------------------------------------------------
+    def _next_admission(self) -> tuple[Sequence, list[int]] | None:
+        """The waiting request a free slot goes to now, with its prompt's cached pages; None when
+        no slot is free, every waiting client is at its cap, or the chosen one's pages do not fit."""
+        if not self.waiting or not self._free_slots:
+            return None
+        seq = self.fair.pick(self.waiting)
+        if seq is None:
+            return None
+        shared = self.prefix_cache.match(seq.page_keys) if self.prefix_cache is not None else []
+        # The chosen one waits for pages rather than be passed by smaller ones: no starvation.
+        if not self.pages.can_allocate(seq.n_blocks, shared):
+            return None
+        return seq, shared
+
     def _admit(self) -> list[Sequence]:
         admitted = []
-        while self.waiting and self._free_slots:
-            seq = self.fair.pick(self.waiting)
-            if seq is None:
-                break
-            shared = self.prefix_cache.match(seq.page_keys) if self.prefix_cache is not None else []
-            # The chosen one waits for pages rather than be passed by smaller ones: no starvation.
-            if not self.pages.can_allocate(seq.n_blocks, shared):
-                break
+        while (admission := self._next_admission()) is not None:
+            seq, shared = admission
             self.waiting.remove(seq)
             self.fair.admitted(seq)
             seq.pages = self.pages.allocate(seq.id, seq.n_blocks, shared)
@@ -296,6 +310,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+        del self._live[seq.id]
         self.running.remove(seq)
         del self._by_slot[seq.slot]
         self.fair.finished(seq)

@@ -18,7 +18,7 @@ A peer on the worker port need not be our gateway: no frame may end either threa
 decodes only small frames (a Ping is ~30 bytes) and hands large ones undecoded to the engine
 thread, so that no request, however heavy, delays a heartbeat; every frame and message is
 handled under its own `except`, and a request is checked against the model's bounds (and for a
-request id already in flight) before the engine sees it.
+request id already in flight) before it queues.
 """
 
 from __future__ import annotations
@@ -247,11 +247,8 @@ class WorkerServer:
     def _admit(self, peer: bytes, req: GenerateRequest) -> None:
         rid = clip(req.request_id, 100)
         try:
-            # A second request under an id in flight would share its pages and results: refused
-            # alone, before the engine (whose step would fail for every request it runs).
-            if req.request_id in self.owner:
-                raise ValueError(f"request id {rid!r} is already in flight")
-            self.engine.add_request(req)  # checks every field first (shared/request_bounds.py)
+            # Checks every field first (shared/request_bounds.py), and refuses an id in flight.
+            self.engine.add_request(req)
         except Exception as exc:
             if isinstance(exc, ValueError):
                 error = clip(str(exc), LOG_CHARS)

@@ -52,3 +52,19 @@ def test_a_clients_slots_come_back_when_its_requests_end():
     assert _admitted(s) == []  # two slots free, but a is at its cap
     assert s.abort("a0")
     assert _admitted(s) == ["a2"]
+
+
+def test_a_client_at_its_cap_lets_the_next_pass_plan_ahead():
+    """Async scheduling stops only for an admission the next pass makes: not while the waiting
+    client is at its cap, nor while the one whose turn it is waits for pages."""
+    s = _scheduler(4, 2)
+    _add(s, "a", 3)
+    assert _admitted(s) == ["a0", "a1"] and not s.may_admit()
+    _add(s, "b", 1)
+    assert s.may_admit() and _admitted(s) == ["b0"] and not s.may_admit()
+    short = Scheduler(4, 4, 256, eot_id=None)
+    short.add(GenerateRequest("big", [1] * 64, max_tokens=128))  # 3 of the 4 pages
+    short.schedule()
+    short.add(GenerateRequest("late", [], max_tokens=65))  # 2 pages
+    assert not short.may_admit()
+    assert short.abort("big") and short.may_admit()

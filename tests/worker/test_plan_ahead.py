@@ -8,6 +8,7 @@ from cde.shared.config import EOT_ID, MASK_ID, PAGE
 from cde.shared.grammar import json_schema_grammar
 from cde.shared.protocol import AttributionSpec, FlashBlockSpec, GenerateRequest, SteeringSpec
 from cde.worker.engine import Engine, EngineArgs
+from cde.worker.logprobs import LogprobsRunner
 from cde.worker.model_runner import ModelRunner
 from cde.worker.plan import Picks
 from cde.worker.plan_ahead import plan_ahead
@@ -247,6 +248,34 @@ def test_a_pass_ahead_that_fails_to_launch_is_planned_again_after_the_picks(tiny
     # The first pass and each one dropped (once, or twice when it was planned ahead of the pass in
     # flight too, at a step that completed attributed blocks) went after the picks.
     assert engine.passes_planned_ahead == engine.forward_passes - 1 - len(set(planted))
+
+
+def test_a_pass_ahead_that_fails_after_sampling_counts_no_pick_twice(tiny_dir, monkeypatch):
+    """Planted in the logprobs of the first launch planned ahead at a fifth step (after the picks
+    were sampled): the pass planned again counts its picks once, so the frequency penalty leaves
+    the tokens as they are without the fault."""
+    request = GenerateRequest(
+        "a", list(range(1000, 1010)), max_tokens=60, tokens_per_step=2, frequency_penalty=1.5, logprobs=0
+    )
+    ref, _ = _run(tiny_dir, [request], ahead=True)
+    launch, logprobs_launch = ModelRunner.launch, LogprobsRunner.launch
+    ahead_at_5, planted = [], []
+
+    def noting_launch(self, plan, after=None):
+        ahead_at_5[:] = [after is not None and any(it.step == 5 for it in plan.step_items)]
+        return launch(self, plan, after)
+
+    def failing_logprobs(self, *args):
+        if ahead_at_5[0] and not planted:
+            planted.append(True)
+            raise RuntimeError("planted fault after the picks were sampled")
+        return logprobs_launch(self, *args)
+
+    monkeypatch.setattr(ModelRunner, "launch", noting_launch)
+    monkeypatch.setattr(LogprobsRunner, "launch", failing_logprobs)
+    ours, _ = _run(tiny_dir, [request], ahead=True)
+    assert planted
+    _same(ours, ref)
 
 
 def test_the_pass_after_next_is_queued_while_completed_blocks_are_attributed(tiny_dir, monkeypatch):
