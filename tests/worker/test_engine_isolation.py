@@ -25,6 +25,19 @@ def official_tokens(tiny_dir) -> list[int]:
     return official_generator(tiny_dir).generate_full(torch.tensor([PROMPT]), cfg).tokens[len(PROMPT) :].tolist()
 
 
+def _tokens_and_ends(engine: Engine) -> tuple[dict[str, list[int]], dict[str, list[BlockResult]]]:
+    """Every request's tokens and its finished results (one each, when all is well), run to the end."""
+    tokens: dict[str, list[int]] = {}
+    ends: dict[str, list[BlockResult]] = {}
+    while engine.has_work():
+        for res in engine.step():
+            if isinstance(res, BlockResult):
+                tokens.setdefault(res.request_id, []).extend(res.token_ids)
+                if res.finished:
+                    ends.setdefault(res.request_id, []).append(res)
+    return tokens, ends
+
+
 def test_a_request_that_fails_its_pass_fails_alone(tiny_dir, official_tokens, monkeypatch):
     start, launch = ModelRunner.start, ModelRunner.launch
     marked: set[int] = set()  # the slot of the request whose prompt starts with LAUNCH_FAULT
@@ -45,31 +58,11 @@ def test_a_request_that_fails_its_pass_fails_alone(tiny_dir, official_tokens, mo
         engine.add_request(GenerateRequest(rid, PROMPT, max_tokens=N_NEW, tokens_per_step=PER_STEP))
     engine.step()  # a and b decode, then the faulty one joins them
     engine.add_request(GenerateRequest("faulty", [LAUNCH_FAULT, 1, 2], max_tokens=16))
-    tokens: dict[str, list[int]] = {"a": [], "b": [], "faulty": []}
-    ends: dict[str, BlockResult] = {}
-    while engine.has_work():
-        for res in engine.step():
-            if isinstance(res, BlockResult):
-                tokens[res.request_id] += res.token_ids
-                if res.finished:
-                    ends[res.request_id] = res
-    assert (ends["faulty"].finish_reason, ends["faulty"].error) == ("error", REQUEST_FAILED)
+    tokens, ends = _tokens_and_ends(engine)
+    assert [(r.finish_reason, r.error) for r in ends["faulty"]] == [("error", REQUEST_FAILED)]
     assert tokens["a"] == tokens["b"] == official_tokens
-    assert ends["a"].finish_reason == ends["b"].finish_reason == "length"
+    assert [r.finish_reason for r in ends["a"] + ends["b"]] == ["length", "length"]
     assert engine.stats().pages_used == 0
-
-
-def _tokens_and_ends(engine: Engine) -> tuple[dict[str, list[int]], dict[str, list[BlockResult]]]:
-    """Every request's tokens and its finished results (one each, when all is well), run to the end."""
-    tokens: dict[str, list[int]] = {}
-    ends: dict[str, list[BlockResult]] = {}
-    while engine.has_work():
-        for res in engine.step():
-            if isinstance(res, BlockResult):
-                tokens.setdefault(res.request_id, []).extend(res.token_ids)
-                if res.finished:
-                    ends.setdefault(res.request_id, []).append(res)
-    return tokens, ends
 
 
 def _penalized() -> GenerateRequest:
