@@ -203,7 +203,9 @@ class WorkerLink:
             self.mark_down(f"speaks protocol {hb.protocol_version}, gateway speaks {PROTOCOL_VERSION}")
             return
         if self.heartbeat is not None and hb.boot_id != self.heartbeat.boot_id:
-            self.fail_all(f"{self.name} restarted; the request was lost")
+            # Requests sent while the old process lay dead reach the new one on its connect: told
+            # to stop, it does not run them for clients that got their error.
+            self.fail_all(f"{self.name} restarted; the request was lost", abort=True)
         self.heartbeat = hb
         self.model = ModelInfo.from_heartbeat(hb)
         self.last_seen = time.monotonic()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
-from tests.cde_procs import wait_for
+from tests.cde_procs import Gateway, TinyWorker, wait_for
 
 HEARTBEAT_TIMEOUT, SHUTDOWN_TIMEOUT = 2, 3
 ORIGIN = "https://app.example"  # --allowed-origins
@@ -194,3 +194,29 @@ async def test_late_worker_and_restarted_worker_are_admitted(tiny_dir):
             w.kill()
             w.wait()
         assert gateway.stop() == 0
+
+
+async def test_a_request_sent_to_a_dead_worker_is_not_run_by_its_restart(tiny_dir):
+    """Sent while the old process lies dead but is not yet seen as dead, the request waits in
+    the gateway's socket and reaches the new process when it connects; its client gets the error
+    of the restart, and the new process is told to stop it rather than run it to its length."""
+    first = TinyWorker(tiny_dir)
+    port = first.endpoint.rsplit(":", 1)[1]
+    gateway = Gateway("--worker", first.endpoint, "--served-model-name", "tiny", "--heartbeat-timeout", "60")
+    second = None
+    try:
+        gateway.wait_health(200, timeout=60)
+        first.proc.kill()
+        first.proc.wait()
+        url = gateway.url + "/v1/completions"
+        async with httpx.AsyncClient(timeout=120) as http, http.stream("POST", url, json=LONG) as r:
+            events = read_events(r)
+            second = TinyWorker(tiny_dir, port=int(port))
+            error = await asyncio.wait_for(anext(events), 90)
+            assert "restarted; the request was lost" in error["error"]["message"]
+        finished = second.wait_for(r'"msg": "request finished".*"finish_reason": "(\w+)"', timeout=60)
+        assert finished.group(1) == "abort"
+    finally:
+        for p in (gateway, first, second):
+            if p is not None:
+                p.stop()
