@@ -39,6 +39,7 @@ class Router:
         *,
         heartbeat_interval: float = 0.5,
         heartbeat_timeout: float = 5.0,
+        engine_stall_timeout: float = 60.0,
         max_queue: int = 256,
         max_queued_per_client: int = 128,
         curve: CurveClient | None = None,
@@ -54,6 +55,7 @@ class Router:
         self.processes = processes or [None] * len(endpoints)
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
+        self.engine_stall_timeout = engine_stall_timeout
         self.max_queue = max_queue  # requests a worker may hold beyond max_running before we shed load
         self.max_queued_per_client = max_queued_per_client  # in flight, over all workers: no client fills the queue
         self.curve = curve
@@ -133,7 +135,8 @@ class Router:
             late = max(time.monotonic() - slept - self.heartbeat_interval, 0.0)
             for link in self.links:
                 link.last_seen += late
-                link.check(self.heartbeat_timeout)
+                link.progress_seen += late
+                link.check(self.heartbeat_timeout, self.engine_stall_timeout)
                 if link.exit_code() is None:
                     link.ping()
             if self.catalogs is not None:

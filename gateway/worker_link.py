@@ -106,6 +106,7 @@ class WorkerLink:
         self.model: ModelInfo | None = None  # what it serves, as the routes read it
         self.alive = False
         self.last_seen = -math.inf
+        self.progress_seen = -math.inf  # when its engine_beats last moved
         self.down_reason: str | None = "not connected yet"
         self._tasks: list[asyncio.Task] = []
 
@@ -206,10 +207,14 @@ class WorkerLink:
             # Requests sent while the old process lay dead reach the new one on its connect: told
             # to stop, it does not run them for clients that got their error.
             self.fail_all(f"{self.name} restarted; the request was lost", abort=True)
+        moved = self.heartbeat is None or hb.engine_beats != self.heartbeat.engine_beats
         self.heartbeat = hb
         self.model = ModelInfo.from_heartbeat(hb)
         self.last_seen = time.monotonic()
-        if not self.alive and self.exit_code() is None:
+        if moved:
+            self.progress_seen = self.last_seen
+        # Answered Pings alone do not bring back a worker whose engine is stuck: its engine moves.
+        if not self.alive and moved and self.exit_code() is None:
             log.info("%s is up (%s, %d running)", self.name, hb.model, hb.running)
             self.alive, self.down_reason = True, None
 
@@ -217,12 +222,15 @@ class WorkerLink:
     def exit_code(self) -> int | None:
         return self.process.poll() if self.process is not None else None
 
-    def check(self, timeout: float) -> None:
+    def check(self, timeout: float, stall_timeout: float) -> None:
         code = self.exit_code()
+        now = time.monotonic()
         if code is not None:
             self.mark_down(f"process exited with code {code}")
-        elif self.alive and time.monotonic() - self.last_seen > timeout:
+        elif self.alive and now - self.last_seen > timeout:
             self.mark_down(f"no heartbeat for {timeout:g}s")
+        elif self.alive and now - self.progress_seen > stall_timeout:
+            self.mark_down(f"its engine made no progress for {stall_timeout:g}s (a hung device or a stuck step)")
 
     def mark_down(self, reason: str) -> None:
         if self.alive:

@@ -21,7 +21,9 @@ from cde.shared.packed_attribution import PackedAttribution
 # 10: BlockResult.cached_tokens, Heartbeat's prefix cache figures
 # 11: Heartbeat.device_idle_ms
 # 12: PrefixResult.cached_tokens
-PROTOCOL_VERSION = 14
+# 13: BlockResult.end_position; 14: GenerateRequest.include_stop_str_in_output
+# 15: Heartbeat.engine_beats
+PROTOCOL_VERSION = 15
 
 
 @dataclass
@@ -251,6 +253,10 @@ class Heartbeat:
     refused_frames: int = 0  # dropped unread past the worker's inbox budget (worker/inbox_budget.py)
     catalog_digest: str = ""  # sha256 of the worker's concept catalog file ("": it has none)
     catalog_bytes: int = 0  # its size: a gateway fetches it in CatalogParts
+    # Heartbeats the engine thread has built: at least one each 0.1 s while its loop runs. The
+    # I/O thread answers Pings on its own, so a count that stands still while Pings are answered
+    # says the engine is stuck (a hung device, a step that never ends).
+    engine_beats: int = 0
     protocol_version: int = PROTOCOL_VERSION
 
 

@@ -6,21 +6,26 @@ A request whose prompt starts with LAUNCH_FAULT makes the launch of any pass hol
 steps raise (a bug in building the pass); one whose prompt starts with SYNC_FAULT makes reading
 the picks of such a pass raise, where a CUDA device error surfaces (the first wait on the pass);
 one whose prompt starts with ADMIT_FAULT makes its admission raise a KeyError (a bug in checking
-a field, not a ValueError refusal).
+a field, not a ValueError refusal); the first launch of a pass holding a step of one whose prompt
+starts with STALL_FAULT holds the engine thread for STALL_S (a hung device), while the I/O thread
+answers Pings.
 Nothing else differs from `cde worker`: real engine, real ZeroMQ server, real process.
 """
 
 import sys
+import time
 
 from cde.worker.engine import Engine
 from cde.worker.model_runner import ModelRunner
 
-LAUNCH_FAULT, SYNC_FAULT, ADMIT_FAULT = 99_991, 99_992, 99_993
+LAUNCH_FAULT, SYNC_FAULT, ADMIT_FAULT, STALL_FAULT = 99_991, 99_992, 99_993, 99_994
+STALL_S = 10.0
 
 
 # The runner sees plans, not prompts: the slots whose request's prompt starts with a fault token,
 # noted when the request takes its slot.
 _marked: dict[int, int] = {}
+_stalled: list[bool] = []  # once per process
 
 
 def _faulty(plan, token: int) -> bool:
@@ -37,6 +42,9 @@ def _plant() -> None:
     def failing_launch(self, plan, after=None):
         if _faulty(plan, LAUNCH_FAULT):
             raise RuntimeError("planted fault while launching a pass")
+        if _faulty(plan, STALL_FAULT) and not _stalled:
+            _stalled.append(True)
+            time.sleep(STALL_S)
         return launch(self, plan, after)
 
     def failing_picks(self, p):

@@ -152,6 +152,7 @@ class WorkerServer:
         self._steps_per_s = 0.0
         self._heartbeat_at = 0.0
         self._heartbeat_frame = b""  # the reply to a Ping, encoded by the engine thread
+        self._beats = 0  # of them (Heartbeat.engine_beats)
         self._refresh_heartbeat(force=True)
 
     def request_stop(self, *_: object) -> None:
@@ -315,6 +316,7 @@ class WorkerServer:
         now = time.monotonic()
         if force or now - self._heartbeat_at >= HEARTBEAT_REFRESH_S:
             self._heartbeat_at = now
+            self._beats += 1
             self._heartbeat_frame = encode(self._heartbeat())
 
     # ---- I/O thread ---------------------------------------------------------------------------
@@ -408,6 +410,7 @@ class WorkerServer:
             refused_frames=self.inbox_budget.refused,
             catalog_digest=self.catalog.digest if self.catalog else "",
             catalog_bytes=len(self.catalog.data) if self.catalog else 0,
+            engine_beats=self._beats,
         )
 
 

@@ -52,6 +52,14 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds without a heartbeat before a worker counts as dead",
     )
     p.add_argument(
+        "--engine-stall-timeout",
+        type=positive_seconds,
+        default=60.0,
+        help="seconds a worker's engine may go without progress (one forward pass, on a hung device: "
+        "forever) while its I/O thread still answers, before its requests fail and it counts as down "
+        "until it moves again; raise it above the longest pass (a large model on the CPU)",
+    )
+    p.add_argument(
         "--routing",
         default="prefix",
         choices=["prefix", "least-loaded", "round-robin"],
@@ -189,6 +197,7 @@ def build_state(
         endpoints,
         processes,
         heartbeat_timeout=args.heartbeat_timeout,
+        engine_stall_timeout=args.engine_stall_timeout,
         max_queue=args.max_queue,
         max_queued_per_client=args.max_queued_per_client,
         routing=args.routing,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.cde_procs import Gateway, TinyWorker
-from tests.faulty_worker import ADMIT_FAULT, LAUNCH_FAULT, SYNC_FAULT
+from tests.faulty_worker import ADMIT_FAULT, LAUNCH_FAULT, STALL_FAULT, STALL_S, SYNC_FAULT
 
 N_NEW, PER_STEP = 64, 8
 PROMPT = torch.randint(0, 100000, (64,), generator=torch.Generator().manual_seed(11)).tolist()
@@ -28,7 +28,7 @@ def cluster(tiny_dir):
     gateway = None
     try:
         worker.wait_for("worker ready")
-        gateway = Gateway("--worker", worker.endpoint, "--heartbeat-timeout", "5")
+        gateway = Gateway("--worker", worker.endpoint, "--heartbeat-timeout", "5", "--engine-stall-timeout", "3")
         gateway.wait_health(200)
         yield worker, gateway
     finally:
@@ -158,3 +158,24 @@ async def test_failed_step_fails_every_request_in_flight_and_the_worker_keeps_se
     assert m["cde_worker_running_requests"] == 0
     # One failed step, not one per step from then on.
     assert worker.output.count("engine step failed") == failures + 1, worker.output
+
+
+async def test_a_stuck_engine_fails_its_requests_and_its_worker_is_back_once_it_moves(cluster, official_tokens):
+    """The engine thread held (a hung device) while the I/O thread answers every Ping: after
+    --engine-stall-timeout (3 s) its request fails, and the worker counts as down until its engine
+    moves again; then it is told to drop that request, and serves the next one exactly."""
+    worker, gateway = cluster
+    url = gateway.url + "/v1/completions"
+    async with httpx.AsyncClient(timeout=60) as http:
+        started = time.monotonic()
+        stuck = await http.post(url, json=body([STALL_FAULT, 1, 2], 16))
+        waited = time.monotonic() - started
+        assert stuck.status_code >= 500 and "made no progress for 3s" in stuck.json()["error"]["message"]
+        assert waited < STALL_S - 2  # failed by the gateway, not by the engine's coming back
+        for _ in range(20):  # its answered Pings do not bring it back while its engine stands still
+            assert gateway.health()[0] == 503
+            await asyncio.sleep(0.1)
+        gateway.wait_health(200, timeout=30)
+        after = await http.post(url, json=body(PROMPT, N_NEW, tokens_per_step=PER_STEP, return_token_ids=True))
+    assert after.status_code == 200 and after.json()["choices"][0]["token_ids"] == official_tokens
+    worker.wait_for(r'"msg": "request finished".*"finish_reason": "abort"', 10)
