@@ -53,6 +53,7 @@ class WorkerSettings:
     model_from_hub: bool = False  # the model was a Hub id: its catalog is fetched from the Hub too
     curve_secret_key: str | None = None
     curve_authorized_keys: str | None = None
+    gateway_timeout: float = 30.0  # seconds a gateway with requests here may be silent before they are dropped
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

@@ -126,8 +126,10 @@ class WorkerServer:
         bind: str | Listener,
         model_name: str | None = None,
         catalog: CatalogFile | None = None,
+        gateway_timeout: float = 30.0,
     ):
-        """`bind`: an endpoint to bind now (no CURVE), or a Listener bound before the engine loaded."""
+        """`bind`: an endpoint to bind now (no CURVE), or a Listener bound before the engine loaded;
+        `gateway_timeout`: how long a peer with requests here may be silent before they are dropped."""
         self.engine = engine
         self.catalog = catalog  # sent in parts to gateways that ask (CatalogQuery)
         self.model_name = model_name or Path(engine.args.model).resolve().name
@@ -146,6 +148,10 @@ class WorkerServer:
         # Concept queries past a step's share, answered in order at the next steps.
         self.deferred: collections.deque[tuple[bytes, object]] = collections.deque()
         self.owner: dict[str, bytes] = {}  # request id -> identity of the gateway that sent it
+        # Peer -> when its last frame came (the I/O thread writes, the engine thread reads and prunes).
+        self.heard: dict[bytes, float] = {}
+        self.gateway_timeout = gateway_timeout
+        self._silence_checked_at = 0.0
         self.stopping = False
         self._io_done = False
         self._rate_at = (time.monotonic(), 0)
@@ -181,6 +187,7 @@ class WorkerServer:
                     self._refresh_heartbeat(force=True)
                 collect_garbage()
                 self._refresh_heartbeat()
+                self._drop_silent_peers()
             self._fail_all("worker is shutting down")
         finally:
             gc.unfreeze()
@@ -266,6 +273,26 @@ class WorkerServer:
         )
         self.owner[req.request_id] = peer
 
+    def _drop_silent_peers(self) -> None:
+        """Abort the requests of peers silent past `gateway_timeout` (a gateway Pings twice a
+        second: one that crashed or restarted leaves no client to read them), and forget every
+        silent peer. Checked once a second."""
+        now = time.monotonic()
+        if now - self._silence_checked_at < 1.0:
+            return
+        self._silence_checked_at = now
+        silent = {peer for peer, at in list(self.heard.items()) if now - at > self.gateway_timeout}
+        for peer in silent:
+            self.heard.pop(peer, None)
+        for rid, peer in list(self.owner.items()):
+            if peer in silent:
+                self.engine.abort(rid)
+                del self.owner[rid]
+                log.warning("request dropped: its gateway went silent", extra={"request_id": clip(rid, 100)})
+                _log_finished(rid, "abort")
+        if silent:
+            self._refresh_heartbeat(force=True)
+
     def _concept_info(self, query: ConceptQuery) -> ConceptInfo:
         # On the engine thread: it owns the model and the device.
         try:
@@ -344,6 +371,7 @@ class WorkerServer:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.heard[parts[0]] = time.monotonic()
             try:
                 self._route(*parts)
             except WireError as exc:
@@ -422,9 +450,13 @@ def collect_garbage() -> None:
 
 
 def run_worker(
-    engine: Engine, listener: Listener, model_name: str | None = None, catalog: CatalogFile | None = None
+    engine: Engine,
+    listener: Listener,
+    model_name: str | None = None,
+    catalog: CatalogFile | None = None,
+    gateway_timeout: float = 30.0,
 ) -> None:
-    server = WorkerServer(engine, listener, model_name, catalog)
+    server = WorkerServer(engine, listener, model_name, catalog, gateway_timeout)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
     curve = ", CURVE" if listener.auth else ""

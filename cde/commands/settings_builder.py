@@ -55,6 +55,7 @@ def worker_settings(args: argparse.Namespace, engine: EngineArgs, served: str | 
         model_from_hub=getattr(args, "model_from_hub", False),
         curve_secret_key=args.curve_secret_key,
         curve_authorized_keys=args.curve_authorized_keys,
+        gateway_timeout=args.gateway_timeout,
     )
 
 

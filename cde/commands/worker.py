@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from cde.cli_types import ENDPOINT_FORMS, kv_splits, positive_int
+from cde.cli_types import ENDPOINT_FORMS, kv_splits, positive_int, positive_seconds
 from cde.commands.model_args import add_model_arguments, resolve_model_args
 from cde.commands.settings_builder import (
     ASYNC_SCHEDULING_FLAGS,
@@ -65,6 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE|DIR",
         help="public keys (NAME.key) of the gateways allowed to connect: one file, or every *.key in DIR "
         "(default: none)",
+    )
+    p.add_argument(
+        "--gateway-timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds a gateway may send nothing (a gateway Pings twice a second) before the requests it sent "
+        "here are dropped: one that crashed or restarted is waited for by no client",
     )
     p.add_argument(
         "--concept-labels",
@@ -301,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     # From the process's start: imports, weights, compilation and graph capture.
     ready_s = time.monotonic() - STARTED
     logging.getLogger("cde.worker").info("ready in %.1f s", ready_s, extra={"ready_s": round(ready_s, 3)})
-    run_worker(engine, listen(settings.bind, curve), settings.served_model_name, catalog)
+    run_worker(engine, listen(settings.bind, curve), settings.served_model_name, catalog, settings.gateway_timeout)
     # Sockets are closed and results sent; tearing down the torch interpreter would only add
     # more than a second to every shutdown.
     sys.stdout.flush()

@@ -285,3 +285,30 @@ def test_sigusr1_writes_every_threads_stack_and_the_worker_serves_on(worker, pee
     worker.wait_for(r"Thread 0x[0-9a-f]+ \(most recent call first\)", timeout=30)
     worker.wait_for(r'File ".*zmq_server\.py", line \d+ in _io_loop', timeout=30)
     assert heartbeat(peers()).model == "tiny"
+
+
+def test_the_requests_of_a_gateway_gone_silent_are_dropped(tiny_dir):
+    """A gateway that crashed sends nothing more: past --gateway-timeout its requests stop (no
+    client reads them), while those of a gateway that keeps Pinging run on."""
+    w = TinyWorker(tiny_dir, "--gateway-timeout", "2")
+    ctx = zmq.Context.instance()
+    gone, live = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        w.wait_for("worker ready")
+        for sock in (gone, live):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(w.endpoint)
+        gone.send(encode(GenerateRequest("orphan", [1, 2, 3], max_tokens=900, tokens_per_step=1, ignore_eos=True)))
+        live.send(encode(GenerateRequest("kept", [4, 5, 6], max_tokens=900, tokens_per_step=1, ignore_eos=True)))
+        orphan_ended = r'"request finished".*"request_id": "orphan".*"finish_reason": "(\w+)"'
+        deadline = time.monotonic() + 60
+        while not re.search(orphan_ended, w.output):  # the live gateway Pings as a gateway does
+            assert time.monotonic() < deadline, w.output[-4000:]
+            heartbeat(live)
+            time.sleep(0.5)
+        assert re.search(orphan_ended, w.output).group(1) == "abort"
+        assert heartbeat(live).running == 1  # heard all along: "kept" runs on
+    finally:
+        for sock in (gone, live):
+            sock.close()
+        assert w.stop() == 0, w.output[-4000:]
