@@ -44,7 +44,7 @@ async def create_chat_completion(request: Request) -> Response:
                 "whole answer from its start, not the rest of a message",
                 "continue_final_message",
             )
-        await check_grammar(*constraint, info)
+        await check_grammar(*constraint, info, request)
     prompt = truncated(
         await encode_chat(
             tok,

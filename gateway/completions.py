@@ -58,7 +58,7 @@ async def create_completion(request: Request) -> Response:
         else None
     )
     if constraint is not None:
-        await check_grammar(*constraint, info)
+        await check_grammar(*constraint, info, request)
     gen = await start_generation(
         state, body, prompts, body.max_tokens, info, tok, cmpl_id, client_identity(request), constraint
     )

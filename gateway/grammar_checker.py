@@ -4,8 +4,14 @@ llguidance compiles a long forced literal in time quadratic in its length, outsi
 (a regex `a{300000}`: 21 s). On a thread such a compile would run on after its request got its
 400, holding a core and an executor thread; a child process that overruns is killed and replaced,
 so one request costs at most CHECK_TIMEOUT_S of one checker. CHECKERS children, started when the
-first grammar comes; checks beyond them wait their turn on the checkers' own threads, never on the
-event loop's default executor (concept search, tokenizing).
+first grammar comes, on threads of their own, never on the event loop's default executor (concept
+search, tokenizing).
+
+Checks beyond the checkers wait their turn on the event loop, one line per client taken in turn, so
+one client's slow grammars delay another's check by the checks running, not by its whole line.
+The lines are bounded (MAX_PENDING in all, MAX_PENDING_PER_CLIENT from one client; more are
+refused at once: CheckersBusy), and a check whose requester stopped waiting (its task cancelled:
+the client hung up) leaves its line without ever being run.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import multiprocessing
 import queue
 import signal
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
@@ -25,6 +32,12 @@ CHECKERS = 2
 CHECK_TIMEOUT_S = 2.0
 START_TIMEOUT_S = 60.0  # a child's start and its tokenizer's tables (~0.7 s), not the grammar's time
 STARTED = ""  # the child's word that its tokenizer is ready and the compile begins
+# Checks waiting or running. One client may hold half of them: a batch of 32 requests with
+# schemas, sent at once, is taken whole even while the checkers start (~1.4 s, when every check
+# waits). The turns between clients, not these bounds, keep one client's slow grammars from
+# delaying another's check; the bounds cap what the line holds, and so the longest wait in it.
+MAX_PENDING = 32 * CHECKERS
+MAX_PENDING_PER_CLIENT = MAX_PENDING // 2
 
 
 def _serve(conn: Connection) -> None:
@@ -74,16 +87,110 @@ class _Child:
         self.conn.close()
 
 
+class CheckersBusy(Exception):
+    """A check refused at once, without waiting: too many pending, in all or from its client.
+    `code`: the OpenAI error code (the router's, for its own queue bounds)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class GrammarChecker:
-    def __init__(self, checkers: int = CHECKERS) -> None:
+    def __init__(
+        self,
+        checkers: int = CHECKERS,
+        max_pending: int = MAX_PENDING,
+        max_pending_per_client: int = MAX_PENDING_PER_CLIENT,
+    ) -> None:
         self._pool = ThreadPoolExecutor(checkers, thread_name_prefix="cde-grammar")
         self._children: queue.SimpleQueue[_Child | None] = queue.SimpleQueue()
         for _ in range(checkers):  # one per pool thread, started on first use
             self._children.put(None)
+        self._max_pending, self._max_per_client = max_pending, max_pending_per_client
+        self._idle = checkers  # checkers without a check (touched on the event loop only)
+        self._pending: Counter[str] = Counter()  # checks waiting or running, by client
+        # A line of turns per client, in the order the clients are served (dicts keep insertion order).
+        self._lines: dict[str, deque[asyncio.Future[None]]] = {}
 
-    async def error(self, grammar: str, instruct: bool, vocab_size: int) -> str:
-        """Why the grammar cannot be used ("" when it can), within CHECK_TIMEOUT_S of a checker."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._check, grammar, instruct, vocab_size)
+    async def error(self, grammar: str, instruct: bool, vocab_size: int, client: str = "") -> str:
+        """Why the grammar cannot be used ("" when it can), within CHECK_TIMEOUT_S of a checker once
+        its turn comes. `client`: whose share of the line the check takes (gateway/client_identity.py).
+        Raises CheckersBusy when the line is full."""
+        self._admit(client)
+        self._pending[client] += 1
+        try:
+            await self._turn(client)
+        except asyncio.CancelledError:
+            self._done(client)
+            raise
+        return await self._run(grammar, instruct, vocab_size, client)
+
+    def _admit(self, client: str) -> None:
+        if self._pending[client] >= self._max_per_client:
+            raise CheckersBusy(
+                f"too many grammars from this client waiting for a check (at most {self._max_per_client}): "
+                "wait for some to be answered",
+                "client_overloaded",
+            )
+        if self._pending.total() >= self._max_pending:
+            raise CheckersBusy(
+                f"server overloaded: {self._max_pending} grammars are waiting for a check, retry later",
+                "overloaded",
+            )
+
+    async def _turn(self, client: str) -> None:
+        """Until a checker is this check's; a cancelled wait gives up its place, or the turn it got."""
+        if self._idle:  # then no line waits
+            self._idle -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._lines.setdefault(client, deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.cancelled():
+                self._leave(client, turn)
+            else:  # given the turn as its requester left: the next one takes it
+                self._pass_turn()
+            raise
+
+    def _leave(self, client: str, turn: asyncio.Future[None]) -> None:
+        line = self._lines.get(client)
+        if line is not None and turn in line:
+            line.remove(turn)
+            if not line:
+                del self._lines[client]
+
+    def _pass_turn(self) -> None:
+        """A checker is free: the oldest turn of the next client in line gets it; that client goes to
+        the back. Turns cancelled since (their task not run yet to leave) are passed over."""
+        while self._lines:
+            client, line = next(iter(self._lines.items()))
+            turn = line.popleft()
+            del self._lines[client]
+            if line:
+                self._lines[client] = line
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._idle += 1
+
+    def _finished(self, client: str) -> None:
+        self._done(client)
+        self._pass_turn()
+
+    def _done(self, client: str) -> None:
+        self._pending[client] -= 1
+        if not self._pending[client]:
+            del self._pending[client]
+
+    async def _run(self, grammar: str, instruct: bool, vocab_size: int, client: str) -> str:
+        job = self._pool.submit(self._check, grammar, instruct, vocab_size)
+        loop = asyncio.get_running_loop()
+        # The checker is free when its check ends, not when its requester stops waiting for it.
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._finished, client))
+        return await asyncio.wrap_future(job)
 
     def _check(self, grammar: str, instruct: bool, vocab_size: int) -> str:
         child = self._children.get()

@@ -8,15 +8,20 @@ it. The bounds on what one grammar may cost are in shared/grammar.py (docs/secur
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
+from collections.abc import Awaitable
 from typing import Any
 
-from cde.gateway.errors import invalid
-from cde.gateway.grammar_checker import GrammarChecker
+from cde.gateway.client_identity import client_identity
+from cde.gateway.errors import ApiError, invalid
+from cde.gateway.grammar_checker import CheckersBusy, GrammarChecker
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs
 from cde.shared.grammar import MAX_SCHEMA_CHARS, json_schema_grammar, lark_grammar
+from starlette.requests import Request
 
 CHECKER = GrammarChecker()
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -80,9 +85,39 @@ def _regex_body(regex: str, param: str) -> str:
     return regex.replace("/", "\\/")
 
 
-async def check_grammar(grammar: str, param: str, info: ModelInfo) -> None:
+async def check_grammar(grammar: str, param: str, info: ModelInfo, request: Request) -> None:
     """400 naming `param` unless the worker will be able to use the grammar: compiled, with its
-    first mask, in a checker process killed past its time bound (gateway/grammar_checker.py)."""
-    error = await CHECKER.error(grammar, info.instruct, info.vocab_size)
+    first mask, in a checker process killed past its time bound (gateway/grammar_checker.py).
+    429 when too many checks are waiting, in all or from the request's client; a check whose
+    client hangs up while it waits is dropped."""
+    try:
+        check = CHECKER.error(grammar, info.instruct, info.vocab_size, client_identity(request))
+        error = await _while_connected(request, check)
+    except CheckersBusy as exc:
+        raise ApiError(429, f"{param}: {exc}", param, exc.code, {"Retry-After": "1"}) from None
     if error:
         raise invalid(f"{param}: {error}", param)
+
+
+async def _while_connected(request: Request, check: Awaitable[str]) -> str:
+    """The check's answer; if the client hangs up first, the check is cancelled (it leaves its
+    line, or, running, ends unread) and the request ends with a 499 nobody receives. Starlette
+    does not cancel a handler whose client left, so without this a line of abandoned checks would
+    all run."""
+    task = asyncio.ensure_future(check)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # nothing once it has its answer
+    if not task.done():  # the client left first
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ApiError(499, "the client closed the request while its grammar waited for a check")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

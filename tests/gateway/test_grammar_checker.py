@@ -5,7 +5,7 @@ import multiprocessing
 import time
 
 import pytest
-from cde.gateway.grammar_checker import CHECK_TIMEOUT_S, GrammarChecker
+from cde.gateway.grammar_checker import CHECK_TIMEOUT_S, CheckersBusy, GrammarChecker
 from cde.shared.grammar import lark_grammar
 
 # Compiles for ~20 s on one core: a forced literal of 300,000 bytes (quadratic in llguidance).
@@ -114,3 +114,34 @@ def test_a_checker_that_fails_to_start_gives_its_slot_back(monkeypatch):
         assert asyncio.run(run()) == "" and len(calls) == 2
     finally:
         checker.close()
+
+
+def test_turns_go_client_by_client_within_bounds_and_a_cancelled_check_never_runs():
+    """One checker, checks standing in for grammars: a client's checks beyond its share, and any
+    beyond the line's bound, are refused at once; b's check waits for a's running one, not for
+    a's whole line; c's, cancelled while it waits (its client hung up), is never run."""
+    checker = GrammarChecker(1, max_pending=5, max_pending_per_client=3)
+    ran: list[str] = []
+
+    def check(grammar: str, instruct: bool, vocab_size: int) -> str:
+        ran.append(grammar)
+        time.sleep(0.05)
+        return ""
+
+    checker._check = check  # type: ignore[method-assign]
+
+    async def run() -> list[object]:
+        names = ["a1", "a2", "a3", "a4", "b1", "c1", "d1"]
+        tasks = {n: asyncio.create_task(checker.error(n, True, VOCAB, n[0])) for n in names}
+        await asyncio.sleep(0)  # each has asked for its turn, in order
+        tasks["c1"].cancel()
+        return await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    try:
+        a1, a2, a3, a4, b1, c1, d1 = asyncio.run(run())
+    finally:
+        checker.close()
+    assert [a1, a2, a3, b1] == ["", "", "", ""] and isinstance(c1, asyncio.CancelledError)
+    assert isinstance(a4, CheckersBusy) and a4.code == "client_overloaded"
+    assert isinstance(d1, CheckersBusy) and d1.code == "overloaded"
+    assert ran == ["a1", "a2", "b1", "a3"]
