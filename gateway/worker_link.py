@@ -207,7 +207,10 @@ class WorkerLink:
             # Requests sent while the old process lay dead reach the new one on its connect: told
             # to stop, it does not run them for clients that got their error.
             self.fail_all(f"{self.name} restarted; the request was lost", abort=True)
-        moved = self.heartbeat is None or hb.engine_beats != self.heartbeat.engine_beats
+        moved = self.heartbeat is None or (hb.boot_id, hb.engine_beats) != (
+            self.heartbeat.boot_id,
+            self.heartbeat.engine_beats,
+        )
         self.heartbeat = hb
         self.model = ModelInfo.from_heartbeat(hb)
         self.last_seen = time.monotonic()

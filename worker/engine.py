@@ -114,6 +114,10 @@ class Engine:
         rules the gateway checks too, before the server's defaults fill in (the flags have their
         own check); else queue it."""
         check_generate_request(req, self.cfg, input_attribution=self.args.quantization != "fp8")
+        # Until its last result is out, a second request under its id would share its pages and
+        # results (and its sender would get the first one's end).
+        if self.scheduler.in_flight(req.request_id) or self.outputs.holds(req.request_id):
+            raise ValueError(f"request id {req.request_id[:100]!r} is already in flight")
         if req.flashblock is None:
             req.flashblock = self.args.flashblock
         if req.seed is None:

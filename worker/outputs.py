@@ -51,6 +51,10 @@ class OutputStage:
         """A request was queued (input attribution follows the ones that ask)."""
         self.input_attribution.track(seq)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the stage holds results of the request still to send (its scheduler end came first)."""
+        return request_id in self.block_attribution or request_id in self.input_attribution.requests
+
     def abort(self, request_id: str) -> bool:
         """Drop whatever the stage holds of the request; True when it held something."""
         attributed = self.block_attribution.pop(request_id, None) is not None

@@ -66,10 +66,8 @@ class Scheduler:
 
     # ---- requests in / out --------------------------------------------------------------
     def add(self, req: GenerateRequest, constraint: Constraint | None = None) -> Sequence:
-        """Queue a request (constraint: its grammar's matcher, when constrained). An id in flight is
-        refused: a second request under it would share the first one's pages and results."""
-        if req.request_id in self._live:
-            raise ValueError(f"request id {req.request_id[:100]!r} is already in flight")
+        """Queue a request (constraint: its grammar's matcher, when constrained) whose id is not in
+        flight (the engine checks: `in_flight`)."""
         seq = Sequence(req, None if req.ignore_eos else self.eot_id, constraint)  # ignore_eos: EOT is a plain token
         if seq.n_blocks > self.pages.num_pages:
             raise ValueError(f"request needs {seq.n_blocks} KV pages, the cache has {self.pages.num_pages}")
@@ -78,6 +76,10 @@ class Scheduler:
         self.waiting.append(seq)
         self._live[seq.id] = seq
         return seq
+
+    def in_flight(self, request_id: str) -> bool:
+        """Waiting or running."""
+        return request_id in self._live
 
     def abort(self, request_id: str) -> bool:
         seq = self._live.get(request_id)

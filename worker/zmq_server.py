@@ -152,6 +152,8 @@ class WorkerServer:
         self.heard: dict[bytes, float] = {}
         self.gateway_timeout = gateway_timeout
         self._silence_checked_at = 0.0
+        # When the I/O thread last began to wait: every frame that came before was read by then.
+        self._listening_since = time.monotonic()
         self.stopping = False
         self._io_done = False
         self._rate_at = (time.monotonic(), 0)
@@ -176,6 +178,8 @@ class WorkerServer:
         try:
             while not self.stopping:
                 if not io.is_alive():  # deaf and mute, yet holding the device: exit, so it is seen
+                    for s in (self.sock, self._out_pull, self._out_push):  # all ours now; open, they hang the exit
+                        s.close(linger=0)
                     raise RuntimeError("the worker's I/O thread failed (its error is logged above)")
                 self._receive(block=not self.engine.has_work())
                 if self.engine.has_work():
@@ -276,18 +280,23 @@ class WorkerServer:
     def _drop_silent_peers(self) -> None:
         """Abort the requests of peers silent past `gateway_timeout` (a gateway Pings twice a
         second: one that crashed or restarted leaves no client to read them), and forget every
-        silent peer. Checked once a second."""
+        silent peer. Silence counts up to the I/O thread's last wait, not to now: frames queued
+        while this process was paused (SIGSTOP) are not silence. Each request still gets its end,
+        for a gateway that was only paused. Checked once a second."""
         now = time.monotonic()
         if now - self._silence_checked_at < 1.0:
             return
         self._silence_checked_at = now
-        silent = {peer for peer, at in list(self.heard.items()) if now - at > self.gateway_timeout}
+        heard_by = self._listening_since - self.gateway_timeout
+        silent = {peer for peer, at in list(self.heard.items()) if at < heard_by}
         for peer in silent:
             self.heard.pop(peer, None)
+        error = f"dropped: no frame from its gateway for {self.gateway_timeout:g}s"
         for rid, peer in list(self.owner.items()):
             if peer in silent:
                 self.engine.abort(rid)
                 del self.owner[rid]
+                self._send(peer, BlockResult(rid, [], True, "error", error=error))
                 log.warning("request dropped: its gateway went silent", extra={"request_id": clip(rid, 100)})
                 _log_finished(rid, "abort")
         if silent:
@@ -353,6 +362,7 @@ class WorkerServer:
         poller.register(self._out_pull, zmq.POLLIN)
         try:
             while not self._io_done:
+                self._listening_since = time.monotonic()
                 events = dict(poller.poll(100))
                 if self.sock in events:
                     self._read_requests()
@@ -360,10 +370,13 @@ class WorkerServer:
                     self._forward_results()
             self._forward_results()  # the shutdown errors
         except Exception:
+            # The engine thread sees this thread gone, closes the sockets and ends the process
+            # (serve_forever): it may be sending on _out_push now, and ZeroMQ sockets are not
+            # thread-safe; the outbox's room (1000 messages) outlasts its step.
             log.critical("the I/O thread failed:\n%s", traceback.format_exc())
-        finally:  # even after a bug here: an open socket would hang the engine thread's ctx.term()
-            for s in (self.sock, self._out_pull, self._out_push):
-                s.close()
+            return
+        for s in (self.sock, self._out_pull, self._out_push):  # the engine thread waits in join()
+            s.close()
 
     def _read_requests(self) -> None:
         while True:

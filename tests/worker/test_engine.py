@@ -4,7 +4,7 @@ import random
 
 import pytest
 from cde.shared.config import EOT_ID, PAGE
-from cde.shared.protocol import AttributionSpec, GenerateRequest
+from cde.shared.protocol import AttributionSpec, BlockResult, GenerateRequest, InputAttributionSpec
 from cde.worker.engine import Engine, EngineArgs
 
 PROMPT_LENS = [1, 17, 64, 70, 127, 128, 150, 200]
@@ -221,3 +221,26 @@ def _values(record: dict) -> list[float]:
     return [record["target_logit"], record["epsilon"]] + [
         x for h in ("known", "discovered") for c in record[h] for x in c[1:]
     ]
+
+
+def test_an_id_is_refused_until_its_last_result_is_out(tiny_dir):
+    """Waiting, running, and ended but for its input attribution (its final block held back):
+    a second request under its id is refused alone, and the first gets its one end."""
+    engine = Engine(EngineArgs(str(tiny_dir), max_running=1))
+    prompt = [(7919 * i) % 100000 for i in range(64)]
+    spec = AttributionSpec(inputs=InputAttributionSpec(top_k=5, steps=8))
+    engine.add_request(GenerateRequest("a", prompt, max_tokens=64, attribution=spec))
+    engine.add_request(GenerateRequest("w", [1, 2], max_tokens=8))
+    refused, ends = set(), []
+    while engine.has_work():
+        for rid in ("a", "w"):
+            held = engine.scheduler.in_flight(rid) or engine.outputs.holds(rid)
+            if held and rid not in {r.request_id for r in ends}:
+                with pytest.raises(ValueError, match=f"request id '{rid}' is already in flight"):
+                    engine.add_request(GenerateRequest(rid, [5, 6, 7], max_tokens=8))
+                if not engine.scheduler.in_flight(rid):
+                    refused.add(rid)  # only its results were held
+        ends += [r for r in engine.step() if isinstance(r, BlockResult) and r.finished]
+    assert "a" in refused  # the gap that matters was seen
+    assert sorted((r.request_id, r.finish_reason) for r in ends) == [("a", "length"), ("w", "length")]
+    assert ends[[r.request_id for r in ends].index("a")].input_attribution is not None

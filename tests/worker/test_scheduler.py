@@ -258,19 +258,12 @@ def test_flashblock_modes_follow_the_reuse_rule_through_the_plans():
     assert modes == {"fb": "RURRUUURU", "exact": "EEEEEEEEE"}
 
 
-def test_an_id_in_flight_is_refused_and_free_again_once_it_ends():
-    """A second request under a waiting or running id would share its pages and results."""
+def test_an_id_is_in_flight_while_it_waits_or_runs():
     s = Scheduler(num_pages=8, max_running=1, max_items=4, eot_id=None)
-    first = s.add(GenerateRequest("r", [1] * 10, max_tokens=8))
+    s.add(GenerateRequest("r", [1] * 10, max_tokens=8))
     s.add(GenerateRequest("w", [1] * 10, max_tokens=8))
-    for rid in ("r", "w"):  # running, then waiting
-        with pytest.raises(ValueError, match=f"request id '{rid}' is already in flight"):
-            s.add(GenerateRequest(rid, [2] * 10, max_tokens=8))
-        if rid == "r":
-            s.schedule()
-    assert s.running == [first] and [q.id for q in s.waiting] == ["w"]
-    assert s.abort("w") and not s.abort("w")
-    s.add(GenerateRequest("w", [2] * 10, max_tokens=8))  # its id is free again
-    assert s.abort("r") and s.pages.num_free == 8
-    s.add(GenerateRequest("r", [2] * 10, max_tokens=8))
-    assert [new.params.request_id for new in s.schedule().new] == ["w"]
+    s.schedule()
+    assert [q.id for q in s.running] == ["r"] and [q.id for q in s.waiting] == ["w"]
+    assert s.in_flight("r") and s.in_flight("w") and not s.in_flight("x")
+    assert s.abort("w") and not s.abort("w") and not s.in_flight("w")
+    assert s.abort("r") and not s.in_flight("r") and s.pages.num_free == 8

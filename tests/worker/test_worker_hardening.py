@@ -308,6 +308,8 @@ def test_the_requests_of_a_gateway_gone_silent_are_dropped(tiny_dir):
             time.sleep(0.5)
         assert re.search(orphan_ended, w.output).group(1) == "abort"
         assert heartbeat(live).running == 1  # heard all along: "kept" runs on
+        last, _ = finished(gone, "orphan")  # a gateway only paused still gets each request's end
+        assert last.finish_reason == "error" and "no frame from its gateway for 2s" in last.error
     finally:
         for sock in (gone, live):
             sock.close()
