@@ -39,6 +39,11 @@ class EngineArgs:
     input_attribution_share: float = INPUT_ATTRIBUTION_SHARE
 
 
+# Seconds a gateway with requests at a worker may send nothing (it Pings twice a second) before
+# they are dropped (worker/zmq_server.py).
+GATEWAY_TIMEOUT_S = 30.0
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """One worker process: its engine and how it serves (cde/commands/worker.py's flags)."""
@@ -53,7 +58,7 @@ class WorkerSettings:
     model_from_hub: bool = False  # the model was a Hub id: its catalog is fetched from the Hub too
     curve_secret_key: str | None = None
     curve_authorized_keys: str | None = None
-    gateway_timeout: float = 30.0  # seconds a gateway with requests here may be silent before they are dropped
+    gateway_timeout: float = GATEWAY_TIMEOUT_S
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

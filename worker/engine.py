@@ -162,6 +162,8 @@ class Engine:
                 results = self._step()
         finally:  # a step that raises fails every request (the worker's answer): none stays due later
             failed, self._failed = self._failed, []
+        if not failed:
+            return results
         # A request whose block ended it (a stop string found once the next pass, which then failed
         # for it, was launched) has its end already.
         ended = {r.request_id for r in results if isinstance(r, BlockResult) and r.finished}

@@ -51,6 +51,7 @@ from cde.shared.protocol import (
     Heartbeat,
     Ping,
 )
+from cde.shared.settings import GATEWAY_TIMEOUT_S
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 from cde.worker.engine import Engine
 from cde.worker.inbox_budget import DECODE_BYTES_PER_STEP, InboxBudget
@@ -126,7 +127,7 @@ class WorkerServer:
         bind: str | Listener,
         model_name: str | None = None,
         catalog: CatalogFile | None = None,
-        gateway_timeout: float = 30.0,
+        gateway_timeout: float = GATEWAY_TIMEOUT_S,
     ):
         """`bind`: an endpoint to bind now (no CURVE), or a Listener bound before the engine loaded;
         `gateway_timeout`: how long a peer with requests here may be silent before they are dropped."""
@@ -467,7 +468,7 @@ def run_worker(
     listener: Listener,
     model_name: str | None = None,
     catalog: CatalogFile | None = None,
-    gateway_timeout: float = 30.0,
+    gateway_timeout: float = GATEWAY_TIMEOUT_S,
 ) -> None:
     server = WorkerServer(engine, listener, model_name, catalog, gateway_timeout)
     signal.signal(signal.SIGTERM, server.request_stop)

@@ -29,7 +29,7 @@ from cde.commands.settings_builder import (
 from cde.shared.config import FP8_WEIGHT_ONLY_ROWS
 from cde.shared.logs import setup_logging
 from cde.shared.protocol import FlashBlockSpec
-from cde.shared.settings import WorkerSettings
+from cde.shared.settings import GATEWAY_TIMEOUT_S, WorkerSettings
 
 if TYPE_CHECKING:
     from cde.shared.catalog_file import CatalogFile
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gateway-timeout",
         type=positive_seconds,
-        default=30.0,
+        default=GATEWAY_TIMEOUT_S,
         help="seconds a gateway may send nothing (a gateway Pings twice a second) before the requests it sent "
         "here are dropped: one that crashed or restarted is waited for by no client",
     )
