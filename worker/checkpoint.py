@@ -60,7 +60,7 @@ def load_checkpoint(
     path = Path(path)
     cfg = load_config(path)
     with torch.device("meta"):
-        model = SteerlingModel(cfg)  # the first one imports torch's reference ops: not load time
+        model = SteerlingModel(cfg)
     t0 = time.perf_counter()
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     plan = _plan(_weight_files(path), expected)

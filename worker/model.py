@@ -24,6 +24,18 @@ BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a bl
 HandedOn = tuple[torch.Tensor, torch.Tensor] | None
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, left unfilled on the meta device, where the worker builds the model before it
+    loads the weights: there nn.Embedding's init (normal_) runs a Python reference op that imports
+    TorchDynamo, about 2 s of every worker's start for values nobody reads. Anywhere else it is
+    initialized as nn.Embedding initializes it."""
+    weight = torch.empty(num, dim)
+    emb = nn.Embedding(num, dim, _weight=weight)
+    if not weight.is_meta:
+        emb.reset_parameters()
+    return emb
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -221,7 +233,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.tok_emb = embedding(cfg.vocab_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -235,7 +247,7 @@ class KnownHead(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.concept_predictor = nn.Linear(cfg.n_embd, cfg.known_padded, bias=False)
-        self.concept_embedding = nn.Embedding(cfg.known_padded, cfg.n_embd)
+        self.concept_embedding = embedding(cfg.known_padded, cfg.n_embd)
 
 
 class UnknownHead(nn.Module):
@@ -246,7 +258,7 @@ class UnknownHead(nn.Module):
         r = cfg.factorize_rank
         self.predictor_down = nn.Linear(cfg.n_embd, r, bias=False)
         self.predictor_up = nn.Linear(r, cfg.unknown_padded, bias=False)
-        self.embedding_coef = nn.Embedding(cfg.unknown_padded, r)
+        self.embedding_coef = embedding(cfg.unknown_padded, r)
         self.embedding_basis = nn.Linear(r, cfg.n_embd, bias=False)
 
 

@@ -3,6 +3,8 @@ tied weights, the official package reading our checkpoints, and the exact Steerl
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,6 +99,25 @@ def test_load_round_trip(tiny):
     assert_same_weights(model, expected.state_dict())
     # tied: one tensor for embedding and output head
     assert model.transformer.tok_emb.weight is model.transformer.lm_head.weight
+
+
+def test_loading_imports_no_torchdynamo(tiny):
+    """The worker builds the model on the meta device before it reads the weights: nothing there
+    may run nn.Embedding's init, whose meta normal_ imports TorchDynamo (~2 s of every start).
+    A fresh interpreter, as a worker is: this one may have imported it already."""
+    code = (
+        "import sys; from cde.worker.checkpoint import load_checkpoint; load_checkpoint(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(tiny)], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
+
+
+def test_a_model_built_off_the_meta_device_has_its_embeddings_initialized():
+    """Off the meta device the embeddings get nn.Embedding's own init, N(0, 1), not empty memory."""
+    model = SteerlingModel(preset("tiny"))
+    for emb in (model.known_head.concept_embedding, model.unknown_head.embedding_coef):
+        assert torch.isfinite(emb.weight).all() and emb.weight.std().item() == pytest.approx(1.0, abs=0.05)
 
 
 def test_load_dtype_and_no_float32_copy_of_bf16(tmp_path):
