@@ -83,7 +83,10 @@ def _optional_int(value: Any) -> int | None:
     # pandas reads a nullable integer column as float64 with NaN for the nulls.
     if value is None or value == "" or value != value:
         return None
-    return int(float(value))
+    try:
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):  # a list cell, a word, an infinite float
+        raise CatalogError(f"{value!r} is not an integer id") from None
 
 
 def _head(row: Mapping) -> str | None:

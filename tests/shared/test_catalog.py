@@ -167,6 +167,24 @@ def test_a_file_that_is_no_catalog_is_refused(tmp_path, text, message):
         Catalog.read(path)
 
 
+@pytest.mark.parametrize("cell", ["inf", "1e400", "x1"])
+def test_an_id_that_is_no_integer_is_refused_with_the_file_named(tmp_path, cell):
+    path = tmp_path / "labels.csv"
+    path.write_text(f"concept_id,concept_name\n1,a\n{cell},b\n")
+    with pytest.raises(CatalogError, match=f"{path}: .*{cell}"):
+        Catalog.read(path)
+
+
+def test_a_parquet_id_column_of_lists_is_refused_with_the_file_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "concept_labels.parquet"
+    pq.write_table(pa.table({"concept_id": [[1, 2]], "concept_name": ["a"]}), path)
+    with pytest.raises(CatalogError, match=f"{path}: .*not an integer id"):
+        Catalog.read(path)
+
+
 def test_a_row_with_a_null_name_is_left_out(tmp_path):
     """The official reader keeps such a row (labelled "nan"); the catalog still loads."""
     rows = [{"concept_id": 1, "concept_name": "a"}, {"concept_id": 2, "concept_name": None}]
