@@ -179,8 +179,7 @@ class WorkerServer:
         try:
             while not self.stopping:
                 if not io.is_alive():  # deaf and mute, yet holding the device: exit, so it is seen
-                    for s in (self.sock, self._out_pull, self._out_push):  # all ours now; open, they hang the exit
-                        s.close(linger=0)
+                    self._close_sockets(linger=0)  # all ours now; open, they hang the exit
                     raise RuntimeError("the worker's I/O thread failed (its error is logged above)")
                 self._receive(block=not self.engine.has_work())
                 if self.engine.has_work():
@@ -376,8 +375,11 @@ class WorkerServer:
             # thread-safe; the outbox's room (1000 messages) outlasts its step.
             log.critical("the I/O thread failed:\n%s", traceback.format_exc())
             return
-        for s in (self.sock, self._out_pull, self._out_push):  # the engine thread waits in join()
-            s.close()
+        self._close_sockets()  # the engine thread waits in join()
+
+    def _close_sockets(self, linger: int | None = None) -> None:
+        for s in (self.sock, self._out_pull, self._out_push):
+            s.close(linger=linger)
 
     def _read_requests(self) -> None:
         while True:
