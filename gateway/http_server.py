@@ -4,7 +4,8 @@ Draining: the first SIGTERM/SIGINT keeps the socket open but answers every new r
 load balancer or a retrying client moves on instead of meeting a refused connection), lets the
 requests in flight finish for up to `shutdown_timeout` seconds, then ends the stragglers with an
 explicit error and exits. A second signal ends them at once and exits, as does a signal during the
-startup; `serve_http` then raises KeyboardInterrupt (the command says `interrupted`).
+startup (uvicorn's, or one `Interrupts` recorded before it); `serve_http` then raises
+KeyboardInterrupt (the command says `interrupted`).
 
 uvicorn's HTTP/1.1 protocol is extended with what it lacks against slow or many clients: a
 deadline for a request's headers, a cap on open connections (`gateway.http_limits`), and no
@@ -35,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 if TYPE_CHECKING:
+    from cde.gateway.interrupts import Interrupts
     from cde.gateway.router import Router
     from starlette.applications import Starlette
 
@@ -237,6 +239,7 @@ def serve_http(
     shutdown_timeout: float = 30.0,
     log_level: str = "warning",
     warm_up: Callable[[str], Awaitable[None]] | None = None,
+    interrupts: Interrupts | None = None,
 ) -> int:
     """Blocks until a signal has drained the server; the caller's cleanup (stopping workers) runs
     afterwards. Returns 1 if startup failed; raises KeyboardInterrupt if a signal cut the startup
@@ -278,6 +281,8 @@ def serve_http(
     async def main() -> int:
         task = asyncio.create_task(serve())
         while not server.started and not task.done():
+            if interrupts is not None and interrupts.received:  # before uvicorn's handlers took over
+                server.interrupted = server.should_exit = True
             if server.should_exit:  # a signal while the workers load: do not wait for them
                 task.cancel()
             await asyncio.sleep(0.05)

@@ -32,6 +32,7 @@ from cde.commands.worker import (
     add_quantization_arguments,
     add_thread_arguments,
 )
+from cde.gateway.interrupts import Interrupts
 from cde.shared.config import PAGE
 from cde.shared.logs import setup_logging
 from cde.shared.settings import WorkerSettings
@@ -162,13 +163,15 @@ def _warm_up(args: argparse.Namespace, gpus: list[str]) -> Callable[[str], Await
 
 
 def run(args: argparse.Namespace) -> int:
-    # SIGTERM as Ctrl-C outside uvicorn's own handlers (which drain once serving): either one
-    # during the start-up, or one that cuts the drain short, ends here after the cleanup.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    return _serve(args)
+    # SIGTERM as Ctrl-C: either one during the start-up, or one that cuts the drain short, ends
+    # here after the cleanup (`cde serve: interrupted`).
+    interrupts = Interrupts()
+    code = _serve(args, interrupts)
+    interrupts.raise_if_received()  # one that came while the workers stopped
+    return code
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, interrupts: Interrupts) -> int:
     from cde.cli import STARTED
     from cde.gateway.app import create_app
     from cde.gateway.http_limits import from_args as limits_from_args
@@ -193,6 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         concept_labels=args.concept_labels,  # the catalog other gateways fetch from these workers too
     )
+    interrupts.defer()  # from here on, there are workers to stop
     sockdir = tempfile.mkdtemp(prefix="cde-")
     procs: list[subprocess.Popen] = []
     try:
@@ -214,6 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.log_level,
             warm_up=_warm_up(args, gpus),
+            interrupts=interrupts,
         )
         if state.router.workers_gone:
             raise SystemExit(f"cde serve: stopped, as every worker exited ({state.router.workers_gone})")
