@@ -24,10 +24,8 @@ request id already in flight) before it queues.
 from __future__ import annotations
 
 import collections
-import ctypes
 import gc
 import logging
-import os
 import queue
 import signal
 import threading
@@ -55,6 +53,7 @@ from cde.shared.settings import GATEWAY_TIMEOUT_S
 from cde.shared.wire import MAX_FRAME_BYTES, WireError, decode, encode, encode_all
 from cde.worker.engine import Engine
 from cde.worker.inbox_budget import DECODE_BYTES_PER_STEP, InboxBudget
+from cde.worker.process_memory import collect_garbage, release_free_memory, resident_bytes
 
 log = logging.getLogger("cde.worker")
 
@@ -63,31 +62,7 @@ CONCEPT_QUERIES_PER_STEP = 2
 IDLE_WAIT_S = 0.1  # how often an idle engine thread checks for shutdown
 SMALL_FRAME_BYTES = 4096  # decoded on the I/O thread; larger frames are decoded by the engine thread
 LOG_CHARS = 300  # of an error text quoting a peer's frame
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 HEARTBEAT_REFRESH_S = 0.1  # how stale the load a heartbeat reports may be
-# Young objects allocated before the engine thread collects (the automatic default is 700: a
-# collection every few steps). Between steps or while idle; 10 young collections make one of the
-# middle generation, 10 of those a full one, as the automatic collector does.
-GC_YOUNG = 20_000
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
-
-
-def release_free_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing). Called
-    when the worker goes idle: without it, the buffers of the largest batches stay resident after
-    they finished, so an idle worker's resident memory (the heartbeat's, which operators and
-    `cde bench soak` watch for leaks) would be its high-water mark, not what it holds. No garbage
-    collection here: finalizers would run at whatever moment a request ends, and
-    `collect_garbage` already collects at its own moments."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def resident_bytes() -> int:
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * PAGE_BYTES
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _log_finished(request_id: str, finish_reason: str | None) -> None:
@@ -456,13 +431,6 @@ class WorkerServer:
             catalog_bytes=len(self.catalog.data) if self.catalog else 0,
             engine_beats=self._beats,
         )
-
-
-def collect_garbage() -> None:
-    """What the automatic collector would do by now, at a moment the engine thread chooses."""
-    young, middle, old = gc.get_count()
-    if young >= GC_YOUNG:
-        gc.collect(2 if old >= 10 else 1 if middle >= 10 else 0)
 
 
 def run_worker(
