@@ -35,7 +35,7 @@ class LandsHere:
         send(self.sig)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_before_the_workers_start_a_signal_is_raised_where_it_lands(sig):
     Interrupts()
     with pytest.raises(KeyboardInterrupt):
@@ -51,11 +51,19 @@ def test_one_dropped_before_the_workers_start_is_raised_when_they_do(capsys):
         interrupts.defer()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_once_the_workers_start_a_first_signal_is_only_recorded(sig):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("lands", ["code", "__del__"])
+def test_once_the_workers_start_a_first_signal_is_only_recorded(sig, lands, capsys):
     interrupts = Interrupts()
     interrupts.defer()
-    LandsHere(sig)  # nothing is raised there, so nothing is dropped
+    if lands == "code":
+        try:
+            send(sig)
+        except KeyboardInterrupt:
+            pytest.fail("the signal was raised where it landed")
+    else:
+        LandsHere(sig)
+    assert "KeyboardInterrupt" not in capsys.readouterr().err  # nothing raised, so nothing dropped
     assert interrupts.received
     with pytest.raises(KeyboardInterrupt):
         interrupts.raise_if_received()
