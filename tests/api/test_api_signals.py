@@ -11,8 +11,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
+import pytest
 
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
 from tests.cde_procs import wait_for
@@ -25,6 +27,14 @@ def children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").glob("*"):
         out += [int(c) for c in (task / "children").read_text().split()]
     return out
+
+
+def runs_the_worker(pid: int) -> bool:
+    """Whether `pid` has exec'd `cde worker`. Between its fork and its exec a child is a copy of
+    `cde serve`, whose Popen waits for that exec: a child stopped there stops serve too."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        return b"\0worker\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
 
 
 # `cde serve` whose first worker's start is followed by a SIGTERM that lands in a `__del__`, where a
@@ -67,18 +77,31 @@ class Starting:
         self._reader.start()
 
     def worker(self) -> int:
-        return wait_for(lambda: children(self.proc.pid), "the worker process")[0]
+        def workers() -> list[int]:
+            return [pid for pid in children(self.proc.pid) if runs_the_worker(pid)]
+
+        return wait_for(workers, "the worker process")[0]
+
+    def wait_for_line(self, text: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if time.monotonic() > deadline:
+                self._fail(f"cde serve printed no {text!r} in {timeout:g} s")
+            time.sleep(0.02)
 
     def exit_code(self, timeout: float = 30) -> int:
-        """Once it has exited; one still running is failed with every thread's stack (SIGUSR1)."""
+        """Once it has exited; one still running is failed with every thread's stack."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR1)
-            time.sleep(1)
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"cde serve still ran {timeout:g} s after the signal:\n{self.output()}") from None
+            self._fail(f"cde serve still ran {timeout:g} s after the signal")
+
+    def _fail(self, what: str) -> NoReturn:
+        self.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
+        time.sleep(1)
+        self.proc.kill()
+        self.proc.wait()
+        raise AssertionError(f"{what}:\n{self.output()}")
 
     def output(self) -> str:
         self._reader.join(30)  # until every writer (the workers too) has closed the pipe
@@ -112,12 +135,29 @@ def test_a_sigterm_raised_where_python_drops_it_still_stops_the_start_up(tiny_di
     serve.assert_cleaned_up(worker)
 
 
-def test_sigint_while_waiting_for_the_workers(tiny_dir, tmp_path):
-    serve = Starting(tiny_dir, tmp_path)
+# `cde serve` whose worker's child lingers between its fork and its exec, as a busy machine may
+# leave it: a test that stopped it there (not yet the worker) stopped serve's Popen with it.
+SLOW_EXEC = """
+import subprocess, sys, time
+from cde.cli import main
+
+popen_init = subprocess.Popen.__init__
+def init(self, args, *rest, **kwargs):
+    if "worker" in args:
+        kwargs["preexec_fn"] = lambda: time.sleep(2)
+    popen_init(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = init
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("program", [None, SLOW_EXEC], ids=["serve", "slow-exec"])
+def test_sigint_while_waiting_for_the_workers(tiny_dir, tmp_path, program):
+    serve = Starting(tiny_dir, tmp_path, program=program)
     worker = serve.worker()
     os.kill(worker, signal.SIGSTOP)  # it never gets ready: the gateway waits for it
     try:
-        wait_for(lambda: any("Waiting for application startup" in line for line in serve.lines), "the wait")
+        serve.wait_for_line("Waiting for application startup")
         serve.proc.send_signal(signal.SIGINT)
         assert serve.exit_code() == 130, serve.output()
     finally:
