@@ -34,7 +34,7 @@ from cde.shared.settings import GATEWAY_TIMEOUT_S, WorkerSettings
 if TYPE_CHECKING:
     from cde.shared.catalog_file import CatalogFile
     from cde.shared.curve import CurveServer
-    from cde.worker.zmq_server import Listener
+    from cde.worker.worker_io import Listener
 
 DEVICE_HELP = "auto: cuda when a GPU is visible, else cpu"
 DEVICES = ("auto", "cpu", "cuda")  # a worker also takes cuda:N
@@ -262,7 +262,7 @@ def listen(bind: str, curve: CurveServer | None) -> Listener:
     deployments' TCP probes read (deploy/k8s/worker-statefulset.yaml)."""
     import zmq
 
-    from cde.worker.zmq_server import Listener
+    from cde.worker.worker_io import Listener
 
     try:
         return Listener(bind, curve)

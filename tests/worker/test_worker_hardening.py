@@ -283,7 +283,7 @@ def test_sigusr1_writes_every_threads_stack_and_the_worker_serves_on(worker, pee
     assert heartbeat(peers()).model == "tiny"  # serving: its I/O thread runs
     worker.proc.send_signal(signal.SIGUSR1)
     worker.wait_for(r"Thread 0x[0-9a-f]+ \(most recent call first\)", timeout=30)
-    worker.wait_for(r'File ".*zmq_server\.py", line \d+ in _io_loop', timeout=30)
+    worker.wait_for(r'File ".*worker_io\.py", line \d+ in _io_loop', timeout=30)
     assert heartbeat(peers()).model == "tiny"
 
 

@@ -127,7 +127,7 @@ def test_a_failed_io_thread_ends_the_worker_instead_of_leaving_it_deaf(tiny_dir,
     def bug() -> None:
         raise RuntimeError("a bug in reading")
 
-    monkeypatch.setattr(server, "_read_requests", bug)
+    monkeypatch.setattr(server.io, "_read_requests", bug)
     failed: list[BaseException] = []
 
     def serve() -> None:
