@@ -10,7 +10,7 @@ change in the machine's load hits both alike. Per engine step it records:
 - host: the time in the step's host work, each version's by name: the scheduler (`schedule`,
   and `update` + `attach` before / `place` after), the output stage (`OutputStage.finish`;
   before: input attribution's `process`), the runner's staging of the pass (the step inputs'
-  `build`, `_steering_inputs`, `_split_inputs`) and its reading of the results (`picks`,
+  `build`, `_steering_inputs`, `_split_inputs` or `forward.split_inputs`) and its reading of the results (`picks`,
   `records`);
 - critical: the part of it from a pass's picks to the end of the next launch, which a GPU waits
   for (on the CPU nothing overlaps, but it is the same code).
@@ -70,6 +70,7 @@ def child(args: argparse.Namespace) -> None:
         (getattr(engine, "inputs", None), ("process",)),
         (getattr(runner, "step_inputs", None) or runner.inputs, ("build",)),
         (runner, ("_steering_inputs", "_split_inputs", "picks", "records")),
+        (getattr(runner, "forward", None), ("split_inputs",)),  # since the forward pass is its own object
     ):
         for name in names:
             if owner is not None and hasattr(owner, name):

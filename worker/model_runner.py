@@ -1,5 +1,5 @@
-"""The one place where device tensors live: weights, the paged KV cache, rope tables and the
-per-request state of each slot (repetition-penalty token sets, steering vectors, the grammar's
+"""Where the engine's device tensors live: the weights, the paged KV cache and rope tables (in its
+`ForwardPass`, worker/forward_pass.py) and the per-request state of each slot (repetition-penalty token sets, steering vectors, the grammar's
 matcher), set up from a plan's `NewRequest`s. Turns a `StepPlan` (worker/plan.py: plain data,
 no live request) into tensors and launches the pass (forward, selection, attribution) without
 waiting for the GPU; its chosen positions and tokens, then its attribution, come back as
@@ -14,26 +14,22 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from cde.kernels.flashblock import FlashBlockSplit
-from cde.kernels.paged_attention import PagedBatch
-from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
+from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, ModelConfig
 from cde.shared.packed_attribution import PackedAttribution
 from cde.worker.attribution_runner import AttributionRunner
 from cde.worker.block_attribution import AttributionStash
-from cde.worker.carried_picks import CarriedPicks, Selected, stage_carried
+from cde.worker.carried_picks import Selected, stage_carried
 from cde.worker.concept_contributions import head_widths
 from cde.worker.constraint import Constraint
-from cde.worker.cuda_graphs import GraphedForward
+from cde.worker.forward_pass import ForwardPass, Items
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.logprobs import LogprobsRunner, unpack
-from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.model import SteerlingModel
 from cde.worker.plan import NewRequest, Picks, PlannedItem, StepPlan
 from cde.worker.sampler import adjust_logits, select_and_sample_adjusted
 from cde.worker.staging import HostCopy, Staging, to_host
 from cde.worker.steering import SteeringState, alpha_now, prepare_steering
 from cde.worker.step_inputs import StepInputBuilder, StepInputs, eligible_rows
-
-Items = tuple[PlannedItem, ...]  # a plan's items
 
 
 @dataclass
@@ -65,17 +61,9 @@ class ModelRunner:
         """vocab_align: the LM head's rows are padded to a multiple of it (default 128 on CUDA,
         none elsewhere; the CPU tests pad too, to check that padding never changes a pick)."""
         self.model, self.cfg = model, cfg
-        p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        # Per layer (K, V), each [KVH, pages, 64, Dh]. One page more than the allocator hands out: the
-        # scratch page of CUDA-graph padding items.
-        shape = (cfg.n_kv_heads, num_pages + 1, PAGE, cfg.head_dim)
-        self.kv = [
-            tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in "kv") for _ in range(cfg.n_layers)
-        ]
-        self.cos, self.sin = rope_tables(cfg, cfg.max_blocks * PAGE, self.device)
+        self.forward = ForwardPass(model, cfg, num_pages, max_running, cuda_graphs, kv_splits)
+        self.device, self.dtype = self.forward.device, self.forward.dtype
         self.max_running = max_running
-        self.flashblock_cache: list[tuple] | None = None  # allocated by the first FlashBlock request
         # Tokens each request slot has seen (repetition penalty); the last row takes the writes of
         # selection slots that commit nothing, so the update needs no host-side filtering.
         # The vocabulary (100281) is odd; padded to a multiple of 128 rows the LM head runs on
@@ -102,19 +90,7 @@ class ModelRunner:
         # their side stream (default priority) fill the SMs a forward pass leaves idle instead of
         # delaying its kernels (a CUDA graph's kernels take the priority of the launching stream).
         self.stream = torch.cuda.Stream(self.device, priority=-100) if self.device.type == "cuda" else None
-        self.graphed = None
         self.attribution = AttributionRunner(model, cfg, max_rows=max_running * PAGE)
-        if self.device.type == "cuda" and cuda_graphs:
-            self.graphed = GraphedForward(
-                model,
-                cfg,
-                self.kv,
-                self.cos,
-                self.sin,
-                scratch_page=num_pages,
-                scratch_slot=max_running,
-                kv_splits=kv_splits,
-            )
 
     # ---- per-request state ------------------------------------------------------------------
     @torch.inference_mode()
@@ -134,8 +110,8 @@ class ModelRunner:
         self.constraints.pop(slot, None)
         if new.constraint is not None:
             self.constraints[slot] = new.constraint
-        if new.flashblock and self.flashblock_cache is None:
-            self._allocate_flashblock_cache()
+        if new.flashblock and self.forward.flashblock_cache is None:
+            self.forward.allocate_flashblock_cache()
 
     @torch.inference_mode()
     def warmup(self, flashblock: bool) -> None:
@@ -143,28 +119,12 @@ class ModelRunner:
         server enables it by default) at startup: the first request of each size would otherwise
         stall every running request for seconds. (The attribution graphs are captured when the
         runner is built.)"""
-        if self.graphed is None:
+        if self.forward.graphed is None:
             return
-        self.graphed.capture_all()
+        self.forward.graphed.capture_all()
         self.attribution.capture_all()
         if flashblock:
-            self._allocate_flashblock_cache()
-
-    @torch.inference_mode()
-    def _allocate_flashblock_cache(self) -> None:
-        """Per layer, FlashBlock's cached external attention (A, L) of every request slot, plus
-        the scratch row written by items that refresh nothing. Its rows are the slots', so a
-        request's cache is released with its slot."""
-        cfg, rows = self.cfg, self.max_running + 1
-        self.flashblock_cache = [
-            (
-                torch.zeros(rows, cfg.n_head, PAGE, cfg.head_dim, dtype=self.dtype, device=self.device),
-                torch.zeros(rows, cfg.n_head, PAGE, dtype=torch.float32, device=self.device),
-            )
-            for _ in range(cfg.n_layers)
-        ]
-        if self.graphed is not None:  # the FlashBlock graph family, all buckets at once
-            self.graphed.capture_all(self.flashblock_cache)
+            self.forward.allocate_flashblock_cache()
 
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
@@ -177,7 +137,7 @@ class ModelRunner:
         items = plan.items
         carried = stage_carried(self.carry_inputs, plan, after.selected) if after and after.selected else None
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items), carried)
+        hidden = self.forward(items, steer_vec, steer_from, carried)
         steps = [i for i, it in enumerate(items) if it.is_step]
         if not steps:
             return Pass(plan, steps)
@@ -262,7 +222,7 @@ class ModelRunner:
         FlashBlock items read or refresh their cache rows as their modes say."""
         items = plan.items
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self._forward(items, steer_vec, steer_from, self._split_inputs(items))
+        hidden = self.forward(items, steer_vec, steer_from)
         steps = [i for i, it in enumerate(items) if it.is_step]
         rows, _, row_item = eligible_rows(steps, [items[i] for i in steps])
         return self._logits(hidden, torch.tensor(rows, device=self.device)), [steps[n] for n in row_item]
@@ -330,76 +290,6 @@ class ModelRunner:
     def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[R, padded vocabulary] logits of the hidden rows (the padding columns are banned in selection)."""
         return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
-
-    def _forward(
-        self,
-        items: Items,
-        steer_vec: torch.Tensor | None,
-        steer_from: list[int],
-        split: FlashBlockSplit | None,
-        carried: CarriedPicks | None = None,
-    ) -> torch.Tensor:
-        if self.graphed is not None:
-            return self.graphed(
-                [it.tokens for it in items],
-                [it.block for it in items],
-                [it.page for it in items],
-                [it.pages for it in items],
-                steer_vec,
-                steer_from,
-                split,
-                self.flashblock_cache,
-                carried.into_tokens if carried is not None else None,
-            )
-        return self._forward_eager(items, steer_vec, steer_from, split, carried)
-
-    def _split_inputs(self, items: Items) -> FlashBlockSplit | None:
-        """FlashBlock per item: its mode, cache row read and cache row written, or None when every
-        item attends exactly. Rows other than the item's own go to the scratch row."""
-        if all(it.attention == ATTN_EXACT for it in items):
-            return None
-        scratch = self.max_running
-        modes = [it.attention for it in items]
-        slots = [it.slot if m != ATTN_EXACT else scratch for it, m in zip(items, modes)]
-        writes = [it.slot if m == ATTN_REFRESH else scratch for it, m in zip(items, modes)]
-        return FlashBlockSplit(modes, slots, writes)
-
-    def _forward_eager(
-        self,
-        items: Items,
-        steer_vec: torch.Tensor | None,
-        steer_from: list[int],
-        split: FlashBlockSplit | None,
-        carried: CarriedPicks | None = None,
-    ) -> torch.Tensor:
-        dev = self.device
-        if steer_vec is None:
-            steer_vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=dev)
-        tokens = torch.tensor([it.tokens for it in items], device=dev)
-        if carried is not None:
-            carried.into_tokens(tokens)
-        abs_pos = torch.tensor([it.block for it in items], device=dev)[:, None] * PAGE + torch.arange(PAGE, device=dev)
-        max_pages = max(len(it.pages) for it in items)
-        paged = PagedBatch(
-            write_pages=torch.tensor([it.page for it in items], device=dev),
-            page_table=torch.tensor([[*it.pages, *[0] * (max_pages - len(it.pages))] for it in items], device=dev),
-            n_pages=torch.tensor([len(it.pages) for it in items], device=dev),
-            n_pages_host=[len(it.pages) for it in items],
-        )
-        caches = self.kv
-        if split is not None:
-            paged.flashblock = split.to_device(dev)
-            caches = [kv + fb for kv, fb in zip(self.kv, self.flashblock_cache)]
-        return self.model(
-            tokens,
-            self.cos[abs_pos][:, None],
-            self.sin[abs_pos][:, None],
-            caches,
-            paged,
-            steer_vec,
-            torch.tensor(steer_from, device=dev),
-            tokens == MASK_ID,
-        )
 
     def _attribute(
         self,

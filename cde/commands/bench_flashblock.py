@@ -115,22 +115,22 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
     """One layer's paged attention for n items with ctx_pages pages each, all in `mode`
     (None: the unsplit path), in ms."""
     cfg, dev, dtype = runner.cfg, runner.device, runner.dtype
-    if runner.flashblock_cache is None:
-        runner._allocate_flashblock_cache()
+    if runner.forward.flashblock_cache is None:
+        runner.forward.allocate_flashblock_cache()
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(n, cfg.n_head, PAGE, cfg.head_dim, generator=g, device=dev, dtype=dtype)
     k, v = (torch.randn(n, cfg.n_kv_heads, PAGE, cfg.head_dim, generator=g, device=dev, dtype=dtype) for _ in "kv")
-    cache_pages = runner.kv[0][0].shape[1]
+    cache_pages = runner.forward.kv[0][0].shape[1]
     table = torch.arange(n * ctx_pages, device=dev).view(n, ctx_pages) % (cache_pages - 1)
     n_pages = torch.full((n,), ctx_pages, device=dev)
-    split, cache = None, runner.kv[0]
+    split, cache = None, runner.forward.kv[0]
     if mode is not None:
         modes = torch.full((n,), mode, device=dev)
         rows = torch.arange(n, device=dev) % runner.max_running
         split = FlashBlockBatch(
             modes, rows, rows if mode == ATTN_REFRESH else torch.full_like(rows, runner.max_running), [mode] * n
         )
-        cache = runner.kv[0] + runner.flashblock_cache[0]
+        cache = runner.forward.kv[0] + runner.forward.flashblock_cache[0]
     if dev.type != "cuda":  # the per-item SDPA path, eager
         t0 = time.perf_counter()
         paged_attention(
@@ -138,7 +138,7 @@ def attention_ms(runner: ModelRunner, n: int, ctx_pages: int, mode: int | None) 
         )
         return (time.perf_counter() - t0) * 1e3
     attend = torch.compile(paged_attention)
-    ways = bucket_splits(runner.graphed.kv_splits, n, ctx_pages) if runner.graphed else 1
+    ways = bucket_splits(runner.forward.graphed.kv_splits, n, ctx_pages) if runner.forward.graphed else 1
     mask = bucket_mask(cfg, n, cache_pages, dev, ways)
 
     def layer() -> torch.Tensor:

@@ -87,7 +87,7 @@ def test_long_context_passes_replay_the_split_graph_and_decode_as_unsplit(tmp_pa
     model = make_model("small", tmp_path / "long", seed=3, overrides={"context_len": 4096})
     auto, unsplit = (Engine(EngineArgs(str(model), device="cuda", dtype="float32", kv_splits=s)) for s in (0, 1))
     replays: dict = {}  # replays per exact-family bucket (size, ways)
-    for (size, split, ways), bucket in auto.runner.graphed.buckets.items():
+    for (size, split, ways), bucket in auto.runner.forward.graphed.buckets.items():
         if not split and bucket.graph is not None:
             replay = bucket.graph.replay
             bucket.graph.replay = lambda key=(size, ways), replay=replay: (
@@ -113,7 +113,7 @@ def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_chan
     engine = Engine(
         EngineArgs(str(small_dir), device="cuda", dtype="bfloat16", max_running=24, quantization=quantization)
     )
-    before, buckets = dict(counters["stats"]), set(engine.runner.graphed.buckets)
+    before, buckets = dict(counters["stats"]), set(engine.runner.forward.graphed.buckets)
 
     def wave(tag, n, prompt_blocks=1):
         reqs = [
@@ -133,7 +133,7 @@ def test_no_compile_or_capture_after_startup_while_features_and_batch_sizes_chan
     wave("c", 3, prompt_blocks=5)  # staggered finishes: passes of every size from 3 down to 1
     wave("d", 20, prompt_blocks=2)  # 40 prefill items in one pass (bucket 40), then 20 steps (24)
     assert dict(counters["stats"]) == before
-    assert set(engine.runner.graphed.buckets) == buckets
+    assert set(engine.runner.forward.graphed.buckets) == buckets
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])

@@ -148,14 +148,14 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
     runner, cfg = engine.runner, engine.cfg
     items = live_pass(engine, flashblock)
     steer_vec, steer_from = runner._steering_inputs(items)
-    split = runner._split_inputs(items)
+    split = runner.forward.split_inputs(items)
     assert (split is not None) == flashblock
-    before_kv, before_fb = clone(runner.kv), clone(runner.flashblock_cache or [])
+    before_kv, before_fb = clone(runner.forward.kv), clone(runner.forward.flashblock_cache or [])
     with torch.inference_mode():
-        want = runner._forward_eager(items, steer_vec, steer_from, split)
-    want_kv, want_fb = runner.kv, runner.flashblock_cache
+        want = runner.forward.eager(items, steer_vec, steer_from, split)
+    want_kv, want_fb = runner.forward.kv, runner.forward.flashblock_cache
     # One page and one FlashBlock row past what the allocator hands out: the scratch ones.
-    scratch_page, scratch_slot = runner.kv[0][0].shape[1] - 1, runner.max_running
+    scratch_page, scratch_slot = runner.forward.kv[0][0].shape[1] - 1, runner.max_running
     for size in (next(b for b in BUCKETS if b >= len(items)), 8):
         kv, fb_cache = clone(before_kv), clone(before_fb) if flashblock else None
         ints = torch.tensor(
@@ -180,7 +180,16 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is not compiled
             got = bucket_forward(
-                runner.model, ints, size, cfg.max_blocks, vec, mask, kv, fb_cache, runner.cos, runner.sin
+                runner.model,
+                ints,
+                size,
+                cfg.max_blocks,
+                vec,
+                mask,
+                kv,
+                fb_cache,
+                runner.forward.cos,
+                runner.forward.sin,
             )
         assert torch.allclose(got[: len(items)], want, atol=1e-4), (size, (got[: len(items)] - want).abs().max())
         written = {it.page for it in items}
