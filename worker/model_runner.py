@@ -1,9 +1,10 @@
-"""Where the engine's device tensors live: the weights, the paged KV cache and rope tables (in its
-`ForwardPass`, worker/forward_pass.py) and the per-request state of each slot (repetition-penalty token sets, steering vectors, the grammar's
-matcher), set up from a plan's `NewRequest`s. Turns a `StepPlan` (worker/plan.py: plain data,
-no live request) into tensors and launches the pass (forward, selection, attribution) without
-waiting for the GPU; its chosen positions and tokens, then its attribution, come back as
-asynchronous device-to-host copies that the engine reads when it needs them."""
+"""Where the engine's device tensors live: the weights, the paged KV cache and rope tables (in
+its `ForwardPass`, worker/forward_pass.py) and the per-request state of each slot
+(repetition-penalty token sets, steering vectors, the grammar's matcher), set up from a plan's
+`NewRequest`s. Turns a `StepPlan` (worker/plan.py: plain data, no live request) into tensors and
+launches the pass (forward, selection, attribution) without waiting for the GPU; its chosen
+positions and tokens, then its attribution, come back as asynchronous device-to-host copies that
+the engine reads when it needs them."""
 
 from __future__ import annotations
 
