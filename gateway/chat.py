@@ -6,13 +6,13 @@ import asyncio
 import time
 
 from cde.gateway.chat_render import ChatRenderer
+from cde.gateway.chat_schemas import ChatCompletionRequest
 from cde.gateway.client_identity import client_identity
 from cde.gateway.completion_flow import ResponseHead, answer, open_request, start_generation
 from cde.gateway.errors import invalid
 from cde.gateway.params import check_prompt, truncated, until_the_context
 from cde.gateway.prompts import encode_chat
 from cde.gateway.request_logs import ContentLog, response_id
-from cde.gateway.schemas import ChatCompletionRequest
 from cde.gateway.structured import check_grammar
 from cde.gateway.tools import active_tools, chat_grammar, render_messages
 from cde.shared.tokenizer import get_tokenizer

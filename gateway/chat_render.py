@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cde.gateway.chat_schemas import ChatCompletionRequest
 from cde.gateway.completion_flow import ResponseHead, StreamUsage
 from cde.gateway.denoise import StepDelta
 from cde.gateway.generation import Choice, Delta, TokenLogprob
@@ -19,7 +20,6 @@ from cde.gateway.response_schemas import (
     ChatStreamChoice,
     Usage,
 )
-from cde.gateway.schemas import ChatCompletionRequest
 from cde.gateway.sse import SseEvent
 from cde.gateway.tool_output import StreamedAnswer, answer_message
 

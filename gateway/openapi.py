@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from cde.gateway.chat_schemas import ChatCompletionRequest
 from cde.gateway.model_info import ModelInfo
 from cde.gateway.response_schemas import (
     ChatCompletionChunk,
@@ -18,7 +19,7 @@ from cde.gateway.response_schemas import (
     ModelList,
     StepChunk,
 )
-from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from cde.gateway.schemas import CompletionRequest
 from cde.gateway.tokenize_schemas import DetokenizeRequest, TokenizeRequest
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema

@@ -16,7 +16,7 @@ from cde.gateway.model_info import ModelInfo
 from cde.gateway.tool_format import calls_text
 
 if TYPE_CHECKING:
-    from cde.gateway.schemas import ChatMessage
+    from cde.gateway.chat_schemas import ChatMessage
     from cde.shared.tokenizer import Tokenizer
 
 MAX_TOKEN_BYTES = 128  # the longest token of cl100k_base (special tokens in text are encoded as text)

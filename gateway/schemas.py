@@ -1,4 +1,6 @@
-"""Request bodies of the OpenAI-compatible API (the source of /openapi.json too).
+"""Request bodies of the OpenAI-compatible API (the source of /openapi.json too): the sampling
+fields every completion takes, and `/v1/completions`'; the chat ones build on them
+(gateway/chat_schemas.py).
 
 Unknown fields are rejected, and so are known OpenAI fields whose meaning CDE cannot honour
 (`suffix`, `web_search_options`, ...): silently ignoring them would change what the caller asked
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from cde.gateway.body import Body
 from cde.gateway.errors import UNSUPPORTED
-from cde.gateway.structured_schemas import ResponseFormat, StructuredOutputs, ToolCall, ToolChoice, ToolSpec
+from cde.gateway.structured_schemas import StructuredOutputs
 from cde.shared.limits import (
     INT_MAX,
     MAX_ATTRIBUTION_TOP_K,
@@ -38,9 +40,6 @@ from cde.shared.limits import (
     MAX_STOPS,
     MAX_TEMPERATURE,
     MAX_TOKENS_PER_STEP,
-    MAX_TOOL_CALL_ID_CHARS,
-    MAX_TOOLS,
-    MAX_TOP_LOGPROBS,
     MIN_REPETITION_PENALTY,
     SEED_MAX,
     SEED_MIN,
@@ -52,7 +51,6 @@ from pydantic import (
     StringConstraints,
     Tag,
     field_validator,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -62,10 +60,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-_Body = Body
-
-
-def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
+def reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") -> Any:
     """A validator refusing `fields` whenever `when(value)` holds: an OpenAI field CDE cannot
     honour is an error, never silently ignored; its code is OpenAI's for a parameter it knows and
     refuses (gateway/errors.py), which clients that drop such a parameter and retry look for."""
@@ -78,7 +73,7 @@ def _reject(*fields: str, when: Callable[[Any], bool] = bool, hint: str = "") ->
     return field_validator(*fields)(classmethod(check))
 
 
-def _given(v: object) -> bool:
+def given(v: object) -> bool:
     return v is not None
 
 
@@ -132,7 +127,7 @@ _Prompt = Annotated[
 ]
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk has the usage so far
     include_obfuscation: bool | None = None  # accepted, ignored: CDE pads no stream event
@@ -141,7 +136,7 @@ class StreamOptions(_Body):
 _Strength = Annotated[float, Field(ge=-MAX_STEERING_STRENGTH, le=MAX_STEERING_STRENGTH)]
 
 
-class SteeringParams(_Body):
+class SteeringParams(Body):
     """Concept steering. A preset fills defaults; explicit fields override it."""
 
     concepts: list[int | str] = Field(
@@ -165,7 +160,7 @@ class SteeringParams(_Body):
     )
 
 
-class InputAttributionParams(_Body):
+class InputAttributionParams(Body):
     """Input attribution: integrated gradients over the snapshot each token was committed from."""
 
     top_k: int = Field(
@@ -183,14 +178,14 @@ class InputAttributionParams(_Body):
     scope: Literal["prompt", "all"] = Field("prompt", description="all: the generated tokens seen count too")
 
 
-class AttributionParams(_Body):
+class AttributionParams(Body):
     top_k: int = Field(AttributionSpec.top_k, ge=1, le=MAX_ATTRIBUTION_TOP_K)
     per_token: bool = False
     chunking: Literal["block", "endofchunk"] = "block"
     inputs: InputAttributionParams | None = None
 
 
-class FlashBlockParams(_Body):
+class FlashBlockParams(Body):
     """FlashBlock: reuse the attention to the cached pages across the steps of a block."""
 
     tau: int = Field(
@@ -204,7 +199,7 @@ class FlashBlockParams(_Body):
     )
 
 
-class SamplingParams(_Body):
+class SamplingParams(Body):
     model: str | None = Field(None, description="the served model's name; left out: the served model (as vLLM)")
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)
     temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
@@ -270,8 +265,8 @@ class SamplingParams(_Body):
         """Top alternatives per generated token that the request asks for; None: no logprobs."""
         return None
 
-    _special_tokens_kept = _reject("skip_special_tokens", when=lambda v: v is False, hint=" false")
-    _min_p = _reject("min_p", when=lambda v: v not in (None, 0), hint=" other than 0")
+    _special_tokens_kept = reject("skip_special_tokens", when=lambda v: v is False, hint=" false")
+    _min_p = reject("min_p", when=lambda v: v not in (None, 0), hint=" other than 0")
 
     @field_validator("stop")
     @classmethod
@@ -292,126 +287,7 @@ class CompletionRequest(SamplingParams):
     best_of: int | None = Field(None, ge=1, le=MAX_N)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
-    _no_suffix = _reject("suffix")
+    _no_suffix = reject("suffix")
 
     def logprob_alternatives(self) -> int | None:
         return self.logprobs
-
-
-class PromptCacheOptions(_Body):
-    mode: Literal["implicit", "explicit"] | None = None
-    ttl: Literal["30m"] | None = None
-
-
-class PromptCacheBreakpoint(_Body):
-    mode: Literal["explicit"]
-    ttl: Literal["30m", "12h"] | None = None
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
-    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # OpenAI's cache hint: accepted, ignored
-
-
-class RefusalPart(_Body):
-    """An assistant reply's refusal as a content part (OpenAI's assistant message): its text, as
-    vLLM renders it."""
-
-    type: Literal["refusal"]
-    refusal: str
-
-    @property
-    def text(self) -> str:
-        return self.refusal
-
-
-_ContentPart = Annotated[TextPart | RefusalPart, Discriminator("type")]  # another type is an error naming it
-
-
-# What the openai SDK's `message.model_dump()` carries back into a history as null: nothing to render.
-_DUMPED_NULLS = frozenset({"audio", "function_call", "tool_calls", "reasoning_content"})
-
-
-class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Absent is null: OpenAI's assistant message with tool_calls needs none (litellm leaves it out);
-    # any other message needs it (_reply_fields).
-    content: str | list[_ContentPart] | None = None
-    name: str | None = None  # accepted, not rendered: the template has no place for it
-    # An assistant reply's refusal text, url citations and the SDK's parse() result, as a reply
-    # appended to the history carries them: they change nothing about the prompt (vLLM ignores
-    # them too).
-    refusal: str | None = None
-    annotations: list[dict[str, Any]] | None = None
-    parsed: Any = None
-    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_CHOICES)  # assistant turns
-    tool_call_id: str | None = Field(None, max_length=MAX_TOOL_CALL_ID_CHARS)  # tool turns
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_dumped_nulls(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: x for k, x in v.items() if not (x is None and k in _DUMPED_NULLS)}
-        return v
-
-    @model_validator(mode="after")
-    def _reply_fields(self) -> ChatMessage:
-        if self.role != "assistant":
-            for name in ("refusal", "annotations", "parsed"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name} belongs to assistant messages only")
-        if self.role != "assistant" and any(isinstance(p, RefusalPart) for p in self.content or ()):
-            raise ValueError("a refusal content part belongs to assistant messages only")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content may be null or absent only in an assistant message with tool_calls")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages have tool_calls")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise ValueError("a tool message has a tool_call_id, and only a tool message")
-        return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        # vLLM's joiner: two parts are two lines, not one run-on word
-        return "\n".join(p.text for p in self.content)
-
-
-class ChatCompletionRequest(SamplingParams):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)
-    modalities: list[Literal["text"]] | None = Field(None, description='only ["text"]: the model writes text')
-    prediction: dict[str, Any] | None = Field(None, description="accepted, ignored: it never changes the output")
-    # OpenAI's prompt-cache hints (accepted, ignored like prompt_cache_key: caching never changes the output)
-    prompt_cache_options: PromptCacheOptions | None = None
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    # Refused: each would change the output and CDE cannot honour it.
-    functions: list[Any] | None = Field(None, **only(None))
-    function_call: Any = Field(None, **only(None))
-    audio: dict[str, Any] | None = Field(None, **only(None))
-    web_search_options: dict[str, Any] | None = Field(None, **only(None))
-    reasoning_effort: str | None = Field(None, **only(None, "none"))
-    verbosity: str | None = Field(None, **only(None))
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
-    tools: list[ToolSpec] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = Field(True, description="false: at most one tool call per answer")
-    add_generation_prompt: bool = Field(True, description="vLLM's: false ends the prompt after the messages")
-    continue_final_message: bool = Field(
-        False, description="vLLM's: the last message left open (no end of turn) for the answer to continue"
-    )
-    _no_functions = _reject("functions", "function_call", when=_given, hint=" (the legacy form of tools)")
-    _no_audio = _reject("audio", when=_given, hint=" (the model writes text only)")
-    _no_search = _reject("web_search_options", when=_given, hint=" (CDE has no web search)")
-    _no_reasoning = _reject(
-        "reasoning_effort", when=lambda v: v not in (None, "none"), hint=" (Steerling has no reasoning mode)"
-    )
-    _no_verbosity = _reject("verbosity", when=_given, hint=" (no control of the answer's length but max_tokens)")
-
-    def logprob_alternatives(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from cde.gateway.body import Body
-from cde.gateway.schemas import ChatMessage
+from cde.gateway.chat_schemas import ChatMessage
 from cde.gateway.structured_schemas import ToolSpec
 from cde.shared.limits import MAX_TOOLS
 from pydantic import Discriminator, Field, RootModel, Tag

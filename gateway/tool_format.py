@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cde.gateway.schemas import ChatMessage
+    from cde.gateway.chat_schemas import ChatMessage
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 

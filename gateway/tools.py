@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cde.gateway.chat_schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.errors import invalid
 from cde.gateway.prompts import template_messages
-from cde.gateway.schemas import ChatCompletionRequest, ChatMessage
 from cde.gateway.structured import ANY_OBJECT, format_grammar, lark_string, schema_text
 from cde.gateway.structured_schemas import NamedToolChoice, ToolSpec
 from cde.gateway.tool_format import CALL_CLOSE, CALL_OPEN

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cde.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from cde.gateway.chat_schemas import ChatCompletionRequest
+from cde.gateway.schemas import CompletionRequest
 from cde.shared.config import END_HEADER_ID, EOT_ID, START_HEADER_ID
 from openai.types.chat import ChatCompletionMessage
 

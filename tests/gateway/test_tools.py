@@ -1,8 +1,8 @@
 """gateway/tools.py: the grammar of a tool-calling answer, on llguidance's own matcher."""
 
 import pytest
+from cde.gateway.chat_schemas import ChatCompletionRequest
 from cde.gateway.errors import ApiError
-from cde.gateway.schemas import ChatCompletionRequest
 from cde.gateway.tools import active_tools, tools_grammar
 from cde.shared.config import BASE_VOCAB
 from cde.shared.grammar import ll_tokenizer, new_matcher
