@@ -97,10 +97,8 @@ class WorkerIO:
     def stop(self) -> None:
         """Forward what was sent, close the sockets, and end the context."""
         self._done = True
-        self.thread.join()
-        if self.listener.auth is not None:
-            self.listener.auth.stop()
-        self.listener.ctx.term()
+        self.thread.join()  # it closes the sockets
+        self.listener.close()  # closing its socket again is a no-op
 
     # ---- the I/O thread ---------------------------------------------------------------------------
     def _io_loop(self) -> None:

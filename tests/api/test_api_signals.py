@@ -83,11 +83,10 @@ class Starting:
         return wait_for(workers, "the worker process")[0]
 
     def wait_for_line(self, text: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            if time.monotonic() > deadline:
-                self._fail(f"cde serve printed no {text!r} in {timeout:g} s")
-            time.sleep(0.02)
+        try:
+            wait_for(lambda: any(text in line for line in self.lines), repr(text), timeout)
+        except AssertionError:
+            self._fail(f"cde serve printed no {text!r} in {timeout:g} s")
 
     def exit_code(self, timeout: float = 30) -> int:
         """Once it has exited; one still running is failed with every thread's stack."""
