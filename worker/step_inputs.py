@@ -90,7 +90,6 @@ class StepInputBuilder:
             step,
             rep_rows,
             relu_rows,
-            ref_slots,
             ref_items,
         ) = self.ints.stage(
             rows,
@@ -105,14 +104,14 @@ class StepInputBuilder:
             # The rows the item-wise rules change (sampler.adjust_logits leaves the others alone).
             [r for r, n in enumerate(row_item) if rep[n] != 1.0] if penalized else [],
             [r for r, n in enumerate(row_item) if relu_masks[n] is not None] if any_relu else [],
-            [s * max_select + j for s, _, m in spans for j in range(m)],
             [s for s, _, m in spans for _ in range(m)],
         )
-        threshold, temperature, top_p, rep_t = self.floats.stage(
+        threshold, temperature, top_p, rep_t, ref_ranks = self.floats.stage(
             [2.0 if x is None or r.constrained else x for x, r in zip(thresholds, reqs)],
             [r.temperature for r in reqs],
             [r.top_p for r in reqs],
             rep,
+            [max_select - j for _, _, m in spans for j in range(m)],
         )
         sampling = SamplingBatch(
             grid=grid_t.view(len(items), PAGE),
@@ -141,7 +140,7 @@ class StepInputBuilder:
             ),
             relu_rows=relu_rows if any_relu else None,
             rules=self.rules.build(items, slots, grid),
-            reference=ReferenceSelection(spans, ref_slots, ref_items) if spans else None,
+            reference=ReferenceSelection(spans, ref_ranks, ref_items) if spans else None,
         )
         if any(c is not None for c in constraints):
             self.grammar.add_to(sampling, constraints, grid)

@@ -190,19 +190,29 @@ def test_stream_gemm_refuses_what_it_cannot_compute():
             stream_gemm.stream_gemm(*args, torch.float32, config=config(32, 128, 2))
 
 
-def test_row_confidence_kernel_is_the_softmax_max_and_the_first_argmax():
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_row_confidence_kernels_are_the_softmax_max_and_the_first_argmax(splits):
+    """Each row whole (1), in two chunks (4096 + 904 columns) and in three (2048 each, the last
+    904): the combine kernel must take the max, the rescaled sum and the first column across them."""
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(7, 5000, generator=g) * 4
+    x = torch.randn(8, 5000, generator=g) * 4
     x[:, 4000:] = float("-inf")  # banned columns, across a block boundary of the kernel's loop
-    x[3, :3000] = float("-inf")  # a row whose first block of the kernel's loop is all banned
+    x[3, :3000] = float("-inf")  # a row whose first block (and first of three chunks) is all banned
     x[4, [10, 2058, 3000]] = 50.0  # tied maxima in two lanes' columns: the first column wins
     x[5, [2100, 52]] = 50.0  # tied in one lane (52 and 2100 = 52 + 2048) and another: 52
     x[6] = float("-inf")  # all banned: torch.argmax says column 0
-    conf, top = torch.empty(7), torch.empty(7, dtype=torch.int64)
-    row_confidence._row_confidence_kernel[(7,)](x, conf, top, x.shape[1], x.stride(0), BLOCK=2048)
-    assert torch.allclose(conf[:6], torch.softmax(x[:6], -1).amax(-1), rtol=1e-5)
+    x[7, [4100, 2050]] = 50.0  # tied across chunks, the later column in the earlier lane: 2050
+    conf, top = row_confidence.row_confidence_split(x, splits)
+    live = [0, 1, 2, 3, 4, 5, 7]
+    assert torch.allclose(conf[live], torch.softmax(x[live], -1).amax(-1), rtol=1e-5)
     assert top.tolist() == x.argmax(-1).tolist()
-    assert top[4:].tolist() == [10, 52, 0]
+    assert top[4:].tolist() == [10, 52, 0, 2050]
+
+
+def test_row_confidence_splits_give_every_sm_two_programs():
+    assert row_confidence.splits_for(rows=64, sms=132) == 5
+    assert row_confidence.splits_for(rows=1, sms=132) == row_confidence.MAX_SPLITS
+    assert row_confidence.splits_for(rows=1024, sms=132) == 1
 
 
 def test_the_swiglu_experiment_kernel_is_silu_gate_times_up():
