@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from cde.kernels.fp8_ops import PREFETCH_TILES
 from cde.kernels.fp8_triton import add_norm_quantize, heads_quantize, silu_mul_quantize
-from cde.kernels.row_confidence import row_confidence
+from cde.kernels.row_confidence import row_confidence, row_confidence_split, splits_for
 from cde.kernels.stream_gemm import MAX_ROWS, counter_count, stream_gemm, tuned_configs, tuned_launch_configs
 from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.worker.cuda_timing import graph_replay_ms
@@ -292,10 +292,14 @@ def torch_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def confidence(args: argparse.Namespace) -> None:
+    """Selection's row confidence: torch's softmax + amax and argmax, the Triton kernels with each
+    row whole (one program per row), and as the engine splits it (kernels/row_confidence.py)."""
     dev = "cuda"
-    print("\n| rows | softmax + amax, argmax us | Triton us | speed-up | max rel diff | argmax mismatches |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for rows in (64, 1024, 2048):
+    columns = ["rows", "softmax + amax, argmax us", "one program per row us", "split us (chunks a row)", "speed-up"]
+    columns += ["max rel diff", "argmax mismatches"]
+    print("\n| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for rows in (8, 32, 64, 1024, 2048):
         x = (torch.randn(rows, 100352, device=dev) * 3).to(torch.bfloat16)
         x[:, 100281:] = float("-inf")
         x[:, 100257] = float("-inf")
@@ -304,8 +308,11 @@ def confidence(args: argparse.Namespace) -> None:
         diff = ((got - ref).abs() / ref).max().item()
         wrong = (top != ref_top).sum().item()
         tr = graph_ms(lambda x=x: torch_confidence(x), 50)
+        whole = graph_ms(lambda x=x: row_confidence_split(x, 1), 50)
         tt = graph_ms(lambda x=x: row_confidence(x), 50)
-        print(f"| {rows} | {tr * 1e3:.1f} | {tt * 1e3:.1f} | {tr / tt:.2f}x | {diff:.1e} | {wrong} |", flush=True)
+        splits = splits_for(rows, sms)
+        times = f"{tr * 1e3:.1f} | {whole * 1e3:.1f} | {tt * 1e3:.1f} ({splits}) | {tr / tt:.2f}x"
+        print(f"| {rows} | {times} | {diff:.1e} | {wrong} |", flush=True)
 
 
 # In this order, whatever --only's: the stack last, it holds 23 GB of weights.
