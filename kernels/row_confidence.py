@@ -76,6 +76,14 @@ if triton is not None:
     # Sizes are not specialized (a chunk or split count of 1 or a multiple of 16 would otherwise
     # compile a variant of its own, mid-serve, the first time a row count calls for it).
 
+    @triton.jit
+    def _merge(m, s, at, vocab):
+        """Partial maxima m, their sums s = sum(exp(x - m)) and first columns `at` (a chunk's lanes,
+        or a row's chunks) -> the max, the sum rescaled to it, and the first column holding it."""
+        top = tl.max(m, axis=0)
+        total = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - top), 0.0), axis=0)
+        return top, total, tl.min(tl.where(m == top, at, vocab), axis=0)
+
     @triton.jit(do_not_specialize=["vocab", "chunk", "splits"])
     def _chunk_kernel(x_ptr, m_ptr, s_ptr, at_ptr, vocab, chunk, splits, BLOCK: tl.constexpr):
         """One chunk of one row: its max m, sum(exp(x - m)) and first column of m."""
@@ -98,11 +106,11 @@ if triton is not None:
             live = m_new > float("-inf")  # a lane that has seen only -inf keeps s = 0
             s = tl.where(live, s * tl.exp(m - m_new) + tl.exp(x - m_new), 0.0)
             m = m_new
-        top = tl.max(m, axis=0)
+        top, total, first = _merge(m, s, at, vocab)
         out = row * splits + part
         tl.store(m_ptr + out, top)
-        tl.store(s_ptr + out, tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - top), 0.0), axis=0))
-        tl.store(at_ptr + out, tl.min(tl.where(m == top, at, vocab), axis=0).to(tl.int64))
+        tl.store(s_ptr + out, total)
+        tl.store(at_ptr + out, first.to(tl.int64))
 
     @triton.jit(do_not_specialize=["vocab", "splits"])
     def _combine_kernel(m_ptr, s_ptr, at_ptr, conf_ptr, top_ptr, vocab, splits, MAX_SPLITS: tl.constexpr):
@@ -113,9 +121,7 @@ if triton is not None:
         m = tl.load(m_ptr + row * splits + parts, mask=live, other=float("-inf"))
         s = tl.load(s_ptr + row * splits + parts, mask=live, other=0.0)
         at = tl.load(at_ptr + row * splits + parts, mask=live, other=vocab)
-        top = tl.max(m, axis=0)
-        total = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - top), 0.0), axis=0)
+        # an all -inf row has every chunk at -inf, and its first chunk's first column: 0
+        _, total, first = _merge(m, s, at, vocab)
         tl.store(conf_ptr + row, 1.0 / total)
-        # chunks in column order: the first whose max is the row's holds the first such column;
-        # an all -inf row has every chunk at -inf and its first chunk's first column, 0
-        tl.store(top_ptr + row, tl.min(tl.where(m == top, at, vocab), axis=0))
+        tl.store(top_ptr + row, first)
