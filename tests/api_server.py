@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -17,6 +19,37 @@ from cde.commands.load_client import metric_samples
 
 REPO = Path(__file__).resolve().parents[1]
 _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v1")
+
+
+SLOW_STOP_S = 5.0  # a test process's stop slower than this is reported, with what it wrote last
+
+
+def stop_process(proc: subprocess.Popen, output: list[str], drainer: threading.Thread | None) -> int:
+    """SIGTERM, and the exit status. A process still running 30 s later first writes its threads'
+    stacks into `output` (SIGUSR1, cde/cli.py), then is killed (-9). A stop slower than
+    SLOW_STOP_S is a warning carrying the end of `output` (read to its end by `drainer`), so that a
+    CI log says why a teardown took its time (a worker killed by serve after its stop timeout
+    writes its stacks there too, cde/commands/serve.py)."""
+    t0 = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        status = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(2)  # time to write the stacks
+        proc.kill()
+        status = proc.wait()
+    if (took := time.monotonic() - t0) > SLOW_STOP_S:
+        if drainer is not None:
+            drainer.join(5)
+        command = " ".join(str(a) for a in proc.args[2:4])  # type: ignore[index]  # past `python -m`
+        warnings.warn(
+            f"{command} took {took:.1f} s to stop (status {status}); its last lines:\n" + "".join(output[-60:]),
+            stacklevel=3,  # the fixture that stopped it
+        )
+    return status
 
 
 def metrics_at(url: str) -> dict[str, float]:
@@ -48,8 +81,10 @@ class ServerProcess:
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self.output: list[str] = []
+        self._drainer: threading.Thread | None = None  # from the banner on (before it, the start reads)
         self.url = self._wait_for_banner(timeout)
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _wait_for_banner(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -81,14 +116,8 @@ class ServerProcess:
     def metrics(self) -> dict[str, float]:
         return metrics_at(self.url)
 
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+    def stop(self) -> int:
+        return stop_process(self.proc, self.output, self._drainer)
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +13,7 @@ from unittest import mock
 
 import httpx
 
-from tests.api_server import REPO, metrics_at
+from tests.api_server import REPO, metrics_at, stop_process
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -107,20 +105,7 @@ class CdeProcess:
                 self._new_line.wait(min(left, 1.0))
 
     def stop(self) -> int:
-        """SIGTERM, and the exit status; a process still running 30 s later first writes its
-        threads' stacks into `output` (SIGUSR1, cde/cli.py), then is killed (-9)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(2)  # time to write the stacks
-            self.proc.kill()
-            status = self.proc.wait()
-            self._drainer.join(5)  # the stacks, read into `output`
-            return status
+        return stop_process(self.proc, self.lines, self._drainer)
 
 
 class TinyWorker(CdeProcess):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -99,7 +100,11 @@ def _spawn(settings: WorkerSettings, n: int, gpus: list[str], sockdir: str, proc
     return endpoints
 
 
-def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+WORKER_STOP_S = 10.0  # from SIGTERM to SIGKILL: a worker's stop is its current pass and its socket's 1 s linger
+STACKS_S = 2.0  # for a worker that outlived it to write its threads' stacks before the kill
+
+
+def _stop(procs: list[subprocess.Popen], timeout: float = WORKER_STOP_S) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -109,6 +114,16 @@ def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
         try:
             p.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            # Where it hangs is the one clue to why (a device call that never returns, a lock): its
+            # threads' stacks go to the stderr it shares with us (cde/cli.py's SIGUSR1), then the kill.
+            log.warning(
+                "worker pid %d still running %g s after SIGTERM: its threads' stacks follow, then SIGKILL",
+                p.pid,
+                timeout,
+            )
+            p.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(STACKS_S)
             p.kill()
             p.wait()
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
-from tests.cde_procs import wait_for
+from tests.cde_procs import free_port, wait_for
 
 INTERRUPTED = "cde serve: interrupted"
 
@@ -224,3 +224,45 @@ def test_workers_gone_during_a_drain_end_it_as_asked(tiny_dir, tmp_path):
     os.kill(worker, signal.SIGKILL)
     assert serve.proc.wait(30) == 0, serve.output()
     assert INTERRUPTED not in serve.output() and "every worker exited" not in serve.output()
+
+
+# `cde worker` that never acts on SIGTERM, as one hung in a device call would not.
+DEAF_WORKER = """
+import sys
+from cde.worker.zmq_server import WorkerServer
+WorkerServer.request_stop = lambda self, *_: None
+from cde.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_worker_still_running_after_its_stop_timeout_writes_its_stacks_then_is_killed(tiny_dir, caplog):
+    """serve's stop of its workers is bounded (`_stop`, after the drain), and a worker that outlives
+    the bound says where it hangs before the kill: its threads' stacks on the stderr it shares."""
+    from cde.commands.serve import STACKS_S, _stop
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-c", DEAF_WORKER, "worker", "--model", str(tiny_dir), "--bind", endpoint, "--device", "cpu"]
+    worker = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    wait_for(lambda: any("worker ready" in line for line in lines), "the worker", 120)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="cde.gateway"):
+        _stop([worker], timeout=1.0)
+    took = time.monotonic() - t0
+    reader.join(10)
+    out = "".join(lines)
+    assert worker.returncode == -signal.SIGKILL, out
+    assert 1.0 <= took < 1.0 + STACKS_S + 5, took
+    assert f"worker pid {worker.pid} still running 1 s after SIGTERM" in caplog.text
+    # faulthandler's dump of the engine thread, in the loop that never saw the stop
+    assert "most recent call first" in out and "in serve_forever" in out, out
