@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from cde.commands.load_client import metric_samples
+from cde.commands.serve import kill_showing_stacks
 
 REPO = Path(__file__).resolve().parents[1]
 _BANNER = re.compile(r"CDE (?:serving .* at|gateway listening on) (http://\S+)/v1")
@@ -26,7 +26,7 @@ SLOW_STOP_S = 5.0  # a test process's stop slower than this is reported, with wh
 
 def stop_process(proc: subprocess.Popen, output: list[str], drainer: threading.Thread | None) -> int:
     """SIGTERM, and the exit status. A process still running 30 s later first writes its threads'
-    stacks into `output` (SIGUSR1, cde/cli.py), then is killed (-9). A stop slower than
+    stacks into `output`, then is killed (-9). A stop slower than
     SLOW_STOP_S is a warning carrying the end of `output` (read to its end by `drainer`), so that a
     CI log says why a teardown took its time (a worker killed by serve after its stop timeout
     writes its stacks there too, cde/commands/serve.py)."""
@@ -36,11 +36,7 @@ def stop_process(proc: subprocess.Popen, output: list[str], drainer: threading.T
     try:
         status = proc.wait(30)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(2)  # time to write the stacks
-        proc.kill()
-        status = proc.wait()
+        status = kill_showing_stacks(proc)
     if (took := time.monotonic() - t0) > SLOW_STOP_S:
         if drainer is not None:
             drainer.join(5)

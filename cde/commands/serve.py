@@ -115,17 +115,23 @@ def _stop(procs: list[subprocess.Popen], timeout: float = WORKER_STOP_S) -> None
             p.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             # Where it hangs is the one clue to why (a device call that never returns, a lock): its
-            # threads' stacks go to the stderr it shares with us (cde/cli.py's SIGUSR1), then the kill.
+            # threads' stacks go to the stderr it shares with us, then the kill.
             log.warning(
                 "worker pid %d still running %g s after SIGTERM: its threads' stacks follow, then SIGKILL",
                 p.pid,
                 timeout,
             )
-            p.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(STACKS_S)
-            p.kill()
-            p.wait()
+            kill_showing_stacks(p)
+
+
+def kill_showing_stacks(p: subprocess.Popen) -> int:
+    """SIGUSR1 (every thread's stack to the process's stderr, cde/cli.py), STACKS_S to write
+    them, then SIGKILL: the exit status."""
+    p.send_signal(signal.SIGUSR1)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        return p.wait(STACKS_S)  # SIGUSR1 before cde/cli.py registers it ends the process
+    p.kill()
+    return p.wait()
 
 
 def warm_up(api_key: str | None, max_tokens: int, tokens_per_step: int) -> Callable[[str], Awaitable[None]]:

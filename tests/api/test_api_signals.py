@@ -16,6 +16,7 @@ from typing import NoReturn
 import httpx
 import pytest
 
+from cde.commands.serve import kill_showing_stacks
 from tests.api_server import LONG, REPO, ServerProcess, pid_alive
 from tests.cde_procs import free_port, wait_for
 
@@ -96,10 +97,7 @@ class Starting:
             self._fail(f"cde serve still ran {timeout:g} s after the signal")
 
     def _fail(self, what: str) -> NoReturn:
-        self.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
-        time.sleep(1)
-        self.proc.kill()
-        self.proc.wait()
+        kill_showing_stacks(self.proc)
         raise AssertionError(f"{what}:\n{self.output()}")
 
     def output(self) -> str:
