@@ -36,12 +36,10 @@ def e4m3_head(runner: ModelRunner) -> None:
     """The runner's logits from an e4m3 copy of its LM head."""
     q, scale = quantize_rows(runner.lm_head.float())
     weight = q.float() * scale
-    n_embd = runner.cfg.n_embd
 
-    def logits(hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        h = hidden.reshape(-1, n_embd)[rows]
-        hq, h_scale = quantize_rows(h.float())
-        return ((hq.float() * h_scale) @ weight.t()).to(h.dtype)
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        hq, h_scale = quantize_rows(hidden.float())
+        return ((hq.float() * h_scale) @ weight.t()).to(hidden.dtype)
 
     runner._logits = logits
 
@@ -56,9 +54,7 @@ def generate(
         e4m3_head(runner)
     else:  # bfloat16's final hidden rows, for the head's own deviation
         plain = runner._logits
-        runner._logits = lambda hidden, rows: (
-            seen.append(hidden.reshape(-1, runner.cfg.n_embd)[rows]) or plain(hidden, rows)
-        )
+        runner._logits = lambda hidden: seen.append(hidden) or plain(hidden)
     out = engine.generate([GenerateRequest(str(i), p, max_tokens=tokens) for i, p in enumerate(prompts)])
     return [out[str(i)] for i in range(len(prompts))]
 
@@ -93,10 +89,9 @@ def main() -> None:
     rows = torch.cat(hidden)  # the head alone, on bfloat16's hidden rows (at most ~2,048: [R, 100k] logits)
     rows = rows[:: max(1, rows.shape[0] // 2048)]
     runner = Engine(EngineArgs(model, dtype="bfloat16", max_running=1)).runner
-    every = torch.arange(rows.shape[0])
-    plain = runner._logits(rows, every)
+    plain = runner._logits(rows)
     e4m3_head(runner)
-    d = deviation(plain, runner._logits(rows, every))
+    d = deviation(plain, runner._logits(rows))
     print(
         f"\nthe e4m3 head alone on {rows.shape[0]} bfloat16 hidden rows: "
         + ", ".join(f"{k} {v:.3g}" for k, v in d.items())

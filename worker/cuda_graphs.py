@@ -1,7 +1,8 @@
 """The CUDA forward pass: regional `torch.compile` of the transformer blocks (compiled once,
-reused by all 32 layers) and one CUDA graph per batch bucket that replays the whole pass
-(block-mask update, embedding, steering, 32 blocks with paged FlexAttention, final norm) from
-static buffers.
+reused by all 32 layers) and one CUDA graph per batch bucket that replays the pass (block-mask
+update, embedding, steering, 31 blocks with paged FlexAttention and the last one's attention) from
+static buffers. The last block's row-wise rest and the final norm run after the replay, compiled
+but not captured, on the rows whose logits are read (worker/last_block.py).
 
 Every integer input of a bucket lives in one packed device buffer, filled by a single
 asynchronous copy from pinned memory: preparing a step never waits for the GPU.
@@ -30,6 +31,7 @@ from cde.kernels.flashblock import FlashBlockBatch, FlashBlockSplit, external_pa
 from cde.kernels.flex_paged_attention import PagedBlockMask
 from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, MASK_ID, PAGE
+from cde.worker.last_block import TAIL_VARIANTS, RowsTail, TailInputs, finish, tail_rows
 
 if TYPE_CHECKING:
     from cde.shared.config import ModelConfig
@@ -82,7 +84,7 @@ class _Bucket:
     steer_vec: torch.Tensor
     mask: PagedBlockMask
     graph: torch.cuda.CUDAGraph | None = None
-    out: torch.Tensor | None = None
+    out: TailInputs | None = None  # the graph's outputs
     steered: bool = False  # steer_vec may hold a non-zero row (zero again at the first unsteered pass)
 
 
@@ -140,9 +142,10 @@ def bucket_forward(
     split_caches: list | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> torch.Tensor:
-    """The whole pass of a packed bucket from its device buffers (what a graph captures);
-    `split_caches`: FlashBlock's per-layer cache rows for the split family, else None."""
+) -> TailInputs:
+    """The pass of a packed bucket from its device buffers (what a graph captures): its tensors
+    are the graph's outputs and the bucket's buffers. `split_caches`: FlashBlock's per-layer
+    cache rows for the split family, else None."""
     tokens, table, blocks, write_pages, n_pages, steer_from, mode, slot, write_slot = views(ints, n, width)
     split = FlashBlockBatch(mode, slot, write_slot, []) if split_caches is not None else None
     mask.update(table, n_pages if split is None else external_pages(n_pages, mode))
@@ -182,6 +185,14 @@ class GraphedForward:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for block in model.transformer.blocks:
             block.compile()
+        # The graph ends with the last block's attention alone (worker/last_block.py), which must
+        # run compiled too: FlexAttention has no fast eager path. The class's method: a model
+        # graphed twice wraps no compiled wrapper.
+        last = model.transformer.last
+        last.head = torch.compile(type(last).head.__get__(last))  # type: ignore[method-assign]
+        # The tail after the replay, over a row count that changes from pass to pass: compiled (the
+        # eager one is ~40 small kernels), all its variants compiled by `capture_all`.
+        self.rows_tail: RowsTail = torch.compile(tail_rows)
         self.pool = torch.cuda.graph_pool_handle()
         self.capture_stream = torch.cuda.Stream()
         self.buckets: dict[tuple[int, bool, int], _Bucket] = {}  # (size, FlashBlock family, kv splits)
@@ -201,7 +212,7 @@ class GraphedForward:
         self._fill(b, [], [], [], [], [], None)  # all padding items
         return b
 
-    def _run(self, b: _Bucket) -> torch.Tensor:
+    def _run(self, b: _Bucket) -> TailInputs:
         return bucket_forward(
             self.model,
             b.ints,
@@ -236,6 +247,19 @@ class GraphedForward:
             for ways in bucket_split_choices(self.kv_splits, size, self.width):
                 b = self.buckets[(size, family, ways)] = self._new_bucket(size, family, ways)
                 self._capture(b)
+        if not family:
+            self._warm_tail()
+
+    def finish(self, out: TailInputs, rows: torch.Tensor) -> torch.Tensor:
+        """`last_block.finish` on the compiled tail."""
+        return finish(self.model, out, rows, self.rows_tail)
+
+    def _warm_tail(self) -> None:
+        """Compile the tail's variants (`TAIL_VARIANTS`) on padding items' outputs."""
+        for items, pages in TAIL_VARIANTS:
+            out = next(b.out for (n, fam, _), b in self.buckets.items() if n == items and not fam)
+            assert out is not None
+            self.finish(out, torch.arange(pages * PAGE, device=self.device))
 
     def __call__(
         self,
@@ -248,11 +272,13 @@ class GraphedForward:
         split: FlashBlockSplit | None = None,
         split_caches: list | None = None,
         complete_tokens: Callable[[torch.Tensor], None] | None = None,
-    ) -> torch.Tensor:
+    ) -> TailInputs:
         """Host lists of N real items (steer_vec: a device tensor [N, D], None when no item steers)
-        -> hidden [N, 64, D]. `split`: FlashBlock's modes, slots and write slots per item, with its
-        per-layer cache rows. `complete_tokens`: called with the items' tokens in the bucket's
-        device buffer ([N, 64]) before the replay, to finish them in place (worker/carried_picks.py)."""
+        -> the pass up to the last block's attention, for `finish` (worker/last_block.py); its
+        tensors are the bucket's, overwritten by its next replay. `split`: FlashBlock's modes,
+        slots and write slots per item, with its per-layer cache rows. `complete_tokens`: called
+        with the items' tokens in the bucket's device buffer ([N, 64]) before the replay, to
+        finish them in place (worker/carried_picks.py)."""
         n = len(pages)
         self.split_caches = split_caches
         size = next((s for s in BUCKETS if s >= n), None)
@@ -276,7 +302,7 @@ class GraphedForward:
         if b.graph is None:
             return self._run(b)
         b.graph.replay()
-        return b.out[:n]
+        return b.out.first(n)
 
     def _fill(
         self,

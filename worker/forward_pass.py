@@ -1,7 +1,9 @@
 """The transformer's pass over a plan's items, and the device state it reads and writes: the paged
 KV cache, the rope tables and FlashBlock's cache of external attention. On CUDA the pass runs as
 the captured graph of its bucket (worker/cuda_graphs.py), elsewhere as the eager model; the CPU
-tests hold a padded bucket to the eager pass (tests/worker/test_cuda_logic_cpu.py)."""
+tests hold a padded bucket to the eager pass (tests/worker/test_cuda_logic_cpu.py). A pass stops
+after the last block's attention; `finish` then computes the final hidden states of the rows that
+are read (worker/last_block.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, MASK_ID, PAGE, ModelConfig
 from cde.worker.carried_picks import CarriedPicks
 from cde.worker.cuda_graphs import GraphedForward
-from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.last_block import TailInputs, finish
+from cde.worker.model import SteerlingModel
 from cde.worker.plan import PlannedItem
+from cde.worker.rope import rope_tables
 
 Items = tuple[PlannedItem, ...]  # a plan's items
 
@@ -73,9 +77,9 @@ class ForwardPass:
         steer_vec: torch.Tensor | None,
         steer_from: list[int],
         carried: CarriedPicks | None = None,
-    ) -> torch.Tensor:
-        """The items' hidden states [N, 64, D]; their K/V written, FlashBlock rows read or
-        refreshed as their modes say."""
+    ) -> TailInputs:
+        """The pass up to the last block's attention, for `finish`: the items' K/V written,
+        FlashBlock rows read or refreshed as their modes say."""
         split = self.split_inputs(items)
         if self.graphed is not None:
             return self.graphed(
@@ -90,6 +94,13 @@ class ForwardPass:
                 carried.into_tokens if carried is not None else None,
             )
         return self.eager(items, steer_vec, steer_from, split, carried)
+
+    def finish(self, out: TailInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The final-norm hidden states [R, D] of `rows` (int64 indices into the pass's N * 64
+        rows): after the graph (compiled on CUDA, not captured: their count changes from pass to pass)."""
+        if self.graphed is not None:
+            return self.graphed.finish(out, rows)
+        return finish(self.model, out, rows)
 
     def split_inputs(self, items: Items) -> FlashBlockSplit | None:
         """FlashBlock per item: its mode, cache row read and cache row written, or None when every
@@ -109,7 +120,7 @@ class ForwardPass:
         steer_from: list[int],
         split: FlashBlockSplit | None,
         carried: CarriedPicks | None = None,
-    ) -> torch.Tensor:
+    ) -> TailInputs:
         dev = self.device
         if steer_vec is None:
             steer_vec = torch.zeros(len(items), self.cfg.n_embd, dtype=self.dtype, device=dev)

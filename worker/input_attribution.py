@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 from cde.shared.config import MASK_ID, PAGE
-from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.model import SteerlingModel
+from cde.worker.rope import rope_tables
 from cde.worker.steering import SteeringState, alpha_now
 
 # Tokens (rows x snapshot length) forwarded and back-propagated at once by default.

@@ -4,10 +4,13 @@ Module names mirror the published weight names (`transformer.blocks.{i}.attn.c_a
 so a checkpoint loads with `load_state_dict(strict=True)`. The forward pass takes a batch of
 *items*: each item is one 64-token block of one request at an absolute block index; attention goes
 over the paged KV cache (kernels/) with metadata built by the model runner, so this file knows
-nothing of pages, requests or scheduling.
+nothing of pages, requests or scheduling. It stops after the last block's attention: the rest works
+row by row, and worker/last_block.py runs it on the rows that are read.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -17,6 +20,8 @@ from cde.kernels.paged_attention import PagedBatch, paged_attention
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write
 from cde.kernels.stream_ops import rms_norm, swiglu
 from cde.shared.config import ModelConfig
+from cde.worker.last_block import TailInputs
+from cde.worker.rope import apply_rope
 
 BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # a block's linear layers, by path
 # What a block hands the next one beside its output x: None, or (FP8 blocks) x's rows quantized for
@@ -44,25 +49,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
-
-
-def rope_tables(
-    cfg: ModelConfig, n_positions: int, device: torch.device | str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [n_positions, head_dim], computed in fp32 like the reference."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float) / dim))
-    freqs = torch.outer(torch.arange(n_positions, device=device, dtype=torch.float), inv_freq)
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """t: [N, heads, 64, Dh]; cos/sin: [N, 1, 64, Dh] fp32."""
-    tf = t.float()
-    x1, x2 = tf.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (tf * cos + rotated * sin).to(t.dtype)
 
 
 class Attention(nn.Module):
@@ -191,14 +177,36 @@ class Block(nn.Module):
         gate: torch.Tensor,
         handed: HandedOn = None,
     ) -> tuple[torch.Tensor, HandedOn]:
-        """`gate * inject` is the steering added after this block ([N] and [N, 64, D]): added
-        here, it fuses into the block's last residual add. `handed`: what the block before handed
-        on with x, and the second output what this one hands on (None; an FP8 block, worker/fp8.py,
-        hands on its output already quantized for the next block's c_attn)."""
+        """`head`, then `tail`: one computation, which the compiled block fuses across the two (a
+        pass's last block runs them apart, worker/last_block.py)."""
+        return self.tail(x, self.head(x, cos, sin, cache, meta, handed), inject, gate)
+
+    def head(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        meta: PagedBatch,
+        handed: HandedOn = None,
+    ) -> torch.Tensor:
+        """The attention's output after c_proj [N, 64, D], x's K/V written: the one part of the
+        block that mixes rows. `handed`: what the block before handed on with x."""
         if self.post_norm:
-            x, m = self.attn_residual_and_mlp(x, self.attn.attend(self.attn_input(x, handed), cos, sin, cache, meta))
+            return self.attn.attend(self.attn_input(x, handed), cos, sin, cache, meta)
+        return self.attn(self.ln_1(x), cos, sin, cache, meta)
+
+    def tail(
+        self, x: torch.Tensor, a: torch.Tensor, inject: torch.Tensor, gate: torch.Tensor
+    ) -> tuple[torch.Tensor, HandedOn]:
+        """The rest, row by row, from x and the attention's output a: the residuals, the MLP and
+        the steering `gate * inject` added after the block ([N] and [N, T, D]; added here, it
+        fuses into the last residual add). Returns the block's output and what it hands on (None;
+        an FP8 block, worker/fp8.py, hands on its output already quantized for the next c_attn)."""
+        if self.post_norm:
+            x, m = self.attn_residual_and_mlp(x, a)
             return self.residual_out(x, m, inject, gate)
-        x = x + self.attn(self.ln_1(x), cos, sin, cache, meta)
+        x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x + gate[:, None, None] * inject, None
 
@@ -240,6 +248,11 @@ class Transformer(nn.Module):
         if cfg.weight_sharing:
             self.tok_emb.weight = self.lm_head.weight
 
+    @property
+    def last(self) -> Block:
+        """The last block, whose attention ends a pass (worker/last_block.py)."""
+        return cast(Block, self.blocks[-1])
+
 
 class KnownHead(nn.Module):
     """Dense known-concept head: logits = W_pred h, features = sum_topk sigmoid(logit) E."""
@@ -280,18 +293,21 @@ class SteerlingModel(nn.Module):
         steer_vec: torch.Tensor,  # [N, D] alpha * direction (zero when a request does not steer)
         steer_from: torch.Tensor,  # [N] int: inject after layer i when i + 1 >= steer_from
         steer_positions: torch.Tensor,  # [N, 64] bool: still-masked positions
-    ) -> torch.Tensor:
-        """Returns the final-norm hidden states [N, 64, D]; token logits are lm_head of them
-        (with the epsilon correction the concept heads compose back to exactly this vector)."""
+    ) -> TailInputs:
+        """Every block up to the last one's attention (every item's K/V written), and what the
+        rest needs: `finish` (worker/last_block.py) gives the final-norm hidden states of the rows
+        read. Token logits are lm_head of those (with the epsilon correction the concept heads
+        compose back to exactly such a vector)."""
         x = self.transformer.tok_emb(tokens)
         inject = steer_vec[:, None, :] * steer_positions[:, :, None].to(steer_vec.dtype)
         # Always in the graph: the gates are data, so steering on/off never changes the graph.
         layers = torch.arange(1, len(self.transformer.blocks) + 1, device=steer_from.device)
         gates = (steer_from[None, :] <= layers[:, None]).to(x.dtype)  # [L, N]
         handed: HandedOn = None
-        for i, block in enumerate(self.transformer.blocks):
+        for i, block in enumerate(self.transformer.blocks[:-1]):
             x, handed = block(x, cos, sin, caches[i], meta, inject, gates[i], handed)
-        return self.transformer.ln_f(x)
+        a = self.transformer.last.head(x, cos, sin, caches[-1], meta, handed)
+        return TailInputs(x, a, inject, gates[-1][:, None].expand_as(steer_positions).contiguous())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer.lm_head(hidden)

@@ -2,9 +2,9 @@
 its `ForwardPass`, worker/forward_pass.py) and the per-request state of each slot
 (repetition-penalty token sets, steering vectors, the grammar's matcher), set up from a plan's
 `NewRequest`s. Turns a `StepPlan` (worker/plan.py: plain data, no live request) into tensors and
-launches the pass (forward, selection, attribution) without waiting for the GPU; its chosen
-positions and tokens, then its attribution, come back as asynchronous device-to-host copies that
-the engine reads when it needs them."""
+launches the pass (forward, the final hidden states of the rows that get logits, selection,
+attribution) without waiting for the GPU; its chosen positions and tokens, then its attribution,
+come back as asynchronous device-to-host copies that the engine reads when it needs them."""
 
 from __future__ import annotations
 
@@ -130,26 +130,28 @@ class ModelRunner:
     # ---- one forward pass -------------------------------------------------------------------
     @torch.inference_mode()
     def launch(self, plan: StepPlan, after: Pass | None = None) -> Pass:
-        """Queue a pass (its new requests already started): forward, logits, selection and (on a
-        side stream) attribution, with their device-to-host copies. Never waits for the GPU, so
-        the engine can schedule and launch the next pass while this one's attribution finishes.
+        """Queue a pass (its new requests already started): forward, the final hidden states of
+        the rows that get logits (worker/last_block.py), logits, selection and (on a side stream)
+        attribution, with their device-to-host copies. Never waits for the GPU, so the engine can
+        schedule and launch the next pass while this one's attribution finishes.
         `after`: the pass in flight that `plan` was planned ahead of (worker/plan_ahead.py), whose
         picks complete its items on the device."""
         items = plan.items
         carried = stage_carried(self.carry_inputs, plan, after.selected) if after and after.selected else None
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self.forward(items, steer_vec, steer_from, carried)
+        out = self.forward(items, steer_vec, steer_from, carried)  # first: the GPU starts on it
         steps = [i for i, it in enumerate(items) if it.is_step]
-        if not steps:
+        if not steps:  # no logits read: the pass needs no tail
             return Pass(plan, steps)
         step_items = [items[i] for i in steps]
         relu = [self.steering[it.slot].relu_mask if it.slot in self.steering else None for it in step_items]
         constraints = [self.constraints[it.slot] if it.request.constrained else None for it in step_items]
         inp = self.step_inputs.build(steps, step_items, relu, constraints)
+        hidden = self.forward.finish(out, inp.rows)  # [R, D]: row r is logits row r
         sb = inp.sampling
         if carried is not None:
             carried.out_of_grid(sb.grid)
-        logits = self._logits(hidden, inp.rows)
+        logits = self._logits(hidden)
         adjusted = adjust_logits(logits, sb)
         positions, chosen, valid = select_and_sample_adjusted(adjusted, sb)
         p = Pass(
@@ -163,16 +165,14 @@ class ModelRunner:
         if any(it.request.attribution_per_block for it in step_items):
             # attributed when the block completes (worker/block_attribution.py): every pick's row stashed
             lr = sb.grid.gather(1, positions).clamp(min=0)  # [S, K] logits rows
-            h = hidden.reshape(-1, self.cfg.n_embd)[inp.rows[lr].reshape(-1)]
+            h = hidden[lr.reshape(-1)]
             keys = self.stash.stage_keys([(it.slot, it.block) for it in step_items])
             self.stash.write(keys, positions, valid, h, chosen, logits[lr.reshape(-1), chosen.reshape(-1)])
         if p.logprob_items:
             p.logprob_top = max(step_items[n].request.logprobs or 0 for n in p.logprob_items)
             p.logprobs = self.logprobs.launch(adjusted, sb.grid, positions, chosen, p.logprob_items, p.logprob_top)
         if p.attributed:
-            p.attribution = self._attribute(
-                hidden, [steps[n] for n in p.attributed], p.attributed, logits, sb.grid, positions, chosen
-            )
+            p.attribution = self._attribute(hidden, p.attributed, logits, sb.grid, positions, chosen)
         self._count_picks(step_items, inp, chosen, valid)  # last: a launch that raises counts nothing
         return p
 
@@ -223,10 +223,11 @@ class ModelRunner:
         FlashBlock items read or refresh their cache rows as their modes say."""
         items = plan.items
         steer_vec, steer_from = self._steering_inputs(items)
-        hidden = self.forward(items, steer_vec, steer_from)
+        out = self.forward(items, steer_vec, steer_from)
         steps = [i for i, it in enumerate(items) if it.is_step]
         rows, _, row_item = eligible_rows(steps, [items[i] for i in steps])
-        return self._logits(hidden, torch.tensor(rows, device=self.device)), [steps[n] for n in row_item]
+        hidden = self.forward.finish(out, torch.tensor(rows, dtype=torch.int64, device=self.device))
+        return self._logits(hidden), [steps[n] for n in row_item]
 
     def records(self, p: Pass) -> list[PackedAttribution | None]:
         """Per step item of the pass: the attribution of the tokens it committed, packed (None:
@@ -288,29 +289,26 @@ class ModelRunner:
             )
         return out
 
-    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """[R, padded vocabulary] logits of the hidden rows (the padding columns are banned in selection)."""
-        return F.linear(hidden.reshape(-1, self.cfg.n_embd)[rows], self.lm_head)
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, padded vocabulary] logits of the hidden rows [R, D] (the padding columns are banned in selection)."""
+        return F.linear(hidden, self.lm_head)
 
     def _attribute(
         self,
         hidden: torch.Tensor,
-        items: list[int],
         attributed: list,
         logits: torch.Tensor,
         grid: Any,
         positions: torch.Tensor,
         chosen: torch.Tensor,
     ) -> HostCopy:
-        """Attribution of every selection slot of the step items that asked (`attributed`, their
-        pass indices `items`), in one batched pass: [A * K, width] rows on their way to the host.
-        Slots that commit nothing are computed too (static shapes, no sync) and dropped there."""
-        a, item_idx = self.attr_inputs.stage(attributed, items)
+        """Attribution of every selection slot of the step items that asked (`attributed`), in one
+        batched pass: [A * K, width] rows on their way to the host. Slots that commit nothing are
+        computed too (static shapes, no sync; on logits row 0) and dropped there."""
+        (a,) = self.attr_inputs.stage(attributed)
         pos, tok = positions[a], chosen[a]  # [A, K]
-        rows = (item_idx[:, None] * PAGE + pos).reshape(-1)
-        target = logits[grid[a].gather(1, pos).clamp(min=0).reshape(-1), tok.reshape(-1)]
-        h = hidden.reshape(-1, self.cfg.n_embd)[rows]  # a copy: the next pass overwrites `hidden`
-        return self.attribution.launch(h, tok.reshape(-1), target)
+        rows = grid[a].gather(1, pos).clamp(min=0).reshape(-1)  # logits rows, hence hidden rows
+        return self.attribution.launch(hidden[rows], tok.reshape(-1), logits[rows, tok.reshape(-1)])
 
     def _steering_inputs(self, items: Items) -> tuple[torch.Tensor | None, list[int]]:
         """Per item: the vector it injects ([N, D] on the device; None when no item steers, so an

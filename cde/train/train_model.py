@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 
 from cde.shared.config import PAGE, ModelConfig
-from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead, rope_tables
+from cde.worker.model import Block, KnownHead, RMSNorm, UnknownHead
+from cde.worker.rope import rope_tables
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:

@@ -571,7 +571,8 @@ def test_qkv_rope_kernel_matches_the_model_path_in_bfloat16(items: int) -> None:
     from cde.kernels.paged_attention import write_kv
     from cde.kernels.qkv_rope import qkv_rope_write
     from cde.shared.config import PAGE, ModelConfig
-    from cde.worker.model import Attention, rope_tables
+    from cde.worker.model import Attention
+    from cde.worker.rope import rope_tables
 
     torch.manual_seed(3)
     cfg = ModelConfig(n_layers=1, n_head=32, n_kv_heads=4, n_embd=4096, context_len=64 * PAGE)

@@ -13,7 +13,8 @@ import torch
 from cde.kernels.paged_attention import write_kv
 from cde.kernels.qkv_rope import fused_input_stage, qkv_rope_write, tileable_head
 from cde.shared.config import PAGE, ModelConfig
-from cde.worker.model import Attention, rope_tables
+from cde.worker.model import Attention
+from cde.worker.rope import rope_tables
 
 assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 

@@ -16,8 +16,8 @@ def engine_logits(model_dir, dtype: str, prompt: list[int], device: str = "cpu")
     captured = []
     inner = engine.runner._logits
 
-    def capture(hidden, rows):  # the sampler adjusts float32 logits in place: keep a copy
-        out = inner(hidden, rows)
+    def capture(hidden):  # the sampler adjusts float32 logits in place: keep a copy
+        out = inner(hidden)
         captured.append(out.clone())
         return out
 

@@ -5,8 +5,10 @@ thing on an H200):
   every real logit is negative (so a padding column's 0 would win) decodes exactly as unpadded;
 - CUDA-graph buckets: a real pass packed into a larger bucket (padding items on the scratch
   page and slot) and run from the packed buffer through the block-mask attention, with split-KV
-  as an engine with `kv_splits` sets it per bucket, gives the eager path's hidden states and
-  cache writes, and touches no page or FlashBlock row but its own and the scratch ones;
+  as an engine with `kv_splits` sets it per bucket, gives the eager path's outputs (the last
+  block's input and attention output, the steering inputs, and so the final hidden states that
+  `finish` computes from them) and cache writes, and touches no page or FlashBlock row but its
+  own and the scratch ones;
 - attribution replayed through row buckets in turns (the side-stream graphs' loop) gives the
   rows of one eager call.
 """
@@ -33,6 +35,7 @@ from cde.worker.cuda_graphs import (
 )
 from cde.worker.engine import Engine, EngineArgs
 from cde.worker.model_runner import ModelRunner
+from cde.worker.step_inputs import eligible_rows
 
 from tests.worker.test_sampler import crafted_engine
 
@@ -153,6 +156,9 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
     before_kv, before_fb = clone(runner.forward.kv), clone(runner.forward.flashblock_cache or [])
     with torch.inference_mode():
         want = runner.forward.eager(items, steer_vec, steer_from, split)
+    steps = [i for i, it in enumerate(items) if it.is_step]
+    read = torch.tensor(eligible_rows(steps, [items[i] for i in steps])[0])  # the rows that get logits
+    assert read.numel() > 0
     want_kv, want_fb = runner.forward.kv, runner.forward.flashblock_cache
     # One page and one FlashBlock row past what the allocator hands out: the scratch ones.
     scratch_page, scratch_slot = runner.forward.kv[0][0].shape[1] - 1, runner.max_running
@@ -191,7 +197,13 @@ def test_a_padded_bucket_is_the_eager_pass(engine, flashblock, kv_splits):
                 runner.forward.cos,
                 runner.forward.sin,
             )
-        assert torch.allclose(got[: len(items)], want, atol=1e-4), (size, (got[: len(items)] - want).abs().max())
+        real = got.first(len(items))
+        for name in ("x", "a", "inject", "gate"):
+            ours, eager = getattr(real, name), getattr(want, name)
+            assert ours.shape == eager.shape and torch.allclose(ours, eager, atol=1e-4), (size, name)
+        with torch.inference_mode():
+            ours, eager = runner.forward.finish(real, read), runner.forward.finish(want, read)
+        assert torch.allclose(ours, eager, atol=1e-4), (size, (ours - eager).abs().max())
         written = {it.page for it in items}
         for layer, (k, v) in enumerate(kv):
             for page in range(k.shape[1]):

@@ -280,8 +280,8 @@ def active_block_logits(
     captured = []
     inner = engine.runner._logits
 
-    def capture(hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        out = inner(hidden, rows)
+    def capture(hidden: torch.Tensor) -> torch.Tensor:
+        out = inner(hidden)
         captured.append(out.clone())
         return out
 

@@ -11,7 +11,9 @@ from cde.shared.config import PAGE, preset
 from cde.shared.protocol import GenerateRequest, SteeringSpec
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
-from cde.worker.model import SteerlingModel, rope_tables
+from cde.worker.last_block import finish
+from cde.worker.model import SteerlingModel
+from cde.worker.rope import rope_tables
 from torch.utils._python_dispatch import TorchDispatchMode
 
 UNKNOWN_DIMS = {101196, 101200}
@@ -48,7 +50,8 @@ def test_watch_sees_unknown_wide_tensors():
 
 def test_8b_width_forward_and_logits_on_meta():
     """Steerling-8B width, 2 layers, on the meta device: one forward over a batch of items (a
-    prefill block and steps of two requests over their pages) and the token logits."""
+    prefill block and steps of two requests over their pages), the final hidden states of the
+    last two items' rows and their token logits."""
     cfg = dataclasses.replace(preset("8b"), n_layers=2)
     n, pages = 3, 8
     with torch.device("meta"):
@@ -71,9 +74,11 @@ def test_8b_width_forward_and_logits_on_meta():
     with ShapeWatch() as w:
         cos, sin = rope_tables(cfg, 4 * PAGE, device="meta")
         cos, sin = cos[:PAGE][None, None].expand(n, 1, -1, -1), sin[:PAGE][None, None].expand(n, 1, -1, -1)
-        hidden = model(tokens, cos, sin, caches, meta, steer, steer_from, positions)
-        logits = model.logits(hidden[:2])
-    assert hidden.shape == (n, PAGE, 4096) and logits.shape == (2, PAGE, 100281)
+        out = model(tokens, cos, sin, caches, meta, steer, steer_from, positions)
+        hidden = finish(model, out, torch.arange(PAGE, 3 * PAGE, device="meta"))
+        logits = model.logits(hidden)
+    assert out.x.shape == out.a.shape == (n, PAGE, 4096)
+    assert hidden.shape == (2 * PAGE, 4096) and logits.shape == (2 * PAGE, 100281)
     assert len(w.shapes) > 50
     assert w.unknown_wide() == []
 

@@ -3,10 +3,11 @@
 
 import pytest
 import torch
-from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, preset
+from cde.shared.config import EOS_ID, MASK_ID, PAD_ID, PAGE, preset
 from cde.shared.protocol import GenerateRequest
 from cde.worker.checkpoint import random_model, save_checkpoint
 from cde.worker.engine import Engine, EngineArgs
+from cde.worker.last_block import finish
 from cde.worker.sampler import entropy_temperature, filtered_log_probs, repetition_penalty, sampling_key
 
 BANNED = (EOS_ID, MASK_ID, PAD_ID)
@@ -236,10 +237,10 @@ def test_entropy_sampling_seeded(engine):
 # ---- (c) selection, bans and repetition penalty, checked pass by pass -----------------------------
 def run_checked(engine, reqs, check):
     """Drive the engine by hand; for every step item, hand `check` the item's 64-position logits
-    (recomputed from the hidden states of the pass), its eligible mask and the picks."""
+    (recomputed from the pass's output), its eligible mask and the picks."""
     model = engine.runner.model
     captured = {}
-    handle = model.register_forward_hook(lambda m, args, out: captured.__setitem__("hidden", out))
+    handle = model.register_forward_hook(lambda m, args, out: captured.__setitem__("out", out))
     try:
         for r in reqs:
             engine.add_request(r)
@@ -258,11 +259,11 @@ def run_checked(engine, reqs, check):
                 list(seq.req.prompt_ids) + seq.generated + [t for t in seq.tokens if t != MASK_ID] for seq in seqs
             ]
             picks = engine.runner.picks(engine.runner.launch(plan))
-            hidden = captured["hidden"]
             step_idx = [i for i, it in enumerate(plan.items) if it.is_step]
             with torch.inference_mode():
                 for n, i in enumerate(step_idx):
-                    logits = model.logits(hidden[i]).float()
+                    hidden = finish(model, captured["out"], torch.arange(i * PAGE, (i + 1) * PAGE))
+                    logits = model.logits(hidden).float()
                     check(seqs[n].req, logits, torch.tensor(eligible[n]), picks[n], context[n])
             for placed in engine.scheduler.place(plan, picks):
                 for res in placed.results:
