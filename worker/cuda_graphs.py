@@ -250,16 +250,12 @@ class GraphedForward:
         if not family:
             self._warm_tail()
 
-    def finish(self, out: TailInputs, rows: torch.Tensor) -> torch.Tensor:
-        """`last_block.finish` on the compiled tail."""
-        return finish(self.model, out, rows, self.rows_tail)
-
     def _warm_tail(self) -> None:
         """Compile the tail's variants (`TAIL_VARIANTS`) on padding items' outputs."""
         for items, pages in TAIL_VARIANTS:
             out = next(b.out for (n, fam, _), b in self.buckets.items() if n == items and not fam)
             assert out is not None
-            self.finish(out, torch.arange(pages * PAGE, device=self.device))
+            finish(self.model, out, torch.arange(pages * PAGE, device=self.device), self.rows_tail)
 
     def __call__(
         self,

@@ -13,7 +13,7 @@ from cde.kernels.paged_attention import PagedBatch
 from cde.shared.config import ATTN_EXACT, ATTN_REFRESH, MASK_ID, PAGE, ModelConfig
 from cde.worker.carried_picks import CarriedPicks
 from cde.worker.cuda_graphs import GraphedForward
-from cde.worker.last_block import TailInputs, finish
+from cde.worker.last_block import TailInputs, finish, tail_rows
 from cde.worker.model import SteerlingModel
 from cde.worker.plan import PlannedItem
 from cde.worker.rope import rope_tables
@@ -98,9 +98,7 @@ class ForwardPass:
     def finish(self, out: TailInputs, rows: torch.Tensor) -> torch.Tensor:
         """The final-norm hidden states [R, D] of `rows` (int64 indices into the pass's N * 64
         rows): after the graph (compiled on CUDA, not captured: their count changes from pass to pass)."""
-        if self.graphed is not None:
-            return self.graphed.finish(out, rows)
-        return finish(self.model, out, rows)
+        return finish(self.model, out, rows, self.graphed.rows_tail if self.graphed is not None else tail_rows)
 
     def split_inputs(self, items: Items) -> FlashBlockSplit | None:
         """FlashBlock per item: its mode, cache row read and cache row written, or None when every
