@@ -31,6 +31,7 @@ except ImportError:  # CPU environments: the torch expressions below
 # the argmax (400 rows of 100k: 173 -> 88 ms on one thread); each row's softmax is computed on its
 # own, so the bits are those of one call over all the rows.
 CPU_ROWS = 4
+FIRST_MAX_CHUNK = 1024  # columns per chunk of `first_max`
 BLOCK = 2048  # columns per iteration of a program's loop
 MAX_SPLITS = 32  # chunks per row at most (a 100k row: ~3k columns each)
 PROGRAMS_PER_SM = 2
@@ -40,11 +41,27 @@ def row_confidence(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, V] logits (-inf where banned) -> ([R] float32 max softmax probability, [R] int64
     argmax: the first column among equal maxima)."""
     if triton is None or x.device.type != "cuda" or x.shape[0] == 0:
-        # max's index is the first among equal maxima too, and takes half argmax's time on the CPU
         parts = x.split(CPU_ROWS) if x.device.type == "cpu" else (x,)
-        conf, top = zip(*((torch.softmax(p, -1, dtype=torch.float32).amax(-1), p.max(-1).indices) for p in parts))
+        conf, top = zip(*((torch.softmax(p, -1, dtype=torch.float32).amax(-1), first_max(p)[1]) for p in parts))
         return torch.cat(conf), torch.cat(top)
     return row_confidence_split(x.contiguous(), splits_for(x.shape[0], _sm_count(x.device)))
+
+
+def first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.max(-1) of x [R, V]: each row's max and the first column holding it (a NaN's where the
+    row has one), in a quarter of its time on the CPU, where max with indices runs scalar code and
+    amax runs vectorized (4 x 100,281 floats: 340 -> 79 us on one core). amax finds the max of
+    each FIRST_MAX_CHUNK-column chunk; max with indices then runs on each row's first chunk
+    holding the row's max (its columns past the row's end read the last column again: later in
+    the chunk, so never the first of equal maxima)."""
+    width = x.shape[1]
+    whole = width - width % FIRST_MAX_CHUNK
+    heads = x[:, :whole].unflatten(-1, (-1, FIRST_MAX_CHUNK)).amax(-1)
+    if whole < width:
+        heads = torch.cat([heads, x[:, whole:].amax(-1, keepdim=True)], 1)
+    best, chunk = heads.max(-1)
+    cols = (chunk * FIRST_MAX_CHUNK)[:, None] + torch.arange(FIRST_MAX_CHUNK, device=x.device)
+    return best, chunk * FIRST_MAX_CHUNK + x.gather(1, cols.clamp_(max=width - 1)).max(-1).indices
 
 
 def splits_for(rows: int, sms: int) -> int:

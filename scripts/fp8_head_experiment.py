@@ -89,9 +89,10 @@ def main() -> None:
     rows = torch.cat(hidden)  # the head alone, on bfloat16's hidden rows (at most ~2,048: [R, 100k] logits)
     rows = rows[:: max(1, rows.shape[0] // 2048)]
     runner = Engine(EngineArgs(model, dtype="bfloat16", max_running=1)).runner
-    plain = runner._logits(rows)
-    e4m3_head(runner)
-    d = deviation(plain, runner._logits(rows))
+    with torch.inference_mode():  # as the engine calls the runner
+        plain = runner._logits(rows)
+        e4m3_head(runner)
+        d = deviation(plain, runner._logits(rows))
     print(
         f"\nthe e4m3 head alone on {rows.shape[0]} bfloat16 hidden rows: "
         + ", ".join(f"{k} {v:.3g}" for k, v in d.items())

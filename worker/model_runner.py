@@ -23,6 +23,7 @@ from cde.worker.carried_picks import Selected, stage_carried
 from cde.worker.concept_contributions import head_widths
 from cde.worker.constraint import Constraint
 from cde.worker.forward_pass import ForwardPass, Items
+from cde.worker.lm_head import lm_head_logits
 from cde.worker.logit_rules import RequestLogitRules
 from cde.worker.logprobs import LogprobsRunner, unpack
 from cde.worker.model import SteerlingModel
@@ -291,7 +292,7 @@ class ModelRunner:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, padded vocabulary] logits of the hidden rows [R, D] (the padding columns are banned in selection)."""
-        return F.linear(hidden, self.lm_head)
+        return lm_head_logits(hidden, self.lm_head)
 
     def _attribute(
         self,
