@@ -11,12 +11,17 @@ from cde.worker.lm_head import VOCAB_SLICE, lm_head_logits
 @pytest.mark.parametrize("rows", [1, 5, 64, 130])
 def test_sliced_logits_are_the_whole_products_bits(name, rows):
     """At the presets' widths and the padded and unpadded vocabularies (the last slice short or
-    whole), with one and two threads, for the row counts of one item, a few and a padded batch."""
+    whole), in float32 and bfloat16, with one and two threads, for the row counts of one item, a
+    few and a padded batch."""
     cfg = preset(name)
     g = torch.Generator().manual_seed(rows)
-    for vocab in (cfg.vocab_size, VOCAB_SLICE * 3):
-        weight = torch.randn(vocab, cfg.n_embd, generator=g)
-        hidden = torch.randn(rows, cfg.n_embd, generator=g)
+    for vocab, dtype in (
+        (cfg.vocab_size, torch.float32),
+        (VOCAB_SLICE * 3, torch.float32),
+        (cfg.vocab_size, torch.bfloat16),
+    ):
+        weight = torch.randn(vocab, cfg.n_embd, generator=g).to(dtype)
+        hidden = torch.randn(rows, cfg.n_embd, generator=g).to(dtype)
         threads = torch.get_num_threads()
         try:
             for n in (1, 2):
