@@ -16,6 +16,7 @@
 # BASE_TREE=abbase (bench runs the same levels first in that tree, made by `scripts/base_tree.sh COMMIT`, to
 # $OUT/base: two commits side by side in one call), FB_PROMPTS, LONG_PROMPTS, LONG_CONC,
 # LONG_REUSE (`long`'s contexts, concurrency levels and max_reuse values), GPU_TESTS (`tests`: a pytest -k filter).
+# CACHE_OUT=1: this call's compile caches to $OUT for the next call to carry in .gpu-cache/ (scripts/gpu_compile_cache.sh).
 # FP8_KERNELS="pdl_chain per_shape attn_proj stack" (`fp8kernels`: only those sections of scripts/bench_fp8_kernels.py).
 # EVAL_QUANT=fp8: `eval`'s API rows (API=1) served with --quantization fp8. EVAL_PROBLEMS (`train`: held-out
 # problems per family at each of its evaluations, 0: none). BASELINE=archive (`eval`: also the steering and
@@ -35,6 +36,8 @@ export PYTHONPATH=/tmp/site:$PWD
 export PYTHONUNBUFFERED=1 CDE_HOME=/tmp/cde CDE_8B_DIR=/tmp/m8b
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+scripts/gpu_compile_cache.sh unpack "$CDE_HOME" "$CARD"  # an earlier call's, when carried
 STAGES=${*:-tests kernels bench fb long compare official}
 case " $STAGES " in  # the random 8b checkpoint, for the stages that use it
   *" tests "*|*" bench "*|*" fb "*|*" compare "*|*" startup "*|*" official "*|*" fp8 "*|*" fp8paths "*|*" tps "*|*" fp8dev "*|*" http "*|*" inputattr "*|*" structured "*|*" prefix "*)
@@ -51,7 +54,7 @@ for STAGE in $STAGES; do
   bench)
     Q=${QUANT:-none}
     if [[ -n ${BASE_TREE:-} ]]; then  # the same bench on an older tree first, for a side-by-side ratio
-      cp -r .whl "$BASE_TREE/" && (cd "$BASE_TREE" && BASE_TREE= OUT="$OUT/base" scripts/gpu_run.sh bench)
+      cp -r .whl "$BASE_TREE/" && (cd "$BASE_TREE" && BASE_TREE= CACHE_OUT= OUT="$OUT/base" scripts/gpu_run.sh bench)
     fi
     if [[ -n ${WATCH:-} ]]; then  # the GPU's load beside the watch's reports: a stall on the GPU or the host
       nvidia-smi --query-gpu=timestamp,utilization.gpu,power.draw --format=csv,noheader -lms $((WATCH * 1000)) \
@@ -182,8 +185,11 @@ for STAGE in $STAGES; do
   esac
 done
 # The device tool brings back at most 8 files: more (profiles, many stages) travel as one archive,
-# with the summary table beside it.
-if (( $(find "$OUT" -type f | wc -l) > 8 )); then
+# with the summary table beside it (and the compile caches, CACHE_OUT=1, beside both).
+mkdir -p /tmp/gpu_cache_out && rm -f /tmp/gpu_cache_out/*
+[[ -n ${CACHE_OUT:-} ]] && scripts/gpu_compile_cache.sh pack "$CDE_HOME" "$CARD" /tmp/gpu_cache_out
+if (( $(find "$OUT" -type f | wc -l) + $(find /tmp/gpu_cache_out -type f | wc -l) > 8 )); then
   tar czf /tmp/gpu_run.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.md -delete
   mv /tmp/gpu_run.tgz "$OUT/all.tgz"
 fi
+mv /tmp/gpu_cache_out/* "$OUT/" 2>/dev/null || true
