@@ -35,7 +35,7 @@ case $ACTION in
       rm "$OUT/$NAME"
       echo "compile caches: $SIZE bytes packed, over the 16 MiB a file the device tool brings back; not kept"
     else
-      echo "compile caches: $OUT/$NAME, $SIZE bytes; copy it to .gpu-cache/ and carry .gpu-cache"
+      echo "compile caches: $NAME, $SIZE bytes, packed for \$OUT; copy it to .gpu-cache/ and carry .gpu-cache"
     fi ;;
   *) echo "unknown action $ACTION" >&2; exit 2 ;;
 esac
