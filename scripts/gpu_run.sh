@@ -146,7 +146,7 @@ for STAGE in $STAGES; do
     grep -h -A3 "^conc |" "$OUT/bench_8b_none.log" "$OUT/bench_8b_fp8.log" 2>/dev/null | tee "$OUT/fp8_tables.txt" ;;
   normquant)  # issue 29: fp8 pre-norm and per-token quantization, Inductor's looped reductions vs persistent rows (~2 min)
     python3 scripts/norm_quant_experiment.py 2>&1 | tee "$OUT/normquant.log" ;;
-  siluquant)  # issue 29: the fp8 MLP's silu(gate) * up quantization, one row per program vs looped rows (~1 min)
+  siluquant)  # issue 29: the fp8 MLP's silu(gate) * up quantization, one row per program vs looped rows, persistent or not (~1 min)
     python3 scripts/silu_quant_experiment.py 2>&1 | tee "$OUT/siluquant.log" ;;
   fp8paths)  # fp8 at one request: FP8 GEMMs (activations quantized per token) vs weight-only (bf16 rows, ~4 min)
     for ROWS in 0 64; do
