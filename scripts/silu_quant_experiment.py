@@ -7,9 +7,9 @@ warps, so an SM runs one program at a time and its loads, the amax reduction and
 overlap another row's. The candidate here holds no row: it loops over the row twice (the amax, then
 the quantization, re-reading the row, mostly from L2), so small programs can share an SM.
 One program per row lost (2026-12-02: 2.50 ms against 1.67 at 2,048 rows): up to ~1,000 rows in
-flight at 64 KB each overflow the 50 MB L2 before their second reads. The persistent variant runs
-PER_SM programs per SM, each taking rows pid, pid + programs, ...: ~130-520 rows in flight (8-33
-MB), so the second read should hit L2.
+flight at 64 KB each overflow the 50 MB L2 before their second reads. The persistent variants run
+1, 2 or 4 programs per SM, each taking rows pid, pid + programs, ...: ~130-520 rows in flight
+(8-33 MB), so the second read should hit L2.
 Every variant gives the same bits (the amax is exact in any order; every h is computed the same
 way). This script checks that, then prints the CUDA-graph-replayed time of 32 layers' worth for
 each configuration at 64 and 2,048 rows.
