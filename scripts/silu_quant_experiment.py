@@ -9,7 +9,8 @@ the quantization, re-reading the row, mostly from L2), so small programs can sha
 One program per row lost (2026-12-02: 2.50 ms against 1.67 at 2,048 rows): up to ~1,000 rows in
 flight at 64 KB each overflow the 50 MB L2 before their second reads. The persistent variants run
 1, 2 or 4 programs per SM, each taking rows pid, pid + programs, ...: ~130-520 rows in flight
-(8-33 MB), so the second read should hit L2.
+(8-33 MB), so the second read should hit L2. They lost as well (H100, 2026-12-07: 2.91 ms at best
+against the engine's 1.90 at 2,048 rows; docs/benchmarks.md): the engine's kernel stays.
 Every variant gives the same bits (the amax is exact in any order; every h is computed the same
 way). This script checks that, then prints the CUDA-graph-replayed time of 32 layers' worth for
 each configuration at 64 and 2,048 rows.
