@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -129,8 +130,8 @@ def pid_alive(pid: int) -> bool:
 
 
 # A long streamed request for the fault tests (900 steps of the tiny model). One event per block,
-# so that the event after a worker is stopped or killed is its error, not a token chunk the gateway
-# already held (token streaming sends one per step that grew the prefix).
+# not one per step that grew the prefix: fewer events the gateway may hold when a worker is stopped
+# or killed (`stream_outcome` reads past those to the stream's end).
 LONG = {
     "model": "tiny",
     "prompt": "x",
@@ -139,3 +140,25 @@ LONG = {
     "stream": True,
     "stream_granularity": "block",
 }
+
+
+async def read_events(response: httpx.Response):
+    """Yields each SSE payload of a streamed response (parsed JSON, or the string "[DONE]")."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            yield "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
+
+
+async def stream_outcome(events) -> tuple[str, str, float]:
+    """Reads a stream to its end after a fault: ("error", its message, seconds until the error came)
+    or ("finished", the finish reason, 0.0). Blocks the gateway held before the fault come first,
+    so the event right after it says nothing of how the stream ends."""
+    t0 = time.monotonic()
+    async for event in events:
+        if "error" in event:
+            assert await anext(events) == "[DONE]"
+            return "error", event["error"]["message"], time.monotonic() - t0
+        if event["choices"][0]["finish_reason"] is not None:
+            assert await anext(events) == "[DONE]"
+            return "finished", event["choices"][0]["finish_reason"], 0.0
+    raise AssertionError("the stream ended with neither an error nor a finish reason")

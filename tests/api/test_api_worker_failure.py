@@ -2,7 +2,6 @@
 killed mid-generation, and a clean SIGTERM shutdown."""
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -11,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api_server import LONG, ServerProcess, pid_alive
+from tests.api_server import LONG, ServerProcess, pid_alive, read_events, stream_outcome
 
 # A killed worker's requests fail within 5 s, and a drain's timing: alone on the machine.
 pytestmark = pytest.mark.serial
@@ -39,13 +38,6 @@ def server(tiny_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-async def read_events(response):
-    """Yields each SSE payload (parsed JSON, or the string "[DONE]")."""
-    async for line in response.aiter_lines():
-        if line.startswith("data: "):
-            yield "[DONE]" if line == "data: [DONE]" else json.loads(line[6:])
 
 
 def test_chat_on_base_model_is_400(client):
@@ -83,16 +75,7 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
                 first = await anext(events)
                 assert first["choices"][0]["finish_reason"] is None
                 await killed.wait()
-                t0 = time.monotonic()
-                # Read to the end: a block the gateway already held may come before the error.
-                async for event in events:
-                    if "error" in event:  # the victim's requests
-                        assert await anext(events) == "[DONE]"
-                        return "error", time.monotonic() - t0, event["error"]["message"]
-                    if event["choices"][0]["finish_reason"] is not None:  # the others, served to the end
-                        assert await anext(events) == "[DONE]"
-                        return "alive", 0.0, event["choices"][0]["finish_reason"]
-                raise AssertionError("the stream ended with neither an error nor a finish reason")
+                return await stream_outcome(events)
 
         killed = asyncio.Event()
         before = server.metrics()
@@ -105,13 +88,10 @@ async def test_killed_worker_fails_its_requests_and_others_keep_serving(server, 
         killed.set()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
 
-    kinds = sorted(r[0] for r in results)
-    assert kinds == ["alive", "alive", "error", "error"], results
-    for kind, seconds, detail in results:
-        if kind == "error":
-            assert seconds < 5 and "worker-0" in detail
-        else:
-            assert detail == "length"
+    # The victim's two fail within 5 s; the survivor serves its two to the end.
+    assert sorted(r[0] for r in results) == ["error", "error", "finished", "finished"], results
+    for outcome, detail, seconds in results:
+        assert (seconds < 5 and "worker-0" in detail) if outcome == "error" else detail == "length"
 
     status, health = server.health()
     assert status == 200
